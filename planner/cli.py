@@ -1,0 +1,186 @@
+"""`python -m planner`: the JSON command line scripts and CI rely on (its flags and keys are a contract).
+
+    python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
+    python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
+    python -m planner bench accuracy|speed [--quick] [--out FILE]
+    MODEL: --model PRESET | --config FILE.json
+    RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
+           --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
+           [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
+
+Exit codes: 0 success; 2 invalid input (one line on stderr, no traceback); 3 a measurement that ran
+out of memory or time, or whose process was killed (JSON with an "error" field on stdout).
+Byte figures are integers in bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
+from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
+from .units import fmt_bytes, parse_size
+
+EXIT_INVALID, EXIT_FAILED = 2, 3
+# A CPU measurement may use at most this share of the RAM that is available when it starts: the
+# estimate is of live tensors, and the process adds allocator slack and torch itself (~0.3-0.5 GB).
+RAM_GUARD_FRACTION = 0.8
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help=f"preset: {', '.join(PRESETS)}")
+    p.add_argument("--config", help="JSON config file (arch gpt2/llama, or a Hugging Face config.json)")
+
+
+def _add_run(p: argparse.ArgumentParser, device_required: bool = False) -> None:
+    p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default")
+    p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--attention", choices=ATTENTION_KINDS)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--device", required=device_required, default=None if device_required else "cpu")
+    p.add_argument("--json", action="store_true")
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="python -m planner", description="Torch Memory Planner")
+    top = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    est = top.add_parser("estimate").add_subparsers(dest="what", required=True, parser_class=_Parser)
+    p = est.add_parser("train")
+    _add_model(p)
+    _add_run(p)
+    mea = top.add_parser("measure").add_subparsers(dest="what", required=True, parser_class=_Parser)
+    p = mea.add_parser("train")
+    _add_model(p)
+    _add_run(p, device_required=True)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
+    p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller machine")
+    p.add_argument("--progress", action="store_true", help="print JSON progress lines before the result (with --json)")
+    b = top.add_parser("bench")
+    b.add_argument("what", choices=("accuracy", "speed"))
+    b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
+    b.add_argument("--out", help="write the table as markdown to this file")
+    b.add_argument("--device", default="cpu")
+    return parser
+
+
+def parse_train(args) -> tuple:
+    cfg = resolve_model(args.model, args.config)
+    check_device(args.device)
+    spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
+                     optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
+                     optimizer_impl=args.optimizer_impl, device=args.device)
+    return prepare(cfg, spec, args.attention), spec
+
+
+def _estimate_record(cfg, spec) -> dict:
+    from .estimate.training import estimate_training
+
+    est = estimate_training(cfg, spec).to_dict()
+    return {"model": config_to_dict(cfg), "run": vars_of(spec), **est}
+
+
+def vars_of(spec: TrainSpec) -> dict:
+    from dataclasses import asdict
+
+    return asdict(spec)
+
+
+def _print_table(rec: dict, keys: list[str]) -> None:
+    width = max(len(k) for k in keys)
+    for k in keys:
+        v = rec.get(k)
+        if isinstance(v, int) and k.endswith("_bytes"):
+            print(f"{k:<{width}}  {fmt_bytes(v):>12}  ({v:,} B)")
+        elif v is not None:
+            print(f"{k:<{width}}  {v}")
+
+
+ESTIMATE_KEYS = ["params_bytes", "buffers_bytes", "inputs_bytes", "grads_bytes", "optimizer_bytes",
+                 "activations_bytes", "peak_bytes", "peak_phase"]
+
+
+def cmd_estimate_train(args) -> int:
+    cfg, spec = parse_train(args)
+    rec = _estimate_record(cfg, spec)
+    if args.json:
+        print(json.dumps(rec))
+    else:
+        _print_table(rec, ESTIMATE_KEYS)
+        print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+    return 0
+
+
+def cmd_measure_train(args) -> int:
+    from .runner import run_worker
+
+    cfg, spec = parse_train(args)
+    est = _estimate_record(cfg, spec)
+    if spec.device_type == "cpu":
+        import psutil
+
+        available = psutil.virtual_memory().available
+        if est["peak_bytes"] > RAM_GUARD_FRACTION * available:
+            raise ConfigError(f"refused: the estimated peak {fmt_bytes(est['peak_bytes'])} exceeds "
+                              f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
+    payload = {"config": config_to_dict(cfg), "spec": vars_of(spec)}
+    if args.memory_limit:
+        try:
+            payload["memory_limit_bytes"] = parse_size(args.memory_limit)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    show_progress = args.json and args.progress
+    outcome = run_worker(payload, timeout_s=args.timeout,
+                         on_event=lambda e: print(json.dumps(e), flush=True) if show_progress
+                         and e.get("event") == "progress" else None)
+    if outcome.exit_code == EXIT_INVALID:
+        raise ConfigError(outcome.record.get("error", "invalid request"))
+    rec = {k: v for k, v in outcome.record.items() if k != "event"}
+    rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
+    if outcome.exit_code == 0:
+        rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
+    else:
+        rec.setdefault("stderr_tail", outcome.stderr[-1500:])
+    if args.json:
+        print(json.dumps(rec))
+    elif outcome.exit_code == 0:
+        print(f"measured peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}; "
+              f"estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%")
+        print(f"peak RSS {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s")
+    else:
+        print(f"measurement failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)
+    return outcome.exit_code
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    check_device(args.device)
+    return bench.main(args.what, quick=args.quick, out=args.out, device=args.device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "estimate":
+            return cmd_estimate_train(args)
+        if args.command == "measure":
+            return cmd_measure_train(args)
+        return cmd_bench(args)
+    except (UsageError, ConfigError) as exc:
+        print(f"planner: error: {exc}", file=sys.stderr)
+        return EXIT_INVALID

@@ -1,0 +1,256 @@
+"""Model configs: what a user brings (a preset, a book-style dict, an HF config.json), validated.
+
+Torch-free on purpose: the app and the estimators read configs without paying torch's import time.
+Every validation failure raises ConfigError with a one-line message a user can act on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+# A model with more parameters than this is refused: 1e13 parameters is ~20x the largest dense model
+# ever published, so a config this size is a typo (an extra zero in a width), and its byte counts
+# would be meaningless to plan for.
+MAX_PARAMETERS = 10**13
+
+ATTENTION_KINDS = ("eager", "sdpa")
+
+
+class ConfigError(ValueError):
+    """An invalid model or run description; its message is one line, shown to the user as is."""
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """LLMs-from-scratch's GPTModel config, keys exactly as the book's BASE_CONFIG."""
+    vocab_size: int = 50257       # GPT-2 BPE vocabulary; the book does not pad it
+    context_length: int = 1024    # also sizes each block's persistent fp32 causal-mask buffer (ctx x ctx)
+    emb_dim: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    drop_rate: float = 0.0        # the loading notebook's BASE_CONFIG uses 0.0; training chapters use 0.1
+    qkv_bias: bool = True         # True to match OpenAI's GPT-2 weights (book ch05 loads them this way)
+    attention: str = "eager"      # eager: the book's manual attention; sdpa: F.scaled_dot_product_attention
+    arch: str = dataclasses.field(default="gpt2", init=False)
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"))
+        if self.emb_dim % self.n_heads:
+            raise ConfigError(f"emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}")
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ConfigError(f"drop_rate must be in [0, 1), got {self.drop_rate}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.context_length
+
+    @property
+    def hidden(self) -> int:
+        return self.emb_dim
+
+    @property
+    def layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def heads(self) -> int:
+        return self.n_heads
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-style decoder, keys as Hugging Face's LlamaConfig (config.json) names them."""
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008          # SwiGLU width (gate/up/down projections)
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None  # None means = num_attention_heads (HF's default: plain MHA)
+    max_position_embeddings: int = 2048     # only bounds the sequence length: RoPE has no position table
+    tie_word_embeddings: bool = False       # True: lm_head shares embed_tokens' weight (Llama 3.2 1B/3B)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    head_dim: int | None = None             # None means hidden_size // num_attention_heads (HF's default)
+    attention_bias: bool = False            # HF flag: biases on q/k/v/o projections
+    mlp_bias: bool = False                  # HF flag: biases on gate/up/down projections
+    rope_scaling: dict | None = None        # accepted for HF compatibility; changes RoPE values, not memory
+    attention: str = "sdpa"                 # sdpa (HF's default kernel) or eager (manual softmax attention)
+    arch: str = dataclasses.field(default="llama", init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        _check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
+                                  f"num_attention_heads {self.num_attention_heads}")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        _check_positive(self, ("head_dim",))
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"num_key_value_heads {self.num_key_value_heads} does not divide "
+                              f"num_attention_heads {self.num_attention_heads}")
+        if not self.rms_norm_eps > 0:
+            raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def hidden(self) -> int:
+        return self.hidden_size
+
+    @property
+    def layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def heads(self) -> int:
+        return self.num_attention_heads
+
+
+ModelConfig = Union[GPT2Config, LlamaConfig]
+CONFIG_TYPES = {"gpt2": GPT2Config, "llama": LlamaConfig}
+
+
+def _check_positive(cfg: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+
+
+# The book's BASE_CONFIG (ch05/08 notebook): context 1024, qkv_bias True, drop_rate 0.0, untied head.
+_GPT2_BASE = dict(vocab_size=50257, context_length=1024, drop_rate=0.0, qkv_bias=True)
+
+# Llama shapes copied from each model's published config.json (the parameter count in the comment is
+# the model card's, and tests hold the accounting to it).
+PRESETS: dict[str, ModelConfig] = {
+    "gpt2-small": GPT2Config(**_GPT2_BASE, emb_dim=768, n_layers=12, n_heads=12),     # 124M (163,037,184 untied)
+    "gpt2-medium": GPT2Config(**_GPT2_BASE, emb_dim=1024, n_layers=24, n_heads=16),   # 355M
+    "gpt2-large": GPT2Config(**_GPT2_BASE, emb_dim=1280, n_layers=36, n_heads=20),    # 774M
+    "gpt2-xl": GPT2Config(**_GPT2_BASE, emb_dim=1600, n_layers=48, n_heads=25),       # 1558M (1,638,022,400 untied)
+    "tinyllama-1.1b": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                  num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                                  max_position_embeddings=2048, rms_norm_eps=1e-5),  # 1,100,048,384
+    "llama-3.2-1b": LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                                head_dim=64, max_position_embeddings=131072, tie_word_embeddings=True,
+                                rms_norm_eps=1e-5, rope_theta=500000.0,
+                                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 8192}),  # 1,235,814,400
+    "llama-2-7b": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                              max_position_embeddings=4096, rms_norm_eps=1e-5),  # 6,738,415,616
+    "llama-3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                              max_position_embeddings=8192, rms_norm_eps=1e-5,
+                              rope_theta=500000.0),  # 8,030,261,248
+}
+
+
+def preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
+
+
+def config_from_dict(data: Any) -> ModelConfig:
+    """Build a config from a JSON object: {"arch": "gpt2"|"llama", ...} or an HF config.json.
+
+    Unknown keys are ignored (HF files carry many: bos_token_id, torch_dtype, ...); missing required
+    keys are named in the error.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"a model config must be a JSON object, got {type(data).__name__}")
+    arch = data.get("arch") or data.get("model_type")
+    if arch is None:
+        raise ConfigError('config has no "arch" (or "model_type") key; use "gpt2" or "llama"')
+    if arch not in CONFIG_TYPES:
+        raise ConfigError(f"unsupported arch {arch!r}; supported: {', '.join(CONFIG_TYPES)}")
+    cls = CONFIG_TYPES[arch]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    required = _REQUIRED[arch]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ConfigError(f"{arch} config is missing key(s): {', '.join(missing)}")
+    kwargs = {k: v for k, v in data.items() if k in fields}
+    if "hidden_act" in data and data["hidden_act"] != "silu":
+        raise ConfigError(f"only hidden_act 'silu' (SwiGLU) is supported, got {data['hidden_act']!r}")
+    try:
+        cfg = cls(**kwargs)
+    except TypeError as exc:  # e.g. a list where a number belongs
+        raise ConfigError(f"invalid {arch} config: {exc}") from None
+    _check_size(cfg)
+    return cfg
+
+
+_REQUIRED = {
+    "gpt2": ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"),
+    "llama": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
+}
+
+
+def _check_size(cfg: ModelConfig) -> None:
+    from .accounting import param_count  # local: accounting imports this module
+
+    n = param_count(cfg)
+    if n > MAX_PARAMETERS:
+        raise ConfigError(f"config describes {n:.3g} parameters, more than the {MAX_PARAMETERS:.0e} "
+                          "this planner accepts; check the sizes for a typo")
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.__class__.__name__}") from None
+    return parse_config_text(text, source=str(path))
+
+
+def parse_config_text(text: str, source: str = "config") -> ModelConfig:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    return config_from_dict(data)
+
+
+def resolve_model(preset_name: str | None = None, config_path: str | None = None) -> ModelConfig:
+    """The CLI's MODEL argument: exactly one of a preset name or a config file."""
+    if (preset_name is None) == (config_path is None):
+        raise ConfigError("give exactly one of --model PRESET or --config FILE.json")
+    cfg = preset(preset_name) if preset_name is not None else load_config(config_path)
+    return cfg
+
+
+def with_attention(cfg: ModelConfig, attention: str | None) -> ModelConfig:
+    """The same model with another attention kernel (a run option that changes activations only)."""
+    if attention is None or attention == cfg.attention:
+        return cfg
+    return dataclasses.replace(cfg, attention=attention)
+
+
+def config_to_dict(cfg: ModelConfig) -> dict:
+    """JSON form that config_from_dict reads back (round-trips)."""
+    out = {"arch": cfg.arch}
+    out.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init})
+    return out

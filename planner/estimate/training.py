@@ -1,0 +1,201 @@
+"""Peak memory of one steady-state training step, from the config alone (no torch, microseconds).
+
+What is alive when (research/pytorch-memory-facts.md 1.1-1.6, re-measured with planner.measure):
+  forward      weights W, inputs, optimizer state S, saved activations A growing, then the logits
+  loss         + log_softmax output (+ an fp32 copy of the logits under CPU autocast)
+  backward     starts inside the cross-entropy backward: A + log_softmax output + its two b*s*V
+               gradients; then each block frees its saved tensors and creates its weight grads
+  optimizer    W + grads G + S + the update's temporaries T_opt
+The peak is the largest of these phase candidates; its phase is reported with it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..accounting import DTYPE_BYTES, param_count, buffer_numel, tensor_inventory
+from ..config import GPT2Config, ModelConfig
+from ..spec import TrainSpec
+from .activations import Term, Widths, block_terms, outside_terms
+
+
+@dataclass
+class TrainEstimate:
+    """Same keys as the measured record (planner.measure.training), so the two compare field by field."""
+    params_bytes: int
+    buffers_bytes: int
+    inputs_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    peak_bytes: int
+    peak_phase: str
+    phase_peak_bytes: dict[str, int]
+    transients: dict[str, int]
+    terms: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def optimizer_state_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
+    """Adam(W): exp_avg + exp_avg_sq in the weights' dtype, plus a 0-d fp32 `step` per parameter tensor
+    (torch/optim/adam.py _init_group). SGD with momentum: one momentum_buffer. Plain SGD: nothing."""
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    n_params = param_count(cfg)
+    n_tensors = sum(1 for t in tensor_inventory(cfg) if t.kind == "param")
+    if spec.optimizer in ("adam", "adamw"):
+        return 2 * n_params * e_p + 4 * n_tensors
+    if spec.optimizer == "sgd-momentum":
+        return n_params * e_p
+    return 0
+
+
+def optimizer_temporary_bytes(cfg: ModelConfig, spec: TrainSpec) -> tuple[int, str]:
+    """Transient bytes inside optimizer.step() (torch 2.x source, measured on CPU):
+    - Adam for-loop: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` holds two
+      temporaries the size of the parameter being updated, while the local `denom` of the previous
+      parameter is still alive: max over consecutive parameters of numel[i-1] + 2*numel[i].
+    - Adam foreach: `_foreach_sqrt(exp_avg_sqs)` is one extra copy of every parameter.
+    - fused kernels and SGD (with or without momentum) update in place.
+    """
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    impl = spec.resolved_optimizer_impl
+    if spec.optimizer not in ("adam", "adamw") or impl == "fused":
+        return 0, "0 (in-place update)"
+    if impl == "foreach":
+        return param_count(cfg) * e_p, "P*e_p (foreach sqrt copy of all params)"
+    sizes = [t.numel for t in tensor_inventory(cfg) if t.kind == "param"]
+    worst = max(2 * n + (sizes[i - 1] if i else 0) for i, n in enumerate(sizes))
+    return worst * e_p, "max_i(numel[i-1] + 2*numel[i]) * e_p (for-loop sqrt, divide, previous denom)"
+
+
+def autocast_weight_bytes(cfg: ModelConfig, spec: TrainSpec, blocks_only: bool = False) -> int:
+    """Low-precision copies of the fp32 matmul weights that autocast caches and Linear saves for backward
+    (aten autocast_mode.cpp cached_cast: fp32 leaf tensors that require grad). Embeddings are not cast;
+    biases are cast but not saved. A tied lm_head casts the embedding matrix."""
+    if spec.autocast_dtype is None:
+        return 0
+    total = 0
+    for t in tensor_inventory(cfg):
+        if t.autocast and t.name.endswith("weight"):
+            in_block = t.name.startswith(("trf_blocks.", "model.layers."))
+            if in_block or not blocks_only:
+                total += t.numel
+    if getattr(cfg, "tie_word_embeddings", False):
+        total += cfg.vocab_size * cfg.hidden_size
+    return total * 2
+
+
+def _grad_numels(cfg: ModelConfig) -> tuple[int, int, int, int]:
+    """(head: output projection + final norm, one block, a block's FFN down-projection) parameter counts:
+    the grads that exist when the backward sweep reaches the first / last block's FFN."""
+    inv = tensor_inventory(cfg)
+    head = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("out_head", "final_norm",
+                                                                                 "lm_head", "model.norm")))
+    if getattr(cfg, "tie_word_embeddings", False):
+        head += cfg.vocab_size * cfg.hidden_size  # the tied head's grad is created at lm_head backward
+    block = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("trf_blocks.0.", "model.layers.0.")))
+    down = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("trf_blocks.0.ff.layers.2",
+                                                                                 "model.layers.0.mlp.down_proj")))
+    mlp = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("trf_blocks.0.ff.",
+                                                                                "model.layers.0.mlp.")))
+    return head, block, down, mlp
+
+
+def _ffn_width(cfg: ModelConfig) -> int:
+    return 4 * cfg.emb_dim if isinstance(cfg, GPT2Config) else cfg.intermediate_size
+
+
+def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+    w = Widths.of(spec)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    b, s, V, L = spec.batch_size, spec.seq_len, cfg.vocab_size, cfg.layers
+    bsV = b * s * V
+
+    params = param_count(cfg) * e_p
+    buffers = buffer_numel(cfg) * e_p
+    inputs = 2 * 8 * b * s  # input ids and targets, int64
+    grads = params          # one .grad per parameter, in the parameter's dtype
+    opt_state = optimizer_state_bytes(cfg, spec)
+    scaler = 8 if spec.precision == "fp16-amp" else 0  # GradScaler's 0-d fp32 scale and int32 growth tracker
+
+    blk = block_terms(cfg, spec, w)
+    out = outside_terms(cfg, spec, w)
+    blk_bytes = sum(t.bytes for t in blk)
+    out_bytes = sum(t.bytes for t in out)
+    ce_saved = bsV * w.e_ce + w.e_ce  # log_softmax output, nll_loss's 0-d total_weight
+    if spec.checkpointing:
+        # Non-reentrant checkpoint saves only each block's input; everything else is recomputed.
+        ckpt_input = b * s * cfg.hidden * w.e_r
+        saved_blocks = L * ckpt_input
+        amp_weights = autocast_weight_bytes(cfg, spec) - autocast_weight_bytes(cfg, spec, blocks_only=True)
+    else:
+        saved_blocks = L * blk_bytes
+        amp_weights = autocast_weight_bytes(cfg, spec)
+    activations = saved_blocks + out_bytes + amp_weights + ce_saved
+
+    logits = bsV * w.e_m
+    logits_fp32_copy = bsV * 4 if w.amp else 0
+    ce_grads = 2 * bsV * w.e_ce  # nll_loss_backward output and _log_softmax_backward_data output
+    opt_tmp, opt_tmp_formula = optimizer_temporary_bytes(cfg, spec)
+
+    base = params + buffers + inputs + opt_state + scaler
+    accum_grads = grads if spec.grad_accum > 1 else 0  # later micro-batches run with grads alive
+    a_before_loss = activations - ce_saved
+    # Backward sweep, block by block from the last: each block frees its saved tensors and adds its
+    # weight grads, so the total is linear in the block index and its maximum is at either end. Inside
+    # a block the high point is the FFN activation's backward: the incoming gradient (b*s*h) plus two
+    # b*s*f gradients (measured for GELU and SwiGLU), with the down-projection's grad already made.
+    head_n, block_n, down_n, mlp_n = _grad_numels(cfg)
+    f = _ffn_width(cfg)
+    h = cfg.hidden
+    ffn_work = b * s * h * w.e_r + 2 * b * s * f * w.e_m
+    freed_in_block = 0
+    if isinstance(cfg, GPT2Config) and cfg.drop_rate > 0:  # the FFN's residual-dropout mask dies first
+        freed_in_block = b * s * h * (1 if spec.device_type == "cuda" else w.e_m)
+    head_bytes = sum(t.bytes for t in out if t.where == "head")
+    embed_bytes = sum(t.bytes for t in out if t.where == "embed")
+    grads_at_block = (head_n + down_n) * e_p + ffn_work - freed_in_block
+    if spec.checkpointing:
+        # Block i is recomputed (its full saved set returns) while the stashed inputs of the others stay.
+        last_block = (amp_weights + embed_bytes + L * ckpt_input + (blk_bytes - ckpt_input)
+                      + autocast_weight_bytes(cfg, spec, blocks_only=True) // L + grads_at_block)
+        first_block = (amp_weights + embed_bytes + blk_bytes + autocast_weight_bytes(cfg, spec, blocks_only=True) // L
+                       + grads_at_block + (L - 1) * block_n * e_p)
+    else:
+        last_block = activations - ce_saved - head_bytes + grads_at_block
+        first_block = (embed_bytes + blk_bytes + autocast_weight_bytes(cfg, spec, blocks_only=True) // L
+                       + (amp_weights - autocast_weight_bytes(cfg, spec, blocks_only=True))
+                       + grads_at_block + (L - 1) * block_n * e_p)
+    # Grad-heavy runs (small b*s) peak later, when the first block's MLP has made all its weight grads
+    # while its attention-side tensors are still saved: the incoming gradient, the MLP input's gradient
+    # and one b*s*f gradient are alive.
+    mlp_saved = sum(t.bytes for t in blk if t.where == "mlp")
+    after_first_mlp = ((first_block - grads_at_block - mlp_saved) + (head_n + mlp_n) * e_p
+                       + b * s * h * (w.e_r + w.e_m) + b * s * f * w.e_m)
+    phase = {
+        "forward": base + accum_grads + a_before_loss + logits,
+        "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + bsV * w.e_ce,
+        "backward": base + max(accum_grads + activations + ce_grads, accum_grads + last_block,
+                               accum_grads + first_block, accum_grads + after_first_mlp, grads),
+        "optimizer": base + grads + opt_tmp,
+        "zero_grad": base + grads,
+    }
+    peak_phase = max(phase, key=phase.get)
+
+    terms = [asdict(t) for t in blk] + [asdict(t) for t in out]
+    terms += [asdict(Term("log_softmax output + nll total_weight", "b*s*V*e_ce + e_ce", ce_saved))]
+    if amp_weights:
+        terms.append(asdict(Term("autocast weight copies (saved)", "sum(matmul weights) * 2", amp_weights)))
+    notes = []
+    if spec.checkpointing:
+        notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
+                     "one block is recomputed at a time in backward")
+    return TrainEstimate(
+        params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
+        optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
+        peak_phase=peak_phase, phase_peak_bytes=phase,
+        transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
+                    "optimizer_temporaries": opt_tmp, "gradscaler": scaler},
+        terms=terms, notes=notes)

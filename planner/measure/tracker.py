@@ -1,0 +1,73 @@
+"""Exact peak of live tensor bytes on CPU: a dispatch-level tracker of distinct live storages.
+
+Why not torch.distributed._tools.MemTracker: it refuses a module called twice per step, which the
+book's model (dropout modules reused) and checkpointing (recompute) both do. This is the same design
+(storage weakrefs; research/pytorch-memory-facts.md 4.3): after every aten op, each output's storage
+is registered once; a weakref callback subtracts it when its last view dies. Storage sizes are exact
+(`untyped_storage().nbytes()`); on CUDA the allocator's own counter is read instead.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class LiveBytesTracker(TorchDispatchMode):
+    """Tracks the sum of live storage bytes, its peak, and a timeline of (t, bytes, phase)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, tuple[weakref.ref, int]] = {}
+        self.current = 0
+        self.peak = 0
+        self.phase = "setup"
+        self.peak_phase = "setup"
+        self.samples: list[tuple[float, int, str]] = []
+        self.t0 = time.perf_counter()
+        self.recording = False
+
+    def _forget(self, key: int) -> None:
+        entry = self.live.pop(key, None)
+        if entry is not None:
+            self.current -= entry[1]
+
+    def track(self, *objs) -> None:
+        for obj in tree_flatten(objs)[0]:
+            if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
+                storage = obj.untyped_storage()
+                key = id(storage)
+                if key not in self.live:
+                    nbytes = storage.nbytes()
+                    self.live[key] = (weakref.ref(storage, lambda _r, k=key: self._forget(k)), nbytes)
+                    self.current += nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_phase = self.phase
+
+    def track_module(self, module: torch.nn.Module) -> None:
+        self.track(list(module.parameters()), list(module.buffers()))
+
+    def track_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.track([v for state in optimizer.state.values() for v in state.values()])
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self._sample()
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+        self.peak_phase = self.phase
+
+    def _sample(self) -> None:
+        if self.recording:
+            self.samples.append((time.perf_counter() - self.t0, self.current, self.phase))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.track(out)
+        self._sample()
+        return out

@@ -1,0 +1,145 @@
+"""Measure one steady-state training step: exact live-tensor peak (CPU) or the CUDA allocator's peak.
+
+Sequence: step 1 warms up (creates optimizer state, the quantity's "steady state"); step 2 runs
+untracked and gives the step time, the peak RSS (VmHWM reset just before it) and on CUDA
+max_memory_allocated/reserved; step 3 runs under the live-bytes tracker and gives the exact peak,
+the phase it falls in, per-phase peaks and the timeline. Steps 2 and 3 are the same computation,
+so they have the same tensor peak; only the tracker's bookkeeping differs.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from typing import Callable
+
+import torch
+
+from ..config import ModelConfig
+from ..spec import TrainSpec
+from ..routines.training import TrainingStep
+from . import procmem
+from .tracker import LiveBytesTracker
+
+PHASES = ("forward", "loss", "backward", "optimizer", "zero_grad")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _PhaseRecorder:
+    """Per-phase peak of a live-bytes reader, as the phase callback of TrainingStep.run."""
+
+    def __init__(self, tracker: LiveBytesTracker, device: torch.device):
+        self.tracker, self.device = tracker, device
+        self.phase_peak: dict[str, int] = {}
+        self.phase_start: dict[str, int] = {}
+        self._current = None
+
+    def __call__(self, phase: str) -> None:
+        t = self.tracker
+        if self._current is not None:
+            self.phase_peak[self._current] = max(self.phase_peak.get(self._current, 0), t.peak)
+        t.set_phase(phase)
+        t.reset_peak()
+        self.phase_start.setdefault(phase, t.current)
+        self._current = phase
+
+
+def measure_training(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None,
+                     max_timeline_points: int = 600) -> dict:
+    """Run the three steps; an exception leaves `train_phase` (build, forward, backward, ...) on itself."""
+    holder: dict = {}
+    try:
+        return _measure(cfg, spec, emit, max_timeline_points, holder)
+    except BaseException as exc:
+        step = holder.get("step")
+        exc.train_phase = step.current_phase if step is not None else "build"
+        raise
+
+
+def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], max_timeline_points: int,
+             holder: dict) -> dict:
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    emit({"event": "progress", "stage": "build", "fraction": 0.05})
+    step = holder["step"] = TrainingStep(cfg, spec)
+    emit({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
+    step.run()
+    gc.collect()
+
+    # Step 2: untracked, timed; RSS and CUDA allocator peaks.
+    emit({"event": "progress", "stage": "timed step", "fraction": 0.45})
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        cuda_before = torch.cuda.memory_allocated(device)
+    rss_before = procmem.read_status()
+    procmem.reset_peak_rss()
+    _sync(device)
+    t0 = time.perf_counter()
+    step.run()
+    _sync(device)
+    step_time = time.perf_counter() - t0
+    rss_after = procmem.read_status()
+    result: dict = {
+        "device": str(device),
+        "step_time_s": step_time,
+        "rss_before_bytes": rss_before.get("VmRSS", 0),
+        "peak_rss_bytes": rss_after.get("VmHWM", 0),
+        "rss_anon_bytes": rss_after.get("RssAnon", 0),
+        "rss_file_bytes": rss_after.get("RssFile", 0),
+    }
+    if device.type == "cuda":
+        result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+        result["allocated_before_bytes"] = cuda_before
+        result["gpu_name"] = torch.cuda.get_device_name(device)
+    gc.collect()
+
+    # Step 3: tracked.
+    emit({"event": "progress", "stage": "tracked step", "fraction": 0.7})
+    tracker = LiveBytesTracker()
+    tracker.track(step.persistent_tensors())
+    tracker.reset_peak()
+    persistent = tracker.current
+    recorder = _PhaseRecorder(tracker, device)
+    tracker.recording = True
+    t0 = time.perf_counter()
+    with tracker:
+        step.run(on_phase=recorder)
+        _sync(device)
+    tracked_time = time.perf_counter() - t0
+    tracker.recording = False
+    peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
+
+    result.update({
+        "tracked_peak_bytes": max(recorder.phase_peak.values()),
+        "peak_phase": peak_phase,
+        "phase_peak_bytes": {p: recorder.phase_peak.get(p, 0) for p in PHASES},
+        "persistent_bytes": persistent,
+        "optimizer_bytes": step.optimizer_state_bytes(),
+        "tracked_step_time_s": tracked_time,
+        "tracker_overhead": tracked_time / step_time if step_time > 0 else None,
+        "timeline": downsample(tracker.samples, max_timeline_points),
+    })
+    # The headline figure: on CUDA the allocator's own peak; on CPU the exact live-tensor peak.
+    result["peak_bytes"] = result["peak_allocated_bytes"] if device.type == "cuda" else result["tracked_peak_bytes"]
+    if device.type == "cuda":
+        result["peak_phase_source"] = "tracked step (timeline), peak from max_memory_allocated"
+    emit({"event": "progress", "stage": "done", "fraction": 1.0})
+    return result
+
+
+def downsample(samples: list[tuple[float, int, str]], n: int) -> list[dict]:
+    """At most ~n points that keep each bucket's maximum (a chart must not hide the peak)."""
+    if not samples:
+        return []
+    size = max(1, -(-len(samples) // n))
+    out = []
+    for i in range(0, len(samples), size):
+        bucket = samples[i:i + size]
+        t, b, phase = max(bucket, key=lambda s: s[1])
+        out.append({"t_s": round(t, 6), "bytes": b, "phase": phase})
+    return out

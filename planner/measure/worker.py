@@ -1,0 +1,75 @@
+"""Child-process entry point: `python -m planner.measure.worker '<json payload>'`.
+
+Prints JSON lines on stdout: {"event": "progress", ...} while running, then exactly one of
+{"event": "result", ...} (exit 0) or {"event": "error", "error": ..., "phase": ...} (exit 3 for out
+of memory, exit 2 for a request this machine cannot run, such as a CUDA device it does not have).
+Only this process imports torch; the app and the CLI parent stay light and survive its failures.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+EXIT_INVALID, EXIT_OOM = 2, 3
+
+
+def emit(event: dict) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def _limit_memory(extra_bytes: int) -> None:
+    """Cap the address space at what the process maps now plus `extra_bytes` (simulates a smaller machine)."""
+    from .procmem import read_vm_size
+
+    limit = read_vm_size() + extra_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower())
+
+
+def main(argv: list[str]) -> int:
+    payload = json.loads(argv[0])
+    import torch
+
+    from ..config import config_from_dict
+    from ..spec import TrainSpec
+    from .training import measure_training
+
+    cfg = config_from_dict(payload["config"])
+    spec = TrainSpec(**payload["spec"])
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if spec.device_type == "cuda":
+        if not torch.cuda.is_available():
+            emit({"event": "error", "error": "CUDA is not available on this machine", "phase": "setup"})
+            return EXIT_INVALID
+        index = int(spec.device.split(":")[1]) if ":" in spec.device else 0
+        if index >= torch.cuda.device_count():
+            emit({"event": "error", "error": f"no CUDA device {index}: this machine has "
+                  f"{torch.cuda.device_count()}", "phase": "setup"})
+            return EXIT_INVALID
+    if payload.get("memory_limit_bytes"):
+        torch.ones(64, 64) @ torch.ones(64, 64)  # start the OpenMP thread pool before the cap applies
+        _limit_memory(int(payload["memory_limit_bytes"]))
+    try:
+        result = measure_training(cfg, spec, emit=emit)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one JSON line
+        if _is_oom(exc):
+            emit({"event": "error", "error": f"out of memory: {str(exc).splitlines()[0][:300]}",
+                  "phase": getattr(exc, "train_phase", "setup"), "oom": True})
+            return EXIT_OOM
+        raise
+    emit({"event": "result", **result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

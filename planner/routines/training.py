@@ -1,0 +1,104 @@
+"""The real training step the planner measures (runs in a child process).
+
+One step = for each micro-batch: forward + loss (as the book's `calc_loss_batch`, so the logits die
+before backward) and backward; then optimizer.step() and zero_grad() (set_to_none, PyTorch's default).
+Precision modes: fp32; fp16-amp (autocast fp16 + GradScaler); bf16-amp (autocast bf16); bf16
+(weights, grads and optimizer states all bf16).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..models import TORCH_DTYPES, build_model
+from ..spec import TrainSpec
+
+# Hyper-parameters do not change memory; these are the book's ch05 AdamW settings and common defaults.
+LEARNING_RATE = 4e-4
+WEIGHT_DECAY = 0.1
+MOMENTUM = 0.9
+
+
+def make_optimizer(params, spec: TrainSpec) -> torch.optim.Optimizer:
+    impl = spec.resolved_optimizer_impl
+    kw = {"foreach": True} if impl == "foreach" else {"foreach": False} if impl == "for-loop" else {"fused": True}
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=LEARNING_RATE, **kw)
+    if spec.optimizer == "sgd-momentum":
+        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=MOMENTUM, **kw)
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(params, lr=LEARNING_RATE, **kw)
+    return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, **kw)
+
+
+def calc_loss_batch(input_batch, target_batch, model, on_phase: Callable[[str], None]):
+    """LLMs-from-scratch ch05: cross-entropy over the flattened logits; `logits` dies on return."""
+    logits = model(input_batch)
+    on_phase("loss")
+    return F.cross_entropy(logits.flatten(0, 1), target_batch.flatten())
+
+
+class TrainingStep:
+    """Model, optimizer and one fixed batch; `run()` performs one full optimizer step."""
+
+    def __init__(self, cfg: ModelConfig, spec: TrainSpec, seed: int = 0):
+        torch.manual_seed(seed)
+        self.cfg, self.spec = cfg, spec
+        self.device = torch.device(spec.device)
+        self.model = build_model(cfg, self.device, spec.param_dtype)
+        self.model.train()
+        self.model.gradient_checkpointing = spec.checkpointing
+        self.optimizer = make_optimizer(self.model.parameters(), spec)
+        self.scaler = torch.amp.GradScaler(spec.device_type) if spec.precision == "fp16-amp" else None
+        self.inputs = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
+        self.targets = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
+        self.current_phase = "setup"
+
+    def autocast(self):
+        if self.spec.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.spec.device_type, dtype=TORCH_DTYPES[self.spec.autocast_dtype])
+
+    def run(self, on_phase: Callable[[str], None] = lambda phase: None) -> float:
+        accum = self.spec.grad_accum
+        total = 0.0
+        user_on_phase = on_phase
+
+        def on_phase(phase: str) -> None:  # remember where we are, so an out-of-memory can say so
+            self.current_phase = phase
+            user_on_phase(phase)
+        for _ in range(accum):
+            on_phase("forward")
+            with self.autocast():
+                loss = calc_loss_batch(self.inputs, self.targets, self.model, on_phase)
+            on_phase("backward")
+            loss = loss / accum if accum > 1 else loss
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total += loss.item()
+            del loss
+        on_phase("optimizer")
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        on_phase("zero_grad")
+        self.optimizer.zero_grad()
+        on_phase("done")
+        return total
+
+    def persistent_tensors(self) -> list[torch.Tensor]:
+        """What lives across steps: weights, buffers, the batch, optimizer and GradScaler state."""
+        out = list(self.model.parameters()) + list(self.model.buffers()) + [self.inputs, self.targets]
+        out += [v for st in self.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        if self.scaler is not None:
+            out += [t for t in (self.scaler._scale, self.scaler._growth_tracker) if t is not None]
+        return out
+
+    def optimizer_state_bytes(self) -> int:
+        return sum(v.untyped_storage().nbytes() for st in self.optimizer.state.values()
+                   for v in st.values() if isinstance(v, torch.Tensor))

@@ -1,0 +1,81 @@
+"""What one training run is: the settings that, with the model config, decide its memory (no torch)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .config import ConfigError, ModelConfig, with_attention
+
+PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+OPTIMIZER_IMPLS = ("default", "foreach", "for-loop", "fused")
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def check_device(device: str) -> str:
+    if not isinstance(device, str) or not _DEVICE_RE.match(device):
+        raise ConfigError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    return device
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    batch_size: int
+    seq_len: int
+    precision: str = "fp32"         # fp32 | fp16-amp (autocast + GradScaler) | bf16-amp (autocast) | bf16 (all bf16)
+    optimizer: str = "adamw"
+    checkpointing: bool = False     # per-block torch.utils.checkpoint(use_reentrant=False)
+    grad_accum: int = 1             # micro-batches of batch_size per optimizer step
+    optimizer_impl: str = "default"  # default = PyTorch's pick: for-loop on CPU, foreach on CUDA
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len", "grad_accum"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"{name} must be an integer, got {v!r}")
+            if v <= 0:
+                raise ConfigError(f"{name} must be positive, got {v}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise ConfigError(f"unknown optimizer implementation {self.optimizer_impl!r}; "
+                              f"choose one of: {', '.join(OPTIMIZER_IMPLS)}")
+        if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
+            raise ConfigError(f"fused is not available for {self.optimizer}")
+        check_device(self.device)
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    @property
+    def param_dtype(self) -> str:
+        """Weights, grads and optimizer states: bf16 only in pure bf16; AMP keeps fp32 master weights."""
+        return "bfloat16" if self.precision == "bf16" else "float32"
+
+    @property
+    def autocast_dtype(self) -> str | None:
+        return {"fp16-amp": "float16", "bf16-amp": "bfloat16"}.get(self.precision)
+
+    @property
+    def resolved_optimizer_impl(self) -> str:
+        """PyTorch's default: foreach only when every param is on cuda/xpu/mtia (optimizer.py
+        _default_to_fused_or_foreach); CPU falls back to the per-parameter for-loop."""
+        if self.optimizer_impl != "default":
+            return self.optimizer_impl
+        return "foreach" if self.device_type == "cuda" else "for-loop"
+
+
+def check_fits_model(cfg: ModelConfig, spec: TrainSpec) -> None:
+    if spec.seq_len > cfg.max_seq_len:
+        raise ConfigError(f"seq_len {spec.seq_len} is longer than the model's context of {cfg.max_seq_len}")
+
+
+def prepare(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None) -> ModelConfig:
+    """The model config a run actually uses (attention override applied), validated against the run."""
+    cfg = with_attention(cfg, attention)
+    check_fits_model(cfg, spec)
+    return cfg
