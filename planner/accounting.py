@@ -23,6 +23,7 @@ class TensorSpec:
     kind: str                 # "param" or "buffer"
     persistent: bool = True   # non-persistent buffers are not in the state_dict
     autocast: bool = False    # a weight that torch.autocast casts (and caches) for a matmul
+    dtype: str | None = None  # fixed dtype (RoPE's inv_freq is built with .float()); None = the weights' dtype
 
     @property
     def numel(self) -> int:
@@ -88,7 +89,7 @@ def _llama_inventory(c: LlamaConfig) -> list[TensorSpec]:
     if not c.tie_word_embeddings:
         specs += _linear("lm_head", h, c.vocab_size, False)
     # RoPE inverse frequencies, non-persistent as in HF (not in checkpoints).
-    specs.append(TensorSpec("model.rotary_emb.inv_freq", (hd // 2,), "buffer", persistent=False))
+    specs.append(TensorSpec("model.rotary_emb.inv_freq", (hd // 2,), "buffer", persistent=False, dtype="float32"))
     return specs
 
 
@@ -105,8 +106,9 @@ def param_bytes(cfg: ModelConfig, dtype: str = "float32") -> int:
 
 
 def buffer_bytes(cfg: ModelConfig, dtype: str = "float32") -> int:
-    """Buffers are floating point in both models, so `model.to(dtype)` casts them with the weights."""
-    return buffer_numel(cfg) * DTYPE_BYTES[dtype]
+    """Buffers follow the weights' dtype (the GPT mask is built with torch.ones under the default dtype),
+    except those built in a fixed dtype (Llama's fp32 inv_freq)."""
+    return sum(t.numel * DTYPE_BYTES[t.dtype or dtype] for t in tensor_inventory(cfg) if t.kind == "buffer")
 
 
 def largest_param_numel(cfg: ModelConfig) -> int:
@@ -123,8 +125,8 @@ def checkpoint_numel(cfg: ModelConfig) -> int:
 
 def weights_table(cfg: ModelConfig) -> list[dict]:
     """Parameter and buffer bytes of the model held in each dtype (the app's first table)."""
-    n_params, n_buffers = param_count(cfg), buffer_numel(cfg)
+    n_params = param_count(cfg)
     return [{"dtype": dt, "bytes_per_element": DTYPE_BYTES[dt], "params_bytes": n_params * DTYPE_BYTES[dt],
-             "buffers_bytes": n_buffers * DTYPE_BYTES[dt],
-             "total_bytes": (n_params + n_buffers) * DTYPE_BYTES[dt]}
+             "buffers_bytes": buffer_bytes(cfg, dt),
+             "total_bytes": n_params * DTYPE_BYTES[dt] + buffer_bytes(cfg, dt)}
             for dt in ("float32", "bfloat16", "float16")]

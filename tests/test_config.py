@@ -69,6 +69,10 @@ def test_weights_table_bytes():
     rows = {r["dtype"]: r for r in weights_table(PRESETS["gpt2-small"])}
     assert rows["float32"]["params_bytes"] == 4 * 163_037_184
     assert rows["bfloat16"]["total_bytes"] * 2 == rows["float32"]["total_bytes"]
+    llama = {r["dtype"]: r for r in weights_table(PRESETS["tinyllama-1.1b"])}
+    assert llama["bfloat16"]["buffers_bytes"] == llama["float32"]["buffers_bytes"] == 32 * 4  # fp32 inv_freq
+    m = build_model(PRESETS["tinyllama-1.1b"], "meta", dtype="bfloat16")
+    assert sum(b.numel() * b.element_size() for b in m.buffers()) == 32 * 4
 
 
 @pytest.mark.parametrize("data, message", [

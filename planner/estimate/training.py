@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..accounting import DTYPE_BYTES, param_count, buffer_numel, tensor_inventory
+from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, tensor_inventory
 from ..config import GPT2Config, ModelConfig
 from ..spec import TrainSpec
 from .activations import Term, Widths, block_terms, outside_terms
@@ -114,7 +114,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     bsV = b * s * V
 
     params = param_count(cfg) * e_p
-    buffers = buffer_numel(cfg) * e_p
+    buffers = buffer_bytes(cfg, spec.param_dtype)
     inputs = 2 * 8 * b * s  # input ids and targets, int64
     grads = params          # one .grad per parameter, in the parameter's dtype
     opt_state = optimizer_state_bytes(cfg, spec)
@@ -156,6 +156,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         freed_in_block = b * s * h * (1 if spec.device_type == "cuda" else w.e_m)
     head_bytes = sum(t.bytes for t in out if t.where == "head")
     embed_bytes = sum(t.bytes for t in out if t.where == "embed")
+    if w.amp:  # the bf16 copies of the head and down-projection weights die with their backward nodes
+        freed_in_block += 2 * (V * h + f * h)
     grads_at_block = (head_n + down_n) * e_p + ffn_work - freed_in_block
     if spec.checkpointing:
         # Block i is recomputed (its full saved set returns) while the stashed inputs of the others stay.
