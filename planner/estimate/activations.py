@@ -70,12 +70,20 @@ def gpt2_block_terms(c: GPT2Config, spec: TrainSpec, w: Widths) -> list[Term]:
         if p:  # CUDA flash/efficient kernels regenerate the dropout mask from the RNG seed
             pass
     else:
-        # Eager attention (and SDPA's math fallback, which CPU uses when dropout > 0) materialises s x s.
-        terms += [Term("attention q, k^T, v, context copies", "4*b*s*h*e_m", 4 * bsh * w.e_m, True),
-                  Term("softmax output", "b*a*s^2*e_m", bas2 * w.e_m, True)]
+        # Eager attention, and SDPA's math fallback (CPU with dropout > 0), materialise s x s. The math
+        # fallback upcasts q, k, v to fp32 below fp32 (aten attention.cpp, "high precision for accuracy"),
+        # so its saved tensors are fp32 whatever the autocast or weight dtype.
+        math_path = c.attention == "sdpa"
+        e_s = 4 if math_path else w.e_m
+        e_ks = 4 if math_path else w.e_k
+        terms += [Term("attention q, k^T, v" + (" (fp32 upcasts)" if math_path else ""), "3*b*s*h*" +
+                       ("4" if math_path else "e_m"), 3 * bsh * e_s, True),
+                  Term("attention context copy (out_proj input)", "b*s*h*e_m", bsh * w.e_m, True),
+                  Term("softmax output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s, True)]
         if p:
-            terms += [Term("attention dropout keep-mask", "b*a*s^2*e_k", bas2 * w.e_k, True),
-                      Term("attention dropout output", "b*a*s^2*e_m", bas2 * w.e_m, True)]
+            terms += [Term("attention dropout keep-mask", "b*a*s^2*" + ("4" if math_path else "e_k"),
+                           bas2 * e_ks, True),
+                      Term("attention dropout output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s, True)]
         if c.attention == "eager":
             terms.append(Term("causal mask.bool() (full context)", "c^2 * 1 B", ctx * ctx, True))
     if p:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, tensor_inventory
-from ..config import GPT2Config, ModelConfig
+from ..config import GPT2Config, LlamaConfig, ModelConfig
 from ..spec import TrainSpec
 from .activations import Term, Widths, block_terms, outside_terms
 
@@ -107,6 +107,87 @@ def _ffn_width(cfg: ModelConfig) -> int:
     return 4 * cfg.emb_dim if isinstance(cfg, GPT2Config) else cfg.intermediate_size
 
 
+def attention_backward_s2_bytes(cfg: ModelConfig, w: Widths) -> int:
+    """Net bytes per b*a*s^2 that an eager/math attention backward adds on top of the block's saved set,
+    read off the op-by-op timeline (planner.measure.tracker) at its high point, _softmax_backward_data:
+    - softmax without dropout (Llama eager; GPT eager with p=0): the probabilities' gradient and the
+      softmax backward's output, fp32 in Llama (softmax(dtype=float32)), where below fp32 the freed bf16
+      copy of the probabilities offsets 2 B: 8 - e_m; in GPT both are e_m wide: 2*e_m.
+    - with dropout (GPT): the dropout output and keep-mask die before the softmax backward runs, which
+      offsets the two gradients: 0 (measured +0.1..0.35 B, within the bar). SDPA's math fallback below
+      fp32 peaks earlier, at the matmul backward, where the probabilities' fp32 gradient (4 B) joins
+      the saved set (fp32 itself: ~0, as eager).
+    """
+    if isinstance(cfg, LlamaConfig):
+        return 8 - (w.e_m if w.e_m < 4 else 0)
+    if cfg.drop_rate == 0:
+        return 2 * w.e_m
+    return 4 if (cfg.attention == "sdpa" and w.e_m < 4) else 0
+
+
+def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term], out: list[Term], e_p: int,
+                    saved_after_loss: int, amp_weights: int) -> dict[str, int]:
+    """Live bytes (without the persistent base) at the in-block high points of the first and last block."""
+    b, s, L, V, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.vocab_size, cfg.hidden
+    f, bsh = _ffn_width(cfg), b * s * cfg.hidden
+    head_n, block_n, down_n, mlp_n = _grad_numels(cfg)
+    blk_bytes = sum(t.bytes for t in blk)
+    head_bytes = sum(t.bytes for t in out if t.where == "head")
+    embed_bytes = sum(t.bytes for t in out if t.where == "embed")
+    mlp_saved = sum(t.bytes for t in blk if t.where == "mlp")
+    norm2_saved = sum(t.bytes for t in blk if t.name.startswith(("LayerNorm", "RMSNorm"))) // 2
+    casts_blk = autocast_weight_bytes(cfg, spec, blocks_only=True) // L     # one block's bf16 weight copies
+    casts_head = amp_weights - (0 if spec.checkpointing else L * casts_blk)  # the output head's copy
+    casts_mlp = 2 * mlp_n if w.amp else 0                                     # ~ the MLP's weight copies
+    # At the softmax backward only the output projection's and the post-attention norm's grads exist.
+    out_proj_n = (cfg.emb_dim * cfg.emb_dim + cfg.emb_dim if isinstance(cfg, GPT2Config)
+                  else cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size * (1 + cfg.attention_bias))
+    attn_n = out_proj_n + _norm_numel(cfg)
+
+    if spec.checkpointing:  # the others keep only their stashed input; the current block is recomputed
+        others_last = embed_bytes + (L - 1) * b * s * h * w.e_r
+    else:
+        others_last = saved_after_loss - head_bytes - blk_bytes - casts_blk - casts_head
+    others_first = embed_bytes
+    current = blk_bytes + casts_blk
+    if spec.checkpointing and isinstance(cfg, LlamaConfig) and w.e_r < 4:
+        # The stashed block input is its own tensor here: bf16 RMSNorm saves an fp32 copy, not the input.
+        current += bsh * w.e_r
+
+    resid_mask = bsh * (1 if spec.device_type == "cuda" else w.e_m) if (
+        isinstance(cfg, GPT2Config) and cfg.drop_rate > 0) else 0
+    ffn = current + down_n * e_p + bsh * w.e_r + 2 * b * s * f * w.e_m - resid_mask - (2 * f * h if w.amp else 0)
+    mlp_done = current - mlp_saved - casts_mlp + mlp_n * e_p + bsh * (w.e_r + w.e_m) + b * s * f * w.e_m
+    points = {"ffn": ffn, "mlp_done": mlp_done}
+    if isinstance(cfg, LlamaConfig):  # the post-attention RMSNorm's fp32 backward, as the final norm's
+        points["norm"] = current - mlp_saved - casts_mlp + mlp_n * e_p + bsh * w.e_r + 16 * bsh
+    if cfg.attention == "eager" or (cfg.attention == "sdpa" and isinstance(cfg, GPT2Config) and cfg.drop_rate > 0
+                                    and spec.device_type == "cpu"):
+        s2 = b * cfg.heads * s * s
+        points["attention"] = (current - mlp_saved - casts_mlp - norm2_saved - resid_mask
+                               - bsh * w.e_m  # the output projection's input copy, freed by its backward
+                               + (mlp_n + attn_n) * e_p + bsh * w.e_r + attention_backward_s2_bytes(cfg, w) * s2)
+    grads_last = head_n * e_p
+    if isinstance(cfg, LlamaConfig):
+        # The final RMSNorm's backward runs in fp32 (HF's RMSNorm upcasts) and holds four fp32 b*s*h
+        # temporaries at once (measured), after the lm_head's backward has freed its input.
+        lm_head_input = bsh * w.e_m
+        points_head = saved_after_loss - lm_head_input - casts_head + grads_last + bsh * w.e_m + 16 * bsh
+    else:
+        points_head = 0
+    grads_first = (head_n + (L - 1) * block_n) * e_p
+    out_ = {"final norm": points_head}
+    for name, value in points.items():
+        out_[f"last block {name}"] = others_last + grads_last + value
+        out_[f"first block {name}"] = others_first + grads_first + value
+    return out_
+
+
+def _norm_numel(cfg: ModelConfig) -> int:
+    """Parameters of one norm: LayerNorm scale + shift, RMSNorm weight."""
+    return 2 * cfg.hidden if isinstance(cfg, GPT2Config) else cfg.hidden
+
+
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     w = Widths.of(spec)
     e_p = DTYPE_BYTES[spec.param_dtype]
@@ -144,43 +225,19 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     accum_grads = grads if spec.grad_accum > 1 else 0  # later micro-batches run with grads alive
     a_before_loss = activations - ce_saved
     # Backward sweep, block by block from the last: each block frees its saved tensors and adds its
-    # weight grads, so the total is linear in the block index and its maximum is at either end. Inside
-    # a block the high point is the FFN activation's backward: the incoming gradient (b*s*h) plus two
-    # b*s*f gradients (measured for GELU and SwiGLU), with the down-projection's grad already made.
-    head_n, block_n, down_n, mlp_n = _grad_numels(cfg)
-    f = _ffn_width(cfg)
-    h = cfg.hidden
-    ffn_work = b * s * h * w.e_r + 2 * b * s * f * w.e_m
-    freed_in_block = 0
-    if isinstance(cfg, GPT2Config) and cfg.drop_rate > 0:  # the FFN's residual-dropout mask dies first
-        freed_in_block = b * s * h * (1 if spec.device_type == "cuda" else w.e_m)
-    head_bytes = sum(t.bytes for t in out if t.where == "head")
-    embed_bytes = sum(t.bytes for t in out if t.where == "embed")
-    if w.amp:  # the bf16 copies of the head and down-projection weights die with their backward nodes
-        freed_in_block += 2 * (V * h + f * h)
-    grads_at_block = (head_n + down_n) * e_p + ffn_work - freed_in_block
-    if spec.checkpointing:
-        # Block i is recomputed (its full saved set returns) while the stashed inputs of the others stay.
-        last_block = (amp_weights + embed_bytes + L * ckpt_input + (blk_bytes - ckpt_input)
-                      + autocast_weight_bytes(cfg, spec, blocks_only=True) // L + grads_at_block)
-        first_block = (amp_weights + embed_bytes + blk_bytes + autocast_weight_bytes(cfg, spec, blocks_only=True) // L
-                       + grads_at_block + (L - 1) * block_n * e_p)
-    else:
-        last_block = activations - ce_saved - head_bytes + grads_at_block
-        first_block = (embed_bytes + blk_bytes + autocast_weight_bytes(cfg, spec, blocks_only=True) // L
-                       + (amp_weights - autocast_weight_bytes(cfg, spec, blocks_only=True))
-                       + grads_at_block + (L - 1) * block_n * e_p)
-    # Grad-heavy runs (small b*s) peak later, when the first block's MLP has made all its weight grads
-    # while its attention-side tensors are still saved: the incoming gradient, the MLP input's gradient
-    # and one b*s*f gradient are alive.
-    mlp_saved = sum(t.bytes for t in blk if t.where == "mlp")
-    after_first_mlp = ((first_block - grads_at_block - mlp_saved) + (head_n + mlp_n) * e_p
-                       + b * s * h * (w.e_r + w.e_m) + b * s * f * w.e_m)
+    # weight grads, so the total is linear in the block index and its maximum is at the first or the
+    # last block. Inside a block three points can hold the maximum (found by walking the measured
+    # timeline op by op): the FFN activation's backward, the end of the MLP's backward, and the
+    # attention's backward (eager and math attention only: its s x s gradients).
+    sweep = _backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved, amp_weights)
+    # Under checkpointing nothing in the blocks is saved, but autocast's cache still holds every block's
+    # low-precision weight copy until the autocast region (forward + loss) exits.
+    cached_casts = autocast_weight_bytes(cfg, spec, blocks_only=True) if spec.checkpointing else 0
+    a_before_loss += cached_casts
     phase = {
         "forward": base + accum_grads + a_before_loss + logits,
         "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + bsV * w.e_ce,
-        "backward": base + max(accum_grads + activations + ce_grads, accum_grads + last_block,
-                               accum_grads + first_block, accum_grads + after_first_mlp, grads),
+        "backward": base + max(accum_grads + activations + ce_grads, accum_grads + max(sweep.values()), grads),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
