@@ -2,7 +2,9 @@
 
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
-    python -m planner bench accuracy|speed [--quick] [--out FILE]
+    python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--json]
+    python -m planner measure  load  MODEL --method METHOD|all --device ... [--checkpoint PATH] [--json]
+    python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
@@ -55,6 +57,18 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _add_load(p: argparse.ArgumentParser, measure: bool = False) -> None:
+    from .estimate.loading import METHODS
+
+    p.add_argument("--method", required=True, choices=METHODS + (("all",) if measure else ()))
+    p.add_argument("--device", required=measure, default=None if measure else "cpu")
+    p.add_argument("--json", action="store_true")
+    if measure:
+        p.add_argument("--checkpoint", help="your own .pth / .safetensors file or HF folder (read, never written)")
+        p.add_argument("--cache", help="folder for the generated checkpoints (default ~/.cache/torch-memory-planner)")
+        p.add_argument("--timeout", type=float, default=600.0)
+
+
 def build_parser() -> _Parser:
     parser = _Parser(prog="python -m planner", description="Torch Memory Planner")
     top = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -62,6 +76,9 @@ def build_parser() -> _Parser:
     p = est.add_parser("train")
     _add_model(p)
     _add_run(p)
+    p = est.add_parser("load")
+    _add_model(p)
+    _add_load(p)
     mea = top.add_parser("measure").add_subparsers(dest="what", required=True, parser_class=_Parser)
     p = mea.add_parser("train")
     _add_model(p)
@@ -69,8 +86,11 @@ def build_parser() -> _Parser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
     p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller machine")
     p.add_argument("--progress", action="store_true", help="print JSON progress lines before the result (with --json)")
+    p = mea.add_parser("load")
+    _add_model(p)
+    _add_load(p, measure=True)
     b = top.add_parser("bench")
-    b.add_argument("what", choices=("accuracy", "speed"))
+    b.add_argument("what", choices=("accuracy", "speed", "loading"))
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file")
     b.add_argument("--device", default="cpu")
@@ -165,6 +185,72 @@ def cmd_measure_train(args) -> int:
     return outcome.exit_code
 
 
+LOAD_KEYS = ["peak_device_bytes", "peak_cpu_bytes", "peak_cpu_anon_bytes", "peak_cpu_file_bytes", "checkpoint_bytes"]
+
+
+def cmd_estimate_load(args) -> int:
+    from .estimate.loading import estimate_loading
+
+    cfg = resolve_model(args.model, args.config)
+    check_device(args.device)
+    rec = {"model": config_to_dict(cfg), **estimate_loading(cfg, args.method, args.device).to_dict()}
+    if args.json:
+        print(json.dumps(rec))
+    else:
+        _print_table(rec, LOAD_KEYS + ["formula_device", "formula_cpu"])
+        for note in rec["notes"]:
+            print("note:", note)
+    return 0
+
+
+def cmd_measure_load(args) -> int:
+    from pathlib import Path
+
+    from .estimate.loading import METHODS, estimate_loading
+    from .routines_paths import default_cache_dir
+    from .runner import checkpoint_folder, measure_load, user_checkpoint_folder
+
+    cfg = resolve_model(args.model, args.config)
+    check_device(args.device)
+    cache = Path(args.cache) if args.cache else default_cache_dir()
+    methods = list(METHODS) if args.method == "all" else [args.method]
+    if args.checkpoint:
+        folders = {m: user_checkpoint_folder(Path(args.checkpoint), m, cache) for m in methods}
+    else:
+        if args.device.startswith("cpu"):
+            import psutil
+
+            need = max(estimate_loading(cfg, m, args.device).peak_cpu_bytes for m in methods)
+            available = psutil.virtual_memory().available
+            if need > RAM_GUARD_FRACTION * available:
+                raise ConfigError(f"refused: loading needs up to {fmt_bytes(need)}, more than "
+                                  f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
+        folder = checkpoint_folder(config_to_dict(cfg), cache)
+        folders = {m: folder for m in methods}
+    records, code = [], 0
+    for m in methods:
+        outcome = measure_load(config_to_dict(cfg), m, args.device, folders[m], timeout_s=args.timeout)
+        if outcome.exit_code == EXIT_INVALID:
+            raise ConfigError(outcome.record.get("error", "invalid request"))
+        rec = {k: v for k, v in outcome.record.items() if k != "event"}
+        rec["method"] = m
+        rec["estimate"] = {k: v for k, v in estimate_loading(cfg, m, args.device).to_dict().items() if k in LOAD_KEYS}
+        records.append(rec)
+        code = max(code, outcome.exit_code)
+    if args.json:
+        print(json.dumps(records[0] if len(records) == 1 else {"results": records}))
+    else:
+        for r in records:
+            if "error" in r:
+                print(f"{r['method']:>17}: failed: {r['error']}", file=sys.stderr)
+                continue
+            e = r["estimate"]
+            print(f"{r['method']:>17}: device {fmt_bytes(r['peak_device_bytes'])} (est. {fmt_bytes(e['peak_device_bytes'])}), "
+                  f"CPU RSS {fmt_bytes(r['peak_cpu_bytes'])} (est. {fmt_bytes(e['peak_cpu_bytes'])}), "
+                  f"{r['load_time_s']:.2f} s, weights match: {r['weights_match']}")
+    return code
+
+
 def cmd_bench(args) -> int:
     from . import bench
 
@@ -177,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command == "estimate":
-            return cmd_estimate_train(args)
+            return cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
         if args.command == "measure":
-            return cmd_measure_train(args)
+            return cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
         return cmd_bench(args)
     except (UsageError, ConfigError) as exc:
         print(f"planner: error: {exc}", file=sys.stderr)

@@ -87,6 +87,37 @@ def autocast_weight_bytes(cfg: ModelConfig, spec: TrainSpec, blocks_only: bool =
     return total * 2
 
 
+# CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every block is a multiple of 512 B.
+CUDA_BLOCK_BYTES = 512
+# cuBLAS workspace, allocated through the caching allocator and so counted by max_memory_allocated
+# (CublasHandlePool.cpp default ":4096:2:16:8" = 8,519,680 B; 32 MiB on Hopper). Not verified on a GPU.
+CUBLAS_WORKSPACE_BYTES = 8_519_680
+# The CUDA context (driver, kernels) is outside the allocator: ~300-500 MB with lazy module loading
+# (PyTorch PR #86509; issue #109888). Shown as a separate line, never in peak_bytes.
+CUDA_CONTEXT_BYTES = 400 * 2**20
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def cuda_rounding_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
+    """Bytes the allocator's 512-B rounding adds to the persistent tensors: weights, buffers, grads,
+    optimizer states (per tensor, from the inventory) and the two index tensors. Saved activations are
+    rounded too but are few and large, so their rounding is < 512 B each and is left out."""
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    extra = 0
+    per_param_copies = 1 + 1 + {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(spec.optimizer, 0)
+    for t in tensor_inventory(cfg):
+        nbytes = t.numel * (DTYPE_BYTES[t.dtype] if t.dtype else e_p)
+        copies = per_param_copies if t.kind == "param" else 1
+        extra += copies * (_round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes)
+        if t.kind == "param" and spec.optimizer in ("adam", "adamw"):
+            extra += CUDA_BLOCK_BYTES - 4  # the 0-d fp32 step tensor (on the device when fused)
+    nbytes = 8 * spec.batch_size * spec.seq_len
+    return extra + 2 * (_round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes)
+
+
 def _grad_numels(cfg: ModelConfig) -> tuple[int, int, int, int]:
     """(head: output projection + final norm, one block, a block's FFN down-projection) parameter counts:
     the grads that exist when the backward sweep reaches the first / last block's FFN."""
@@ -126,8 +157,12 @@ def attention_backward_s2_bytes(cfg: ModelConfig, w: Widths) -> int:
 
 
 def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term], out: list[Term], e_p: int,
-                    saved_after_loss: int, amp_weights: int) -> dict[str, int]:
-    """Live bytes (without the persistent base) at the in-block high points of the first and last block."""
+                    saved_after_loss: int, amp_weights: int, grads_exist: bool = False) -> dict[str, int]:
+    """Live bytes (without the persistent base) at the in-block high points of the first and last block.
+
+    grads_exist: a later micro-batch of gradient accumulation, where every .grad already exists (and is
+    counted by the caller); new grads are then only transients added in place, so the grads "made so
+    far" by the sweep are not counted again."""
     b, s, L, V, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.vocab_size, cfg.hidden
     f, bsh = _ffn_width(cfg), b * s * cfg.hidden
     head_n, block_n, down_n, mlp_n = _grad_numels(cfg)
@@ -144,6 +179,10 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
                   else cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size * (1 + cfg.attention_bias))
     attn_n = out_proj_n + _norm_numel(cfg)
 
+    g = 0 if grads_exist else e_p  # bytes per parameter of grads the sweep itself creates
+    # With grads already there, a new weight grad is computed in full, then added in place: one FFN
+    # weight's grad is the transient at the MLP's points.
+    pending = f * h * e_p if grads_exist else 0
     if spec.checkpointing:  # the others keep only their stashed input; the current block is recomputed
         others_last = embed_bytes + (L - 1) * b * s * h * w.e_r
     else:
@@ -157,17 +196,17 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
     resid_mask = bsh * (1 if spec.device_type == "cuda" else w.e_m) if (
         isinstance(cfg, GPT2Config) and cfg.drop_rate > 0) else 0
     ffn = current + down_n * e_p + bsh * w.e_r + 2 * b * s * f * w.e_m - resid_mask - (2 * f * h if w.amp else 0)
-    mlp_done = current - mlp_saved - casts_mlp + mlp_n * e_p + bsh * (w.e_r + w.e_m) + b * s * f * w.e_m
+    mlp_done = current - mlp_saved - casts_mlp + mlp_n * g + pending + bsh * (w.e_r + w.e_m) + b * s * f * w.e_m
     points = {"ffn": ffn, "mlp_done": mlp_done}
     if isinstance(cfg, LlamaConfig):  # the post-attention RMSNorm's fp32 backward, as the final norm's
-        points["norm"] = current - mlp_saved - casts_mlp + mlp_n * e_p + bsh * w.e_r + 16 * bsh
+        points["norm"] = current - mlp_saved - casts_mlp + mlp_n * g + pending + bsh * w.e_r + 16 * bsh
     if cfg.attention == "eager" or (cfg.attention == "sdpa" and isinstance(cfg, GPT2Config) and cfg.drop_rate > 0
                                     and spec.device_type == "cpu"):
         s2 = b * cfg.heads * s * s
         points["attention"] = (current - mlp_saved - casts_mlp - norm2_saved - resid_mask
                                - bsh * w.e_m  # the output projection's input copy, freed by its backward
-                               + (mlp_n + attn_n) * e_p + bsh * w.e_r + attention_backward_s2_bytes(cfg, w) * s2)
-    grads_last = head_n * e_p
+                               + (mlp_n + attn_n) * g + bsh * w.e_r + attention_backward_s2_bytes(cfg, w) * s2)
+    grads_last = 0 if grads_exist else head_n * e_p
     if isinstance(cfg, LlamaConfig):
         # The final RMSNorm's backward runs in fp32 (HF's RMSNorm upcasts) and holds four fp32 b*s*h
         # temporaries at once (measured), after the lm_head's backward has freed its input.
@@ -175,7 +214,7 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
         points_head = saved_after_loss - lm_head_input - casts_head + grads_last + bsh * w.e_m + 16 * bsh
     else:
         points_head = 0
-    grads_first = (head_n + (L - 1) * block_n) * e_p
+    grads_first = 0 if grads_exist else (head_n + (L - 1) * block_n) * e_p
     out_ = {"final norm": points_head}
     for name, value in points.items():
         out_[f"last block {name}"] = others_last + grads_last + value
@@ -229,7 +268,10 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # last block. Inside a block three points can hold the maximum (found by walking the measured
     # timeline op by op): the FFN activation's backward, the end of the MLP's backward, and the
     # attention's backward (eager and math attention only: its s x s gradients).
-    sweep = _backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved, amp_weights)
+    sweep = max(_backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved, amp_weights).values())
+    if spec.grad_accum > 1:
+        sweep = max(sweep, accum_grads + max(_backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved,
+                                                             amp_weights, grads_exist=True).values()))
     # Under checkpointing nothing in the blocks is saved, but autocast's cache still holds every block's
     # low-precision weight copy until the autocast region (forward + loss) exits.
     cached_casts = autocast_weight_bytes(cfg, spec, blocks_only=True) if spec.checkpointing else 0
@@ -237,10 +279,17 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     phase = {
         "forward": base + accum_grads + a_before_loss + logits,
         "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + bsV * w.e_ce,
-        "backward": base + max(accum_grads + activations + ce_grads, accum_grads + max(sweep.values()), grads),
+        "backward": base + max(accum_grads + activations + ce_grads, sweep, grads),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
+    cuda_lines = {}
+    if spec.device_type == "cuda":
+        # [GPU-verify] terms from PyTorch source, not yet checked against max_memory_allocated.
+        cuda_lines = {"allocator_rounding": cuda_rounding_bytes(cfg, spec), "cublas_workspace": CUBLAS_WORKSPACE_BYTES,
+                      "cuda_context_not_counted": CUDA_CONTEXT_BYTES}
+        for k in phase:
+            phase[k] += cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES
     peak_phase = max(phase, key=phase.get)
 
     terms = [asdict(t) for t in blk] + [asdict(t) for t in out]
@@ -248,6 +297,10 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     if amp_weights:
         terms.append(asdict(Term("autocast weight copies (saved)", "sum(matmul weights) * 2", amp_weights)))
     notes = []
+    if spec.device_type == "cuda":
+        notes.append("CUDA: 512-B allocator rounding and one cuBLAS workspace are included; the CUDA context "
+                     f"(~{CUDA_CONTEXT_BYTES // 2**20} MiB) is not, as max_memory_allocated does not count it. "
+                     "These CUDA terms come from PyTorch's source and are not yet verified on a GPU.")
     if spec.checkpointing:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
@@ -256,5 +309,5 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
         peak_phase=peak_phase, phase_peak_bytes=phase,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
-                    "optimizer_temporaries": opt_tmp, "gradscaler": scaler},
+                    "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines},
         terms=terms, notes=notes)

@@ -45,17 +45,21 @@ def main(argv: list[str]) -> int:
     from .training import measure_training
 
     cfg = config_from_dict(payload["config"])
+    if payload.get("kind") == "load":
+        return _load(cfg, payload)
+    if payload.get("kind") == "write":
+        from pathlib import Path
+
+        from ..routines.loading import write_checkpoints
+
+        emit({"event": "progress", "stage": "writing checkpoints", "fraction": 0.1})
+        emit({"event": "result", "folder": str(write_checkpoints(cfg, Path(payload["cache_dir"])))})
+        return 0
     spec = TrainSpec(**payload["spec"])
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    if spec.device_type == "cuda":
-        if not torch.cuda.is_available():
-            emit({"event": "error", "error": "CUDA is not available on this machine", "phase": "setup"})
-            return EXIT_INVALID
-        index = int(spec.device.split(":")[1]) if ":" in spec.device else 0
-        if index >= torch.cuda.device_count():
-            emit({"event": "error", "error": f"no CUDA device {index}: this machine has "
-                  f"{torch.cuda.device_count()}", "phase": "setup"})
-            return EXIT_INVALID
+    problem = _check_cuda(spec.device)
+    if problem:
+        emit({"event": "error", "error": problem, "phase": "setup"})
+        return EXIT_INVALID
     if payload.get("memory_limit_bytes"):
         torch.ones(64, 64) @ torch.ones(64, 64)  # start the OpenMP thread pool before the cap applies
         _limit_memory(int(payload["memory_limit_bytes"]))
@@ -65,6 +69,45 @@ def main(argv: list[str]) -> int:
         if _is_oom(exc):
             emit({"event": "error", "error": f"out of memory: {str(exc).splitlines()[0][:300]}",
                   "phase": getattr(exc, "train_phase", "setup"), "oom": True})
+            return EXIT_OOM
+        raise
+    emit({"event": "result", **result})
+    return 0
+
+
+def _check_cuda(device: str) -> str | None:
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    if not torch.cuda.is_available():
+        return "CUDA is not available on this machine"
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        return f"no CUDA device {index}: this machine has {torch.cuda.device_count()}"
+    return None
+
+
+def _load(cfg, payload: dict) -> int:
+    from pathlib import Path
+
+    from ..routines.loading import CheckpointError
+    from .loading import measure_loading
+
+    problem = _check_cuda(payload["device"])
+    if problem:
+        emit({"event": "error", "error": problem, "phase": "setup"})
+        return EXIT_INVALID
+    emit({"event": "progress", "stage": f"loading with {payload['method']}", "fraction": 0.1})
+    try:
+        result = measure_loading(cfg, payload["method"], Path(payload["folder"]), payload["device"])
+    except CheckpointError as exc:
+        emit({"event": "error", "error": str(exc), "phase": "load"})
+        return EXIT_INVALID
+    except BaseException as exc:  # noqa: BLE001
+        if _is_oom(exc):
+            emit({"event": "error", "error": f"out of memory: {str(exc).splitlines()[0][:300]}", "phase": "load",
+                  "oom": True})
             return EXIT_OOM
         raise
     emit({"event": "result", **result})

@@ -1,0 +1,145 @@
+"""Peak device and CPU memory of each weight-loading method, from the config alone (no torch).
+
+Symbols: W = bytes of the checkpoint's tensors (parameters + persistent buffers, a tied head once),
+N = non-persistent buffers (recomputed, not loaded), T = the largest single tensor.
+What each method holds at its peak (the notebook's methods; research/pytorch-memory-facts.md 5):
+  baseline     model on the device + the whole state_dict loaded to the device       device 2W
+  sequential   model on the device + the whole state_dict on the CPU, copied one by one device W+T (CUDA)
+  meta         empty model on the device + the state_dict loaded to the device        device 2W, CPU ~T
+  mmap         meta model; the state_dict is a mapping of the file, assigned as is    device W
+  per-tensor   empty model + one tensor file at a time                               device W, CPU T
+  safetensors  meta model; load_file + assign=True                                   device W
+On the CPU the device is the CPU: the RSS peak is the device peak, and mapped-file pages count as
+file-backed RSS (reclaimable page cache), not anonymous memory.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..accounting import DTYPE_BYTES, tensor_inventory
+from ..config import ModelConfig
+
+METHODS = ("baseline", "sequential", "meta", "mmap", "per-tensor", "safetensors", "safetensors-copy")
+# torch.save's zip container adds a few KiB per tensor (record headers, alignment to 64 B) plus the pickle.
+PTH_OVERHEAD_PER_TENSOR = 1024
+
+# CUDA caching allocator constants (c10/cuda/CUDACachingAllocator.cpp). [GPU-verify]
+_MIN_BLOCK, _SMALL, _MIN_LARGE, _ROUND_LARGE = 512, 2**20, 10 * 2**20, 2 * 2**20
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes max_memory_allocated counts for one fresh tensor: 512-B rounding, and for >= 10 MiB tensors the
+    2 MiB-rounded segment when the remainder (<= 1 MiB) is too small to split off."""
+    size = max(_MIN_BLOCK, -(-nbytes // _MIN_BLOCK) * _MIN_BLOCK)
+    if size >= _MIN_LARGE:
+        segment = -(-size // _ROUND_LARGE) * _ROUND_LARGE
+        if segment - size <= _SMALL:
+            return segment
+    return size
+
+
+def per_tensor_rss(sizes: list[int]) -> int:
+    """RSS peak of filling a to_empty model one tensor at a time: untouched pages of the empty model are
+    not resident, so the peak is the pages written so far plus the tensor just loaded, at the worst i."""
+    done, worst = 0, 0
+    for size in sizes:
+        done += size
+        worst = max(worst, done + size)
+    return worst
+
+
+@dataclass
+class LoadEstimate:
+    method: str
+    device: str
+    peak_device_bytes: int
+    peak_cpu_bytes: int          # RSS increase of the loading process (anonymous + file-backed)
+    peak_cpu_anon_bytes: int
+    peak_cpu_file_bytes: int     # mapped checkpoint pages: page cache, reclaimable under memory pressure
+    formula_device: str
+    formula_cpu: str
+    checkpoint_bytes: int
+    notes: list
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def weights_bytes(cfg: ModelConfig, dtype: str = "float32") -> tuple[int, int, int, list[int]]:
+    """(W, N, T, sizes of the checkpoint tensors) for a model saved in `dtype`."""
+    inv = tensor_inventory(cfg)
+    sizes = [t.numel * DTYPE_BYTES[t.dtype or dtype] for t in inv if t.persistent]
+    n = sum(t.numel * DTYPE_BYTES[t.dtype or dtype] for t in inv if not t.persistent)
+    return sum(sizes), n, max(sizes), sizes
+
+
+def estimate_loading(cfg: ModelConfig, method: str, device: str = "cpu", dtype: str = "float32") -> LoadEstimate:
+    if method not in METHODS:
+        from ..config import ConfigError
+
+        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    W, N, T, sizes = weights_bytes(cfg, dtype)
+    cuda = device.startswith("cuda")
+    notes = []
+    if not cuda:
+        dev, f_dev = {
+            "baseline": (2 * W + N, "2W + N (model + loaded state_dict)"),
+            "sequential": (2 * W + N, "2W + N (model + state_dict on the CPU)"),
+            "meta": (2 * W + N, "2W + N (to_empty model + state_dict)"),
+            "mmap": (W + N, "W + N (the parameters are the mapped file)"),
+            "per-tensor": (W + T + N, "W + T + N (model + one tensor file)"),
+            "safetensors": (W + N, "W + N (tensors mapped from the file, assigned)"),
+            "safetensors-copy": (W + T + N, "W + T + N (model + one tensor read at a time)"),
+        }[method]
+        file_backed = {"mmap": 0, "safetensors": 0, "safetensors-copy": W}.get(method, 0)
+        anon = {"mmap": N, "safetensors": N, "safetensors-copy": W + N, "per-tensor": per_tensor_rss(sizes) + N}.get(method, dev)
+        cpu, f_cpu = anon + file_backed, {
+            "mmap": "N + pages touched (none until a forward pass reads them, then up to W, file-backed)",
+            "safetensors": "N + pages touched (file-backed, up to W)",
+            "safetensors-copy": "W + N anonymous + W file-backed pages (the file is read through while open)",
+            "per-tensor": "max_i(sum(size[0..i]) + size[i]) + N: to_empty pages count once written",
+        }.get(method, f_dev)
+        if method in ("mmap", "safetensors"):
+            notes.append("The weights stay file-backed: RSS grows by up to W of page cache as they are read, "
+                         "which the kernel can reclaim; the first optimizer step copies them on write.")
+    else:
+        blocks = sum(cuda_block_bytes(s) for s in sizes) + N
+        big = cuda_block_bytes(T)
+        dev, f_dev = {
+            "baseline": (2 * blocks, "2 x sum(allocator blocks of each tensor)"),
+            "sequential": (blocks + big, "sum(blocks) + block(T) (one tensor staged on the device)"),
+            "meta": (2 * blocks, "2 x sum(blocks) (state_dict loaded to the device)"),
+            "mmap": (blocks, "sum(blocks)"),
+            "per-tensor": (blocks, "sum(blocks)"),
+            "safetensors": (blocks, "sum(blocks)"),
+            "safetensors-copy": (blocks, "sum(blocks)"),
+        }[method]
+        anon, file_backed, f_cpu = {
+            "baseline": (T, 0, "T (each storage is read to the CPU, then moved)"),
+            "sequential": (W, 0, "W (the state_dict on the CPU)"),
+            "meta": (T, 0, "T"),
+            "mmap": (0, W, "W file-backed (pages touched by the copy to the GPU; reclaimable)"),
+            "per-tensor": (T, 0, "T (one tensor file at a time)"),
+            "safetensors": (T, W, "T + W file-backed"),
+            "safetensors-copy": (T, W, "T + W file-backed"),
+        }[method]
+        cpu = anon + file_backed
+        notes.append("CUDA figures model the caching allocator from PyTorch's source (not yet verified on a GPU); "
+                     "the host RAM of CUDA initialisation is measured separately, not included.")
+    return LoadEstimate(method=method, device=device, peak_device_bytes=dev, peak_cpu_bytes=cpu,
+                        peak_cpu_anon_bytes=anon, peak_cpu_file_bytes=file_backed, formula_device=f_dev,
+                        formula_cpu=f_cpu, checkpoint_bytes=W, notes=notes)
+
+
+def recommend(cfg: ModelConfig, device: str, free_device_bytes: int | None = None,
+              free_cpu_bytes: int | None = None) -> tuple[str, str]:
+    """The method with the lowest device peak, then the lowest anonymous CPU peak, that fits."""
+    ests = [estimate_loading(cfg, m, device) for m in ("mmap", "safetensors", "per-tensor", "sequential",
+                                                       "meta", "baseline")]
+    fits = [e for e in ests if (free_device_bytes is None or e.peak_device_bytes <= free_device_bytes)
+            and (free_cpu_bytes is None or e.peak_cpu_anon_bytes <= free_cpu_bytes)]
+    if not fits:
+        return "none", "no method fits: the weights alone exceed the free memory"
+    best = min(fits, key=lambda e: (e.peak_device_bytes, e.peak_cpu_anon_bytes))
+    return best.method, (f"{best.method}: device peak {best.formula_device}, CPU {best.formula_cpu}; "
+                         "the lowest of the methods that fit")
