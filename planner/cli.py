@@ -4,6 +4,7 @@
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
     python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--checkpoint PATH] [--json]
+    python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
     python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
@@ -44,8 +45,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="JSON config file (arch gpt2/llama, or a Hugging Face config.json)")
 
 
-def _add_run(p: argparse.ArgumentParser, device_required: bool = False) -> None:
-    p.add_argument("--batch-size", type=int, required=True)
+def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_required: bool = True) -> None:
+    p.add_argument("--batch-size", type=int, required=batch_required)
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
@@ -89,6 +90,12 @@ def build_parser() -> _Parser:
     p = mea.add_parser("load")
     _add_model(p)
     _add_load(p, measure=True)
+    p = top.add_parser("fit")
+    _add_model(p)
+    _add_run(p, batch_required=False)
+    p.add_argument("--budget", help="memory budget: bytes or units (24GiB, 800MB); default: GPU total minus "
+                                    "the CUDA context, else the RAM available now")
+    p.add_argument("--measure-costs", action="store_true", help="measure checkpointing's recompute cost here")
     b = top.add_parser("bench")
     b.add_argument("what", choices=("accuracy", "speed", "loading"))
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
@@ -251,6 +258,60 @@ def cmd_measure_load(args) -> int:
     return code
 
 
+def fit_record(cfg, spec, budget: int, batch_given: bool, recompute_ratio=None) -> dict:
+    """The fit answer as the CLI prints it and the app shows it (one place, so both agree)."""
+    import dataclasses
+
+    from .fit import advice, max_batch_size, max_seq_len
+
+    rec: dict = {"budget_bytes": budget}
+    if batch_given:
+        rec["max_seq_len"], rec["reason"] = max_seq_len(cfg, spec, budget)
+        target = spec
+    else:
+        rec["max_batch_size"], rec["reason"] = max_batch_size(cfg, spec, budget)
+        # To go bigger: what would double the largest batch (or make batch 1 fit).
+        target = dataclasses.replace(spec, batch_size=max(1, 2 * rec["max_batch_size"]))
+    from .estimate.training import estimate_training
+
+    rec["run"] = dataclasses.asdict(target)
+    rec["peak_bytes"] = estimate_training(cfg, target).peak_bytes
+    rec["fits"] = rec["peak_bytes"] <= budget
+    rec["advice"] = [dataclasses.asdict(o) for o in advice(cfg, target, budget, recompute_ratio)]
+    return rec
+
+
+def cmd_fit(args) -> int:
+    from .fit import default_budget, measure_recompute_ratio
+
+    batch_given = args.batch_size is not None
+    if not batch_given:
+        args.batch_size = 1
+    cfg, spec = parse_train(args)
+    if args.budget:
+        try:
+            budget, source = parse_size(args.budget), "--budget"
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    else:
+        budget, source = default_budget(args.device)
+    if budget <= 0:
+        raise ConfigError(f"the budget must be positive, got {args.budget}")
+    ratio = measure_recompute_ratio(cfg, spec) if args.measure_costs else None
+    rec = {**fit_record(cfg, spec, budget, batch_given, ratio), "budget_source": source}
+    if args.json:
+        print(json.dumps(rec))
+        return 0
+    key = "max_seq_len" if batch_given else "max_batch_size"
+    print(f"budget {fmt_bytes(budget)} ({source}): {key} = {rec[key]} ({rec['reason']})")
+    r = rec["run"]
+    print(f"run batch {r['batch_size']} x seq {r['seq_len']}: peak {fmt_bytes(rec['peak_bytes'])}, "
+          f"{'fits' if rec['fits'] else 'does not fit'}")
+    for o in rec["advice"][:10]:
+        print(f"  {'FITS ' if o['fits'] else 'no   '} {fmt_bytes(o['peak_bytes']):>11}  {o['cost']}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from . import bench
 
@@ -266,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
         if args.command == "measure":
             return cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
+        if args.command == "fit":
+            return cmd_fit(args)
         return cmd_bench(args)
     except (UsageError, ConfigError) as exc:
         print(f"planner: error: {exc}", file=sys.stderr)

@@ -1,0 +1,168 @@
+"""Will it fit, and what do I change so it fits? (no torch; every answer comes from estimate_training)
+
+max_batch_size / max_seq_len bisect on the estimated peak (which grows with batch and sequence). advice()
+evaluates each single change and the useful combinations, and ranks those that fit by their cost.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .config import ConfigError, ModelConfig
+from .estimate.training import estimate_training
+from .spec import TrainSpec
+
+# Cost rank of each change, cheapest first, and what it costs. The order is this project's judgement:
+# free > same maths but slower > more compute > lower precision > a different optimizer > a different task.
+CHANGES = {
+    "sdpa": (0, "none: the same attention maths in a fused kernel (no s x s tensors)"),
+    "grad-accum": (1, "same gradients; smaller micro-batches run slower per sample (smaller matmuls)"),
+    "checkpointing": (2, "recomputes each block's forward in backward: ~1 extra forward per step"),
+    "bf16-amp": (3, "matmuls in bf16 (8-bit mantissa); fp32 master weights keep updates exact; usually no loss change"),
+    "fp16-amp": (4, "matmuls in fp16 with dynamic loss scaling (GradScaler); overflow-skipped steps possible"),
+    "sgd-momentum": (5, "a different optimizer: needs its own learning rate; often slower to converge than AdamW"),
+    "bf16": (6, "weights, grads and optimizer states in bf16: updates below ~1/256 of a weight are lost"),
+    "shorter-seq": (7, "less context per sample: the model learns shorter dependencies"),
+}
+
+
+@dataclass
+class Option:
+    changes: list[str]
+    spec: dict
+    attention: str
+    peak_bytes: int
+    fits: bool
+    cost_rank: int
+    cost: str
+
+
+def _peak(cfg: ModelConfig, spec: TrainSpec) -> int:
+    return estimate_training(cfg, spec).peak_bytes
+
+
+def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 1 << 20) -> tuple[int, str]:
+    """The largest batch whose estimated peak fits `budget` (spec.batch_size is ignored); 0 with the reason."""
+    at = lambda b: _peak(cfg, dataclasses.replace(spec, batch_size=b))
+    if at(1) > budget:
+        one = estimate_training(cfg, dataclasses.replace(spec, batch_size=1))
+        fixed = one.params_bytes + one.buffers_bytes + one.optimizer_bytes + one.grads_bytes
+        why = ("the weights, grads and optimizer states alone" if fixed > budget
+               else "batch 1 (its activations and transients)")
+        return 0, f"{why} need more than the budget: peak at batch 1 is {one.peak_bytes:,} B > {budget:,} B"
+    lo, hi = 1, 2
+    while hi <= limit and at(hi) <= budget:
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    return lo, f"batch {lo + 1} would need {at(lo + 1):,} B" if lo < limit else "search limit reached"
+
+
+def max_seq_len(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, str]:
+    """The longest sequence (up to the model's context) whose estimated peak fits at spec.batch_size."""
+    at = lambda s: _peak(cfg, dataclasses.replace(spec, seq_len=s))
+    if at(1) > budget:
+        return 0, f"even a sequence of 1 needs {at(1):,} B > {budget:,} B"
+    lo, hi = 1, cfg.max_seq_len + 1
+    if at(cfg.max_seq_len) <= budget:
+        return cfg.max_seq_len, "the model's full context fits"
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    return lo, f"seq_len {lo + 1} would need {at(lo + 1):,} B"
+
+
+def _variants(cfg: ModelConfig, spec: TrainSpec, budget: int):
+    """(changes, spec, attention) for each single change and the useful pairs."""
+    singles = []
+    if cfg.attention == "eager":
+        singles.append((["sdpa"], spec, "sdpa"))
+    for k in (2, 4, 8, 16):
+        if spec.batch_size % k == 0:
+            singles.append(([f"grad-accum"], dataclasses.replace(spec, batch_size=spec.batch_size // k,
+                                                                  grad_accum=spec.grad_accum * k), cfg.attention))
+    if not spec.checkpointing:
+        singles.append((["checkpointing"], dataclasses.replace(spec, checkpointing=True), cfg.attention))
+    for prec in ("bf16-amp", "fp16-amp", "bf16"):
+        if spec.precision != prec:
+            singles.append(([prec], dataclasses.replace(spec, precision=prec), cfg.attention))
+    if spec.optimizer in ("adam", "adamw"):
+        singles.append((["sgd-momentum"], dataclasses.replace(spec, optimizer="sgd-momentum"), cfg.attention))
+    s, _ = max_seq_len(cfg, spec, budget)
+    if 0 < s < spec.seq_len:
+        singles.append((["shorter-seq"], dataclasses.replace(spec, seq_len=s), cfg.attention))
+    out = list(singles)
+    base = [v for v in singles if v[0][0] in ("sdpa", "checkpointing", "bf16-amp")]
+    for i, a in enumerate(base):
+        for b in base[i + 1:]:
+            merged = dataclasses.replace(b[1], checkpointing=a[1].checkpointing or b[1].checkpointing)
+            out.append((a[0] + b[0], merged, "sdpa" if "sdpa" in a[0] + b[0] else cfg.attention))
+    if len(base) == 3:
+        out.append((["sdpa", "checkpointing", "bf16-amp"],
+                    dataclasses.replace(spec, checkpointing=True, precision="bf16-amp"), "sdpa"))
+    return out
+
+
+def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, recompute_ratio: float | None = None) -> list[Option]:
+    """Every option with its peak, whether it fits, and its cost; those that fit first, cheapest first."""
+    options = []
+    for changes, new_spec, attention in _variants(cfg, spec, budget):
+        peak = _peak(dataclasses.replace(cfg, attention=attention), new_spec)
+        words = []
+        for c in changes:
+            text = CHANGES[c][1]
+            if c == "checkpointing" and recompute_ratio:
+                text += f" (measured here on a 2-block proxy: step time x{recompute_ratio:.2f})"
+            if c == "grad-accum":
+                text += f" ({new_spec.grad_accum} micro-batches of {new_spec.batch_size})"
+            if c == "shorter-seq":
+                text += f" (seq_len {new_spec.seq_len} instead of {spec.seq_len})"
+            words.append(f"{c}: {text}")
+        options.append(Option(changes=changes, spec=dataclasses.asdict(new_spec), attention=attention,
+                              peak_bytes=peak, fits=peak <= budget,
+                              cost_rank=sum(CHANGES[c][0] + 1 for c in changes), cost="; ".join(words)))
+    options.sort(key=lambda o: (not o.fits, o.cost_rank, o.peak_bytes))
+    return options
+
+
+def default_budget(device: str) -> tuple[int, str]:
+    """The GPU's total memory minus the CUDA context (nvidia-smi), else the RAM available now."""
+    if device.startswith("cuda"):
+        from .estimate.training import CUDA_CONTEXT_BYTES
+
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            raise ConfigError("no GPU memory figure here (nvidia-smi not found): give --budget")
+        index = device.split(":")[1] if ":" in device else "0"
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", index],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode:
+            raise ConfigError(f"nvidia-smi could not read GPU {index}: give --budget")
+        total = int(out.stdout.strip().splitlines()[0]) * 2**20
+        return total - CUDA_CONTEXT_BYTES, "GPU memory (nvidia-smi) minus the CUDA context estimate"
+    import psutil
+
+    return psutil.virtual_memory().available, "RAM available now"
+
+
+def measure_recompute_ratio(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300) -> float | None:
+    """Step time with checkpointing over without, measured here on a 2-block proxy of the model (same
+    widths, batch 1, at most 128 tokens), so the ratio is this machine's, not a rule of thumb."""
+    from .config import GPT2Config, config_to_dict
+    from .runner import run_worker
+
+    proxy = (dataclasses.replace(cfg, n_layers=2) if isinstance(cfg, GPT2Config)
+             else dataclasses.replace(cfg, num_hidden_layers=2))
+    times = []
+    for ckpt in (False, True):
+        run = dataclasses.replace(spec, batch_size=1, seq_len=min(spec.seq_len, 128), checkpointing=ckpt,
+                                  grad_accum=1)
+        out = run_worker({"config": config_to_dict(proxy), "spec": dataclasses.asdict(run)}, timeout_s=timeout_s)
+        if out.exit_code:
+            return None
+        times.append(out.record["step_time_s"])
+    return times[1] / times[0] if times[0] > 0 else None

@@ -1,0 +1,83 @@
+"""The fit solver: the bisection's answer is tight, real runs at it stay in budget, CLI = library."""
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import fit_record
+from planner.config import GPT2Config, LlamaConfig, PRESETS
+from planner.estimate.training import estimate_training
+from planner.fit import advice, max_batch_size, max_seq_len
+from planner.measure.training import measure_training
+from planner.spec import TrainSpec
+from planner.units import parse_size
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = GPT2Config(vocab_size=1000, context_length=128, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.1)
+LLAMA = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("cfg, spec, budget", [
+    (GPT, TrainSpec(1, 64), 40 * 2**20),
+    (GPT, TrainSpec(1, 128, "bf16-amp", checkpointing=True), 25 * 2**20),
+    (LLAMA, TrainSpec(1, 96, "fp32", "sgd-momentum"), 30 * 2**20),
+])
+def test_max_batch_is_tight_and_a_real_run_fits(cfg, spec, budget):
+    best, _ = max_batch_size(cfg, spec, budget)
+    assert best >= 1
+    assert estimate_training(cfg, dataclasses.replace(spec, batch_size=best)).peak_bytes <= budget
+    assert estimate_training(cfg, dataclasses.replace(spec, batch_size=best + 1)).peak_bytes > budget
+    measured = measure_training(cfg, dataclasses.replace(spec, batch_size=best))
+    assert measured["peak_bytes"] <= budget
+
+
+def test_max_seq_len_is_tight():
+    spec, budget = TrainSpec(4, 1), 16 * 2**20  # between the peaks at seq 64 (11.9 MiB) and 128 (23.9 MiB)
+    s, _ = max_seq_len(GPT, spec, budget)
+    assert 1 <= s < GPT.context_length
+    assert estimate_training(GPT, dataclasses.replace(spec, seq_len=s)).peak_bytes <= budget
+    assert estimate_training(GPT, dataclasses.replace(spec, seq_len=s + 1)).peak_bytes > budget
+
+
+def test_zero_with_reason_when_weights_alone_do_not_fit():
+    best, reason = max_batch_size(PRESETS["gpt2-xl"], TrainSpec(1, 1024), parse_size("24GiB"))
+    assert best == 0 and "optimizer states alone" in reason
+
+
+def test_advice_ranks_fitting_options_by_cost():
+    spec = TrainSpec(8, 128, "fp32", "adamw")
+    budget = estimate_training(GPT, spec).peak_bytes * 3 // 4
+    options = advice(GPT, spec, budget)
+    fitting = [o for o in options if o.fits]
+    assert fitting and all(o.peak_bytes <= budget for o in fitting)
+    assert [o.cost_rank for o in fitting] == sorted(o.cost_rank for o in fitting)
+    assert not options[-1].fits or all(o.fits for o in options)
+    names = {c for o in options for c in o.changes}
+    assert {"sdpa", "checkpointing", "bf16-amp", "grad-accum", "sgd-momentum"} <= names
+
+
+def test_cli_and_library_agree():
+    r = subprocess.run([sys.executable, "-m", "planner", "fit", "--model", "gpt2-small", "--seq-len", "512",
+                        "--precision", "bf16-amp", "--budget", "12GiB", "--json"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cli = json.loads(r.stdout)
+    lib = fit_record(PRESETS["gpt2-small"], TrainSpec(1, 512, "bf16-amp"), parse_size("12GiB"), batch_given=False)
+    assert cli["max_batch_size"] == lib["max_batch_size"] > 0
+    assert [o["changes"] for o in cli["advice"]] == [o["changes"] for o in lib["advice"]]
+
+
+@pytest.mark.parametrize("size, expected", [("24GiB", 24 * 2**30), ("800MB", 800 * 10**6), ("1.5 GB", 1_500_000_000),
+                                            ("4096", 4096)])
+def test_sizes(size, expected):
+    assert parse_size(size) == expected
+
+
+def test_bad_budget_exits_2():
+    r = subprocess.run([sys.executable, "-m", "planner", "fit", "--model", "gpt2-small", "--seq-len", "64",
+                        "--budget", "lots"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a size" in r.stderr
