@@ -7,6 +7,7 @@ name by name with the model built on the meta device.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from math import prod
 
@@ -14,6 +15,24 @@ from .config import GPT2Config, LlamaConfig, ModelConfig
 
 # Bytes per element of each dtype the planner reasons about.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
+
+
+def per_config(fn):
+    """Memoise a pure function of a config (and hashable run settings): the app re-estimates on every
+    slider move and a fit bisects, so the inventory walk (~16 tensors per layer) is done once per config.
+    The key is the config's repr, which lists every field (dict fields included)."""
+    cache: dict = {}
+
+    @functools.wraps(fn)
+    def wrapper(cfg, *args, **kwargs):
+        key = (repr(cfg), args, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            if len(cache) > 4096:
+                cache.clear()
+            cache[key] = fn(cfg, *args, **kwargs)
+        return cache[key]
+
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -30,6 +49,7 @@ class TensorSpec:
         return prod(self.shape)
 
 
+@per_config
 def tensor_inventory(cfg: ModelConfig) -> list[TensorSpec]:
     """Every parameter and buffer, in the model's registration order.
 
@@ -93,28 +113,34 @@ def _llama_inventory(c: LlamaConfig) -> list[TensorSpec]:
     return specs
 
 
+@per_config
 def param_count(cfg: ModelConfig) -> int:
     return sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param")
 
 
+@per_config
 def buffer_numel(cfg: ModelConfig) -> int:
     return sum(t.numel for t in tensor_inventory(cfg) if t.kind == "buffer")
 
 
+@per_config
 def param_bytes(cfg: ModelConfig, dtype: str = "float32") -> int:
     return param_count(cfg) * DTYPE_BYTES[dtype]
 
 
+@per_config
 def buffer_bytes(cfg: ModelConfig, dtype: str = "float32") -> int:
     """Buffers follow the weights' dtype (the GPT mask is built with torch.ones under the default dtype),
     except those built in a fixed dtype (Llama's fp32 inv_freq)."""
     return sum(t.numel * DTYPE_BYTES[t.dtype or dtype] for t in tensor_inventory(cfg) if t.kind == "buffer")
 
 
+@per_config
 def largest_param_numel(cfg: ModelConfig) -> int:
     return max(t.numel for t in tensor_inventory(cfg) if t.kind == "param")
 
 
+@per_config
 def checkpoint_numel(cfg: ModelConfig) -> int:
     """Elements in a state_dict saved by `torch.save(model.state_dict())` (persistent buffers included).
 

@@ -166,3 +166,19 @@ def measure_recompute_ratio(cfg: ModelConfig, spec: TrainSpec, timeout_s: float 
             return None
         times.append(out.record["step_time_s"])
     return times[1] / times[0] if times[0] > 0 else None
+
+
+def gpu_info() -> dict | None:
+    """The first GPU's name and memory from nvidia-smi (no torch import), or None on a CPU-only machine."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode or not out.stdout.strip():
+        return None
+    name, total = out.stdout.strip().splitlines()[0].rsplit(",", 1)
+    return {"name": name.strip(), "total_bytes": int(total) * 2**20}

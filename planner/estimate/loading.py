@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..accounting import DTYPE_BYTES, tensor_inventory
+from ..accounting import DTYPE_BYTES, per_config, tensor_inventory
 from ..config import ModelConfig
 
 METHODS = ("baseline", "sequential", "meta", "mmap", "per-tensor", "safetensors", "safetensors-copy")
@@ -65,6 +65,7 @@ class LoadEstimate:
         return asdict(self)
 
 
+@per_config
 def weights_bytes(cfg: ModelConfig, dtype: str = "float32") -> tuple[int, int, int, list[int]]:
     """(W, N, T, sizes of the checkpoint tensors) for a model saved in `dtype`."""
     inv = tensor_inventory(cfg)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, tensor_inventory
+from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, per_config, tensor_inventory
 from ..config import GPT2Config, LlamaConfig, ModelConfig
 from ..spec import TrainSpec
 from .activations import Term, Widths, block_terms, outside_terms
@@ -39,19 +39,29 @@ class TrainEstimate:
 
 
 def optimizer_state_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
+    return _optimizer_state_bytes(cfg, spec.optimizer, spec.param_dtype)
+
+
+@per_config
+def _optimizer_state_bytes(cfg: ModelConfig, optimizer: str, param_dtype: str) -> int:
     """Adam(W): exp_avg + exp_avg_sq in the weights' dtype, plus a 0-d fp32 `step` per parameter tensor
     (torch/optim/adam.py _init_group). SGD with momentum: one momentum_buffer. Plain SGD: nothing."""
-    e_p = DTYPE_BYTES[spec.param_dtype]
+    e_p = DTYPE_BYTES[param_dtype]
     n_params = param_count(cfg)
     n_tensors = sum(1 for t in tensor_inventory(cfg) if t.kind == "param")
-    if spec.optimizer in ("adam", "adamw"):
+    if optimizer in ("adam", "adamw"):
         return 2 * n_params * e_p + 4 * n_tensors
-    if spec.optimizer == "sgd-momentum":
+    if optimizer == "sgd-momentum":
         return n_params * e_p
     return 0
 
 
 def optimizer_temporary_bytes(cfg: ModelConfig, spec: TrainSpec) -> tuple[int, str]:
+    return _optimizer_temporary_bytes(cfg, spec.optimizer, spec.resolved_optimizer_impl, spec.param_dtype)
+
+
+@per_config
+def _optimizer_temporary_bytes(cfg: ModelConfig, optimizer: str, impl: str, param_dtype: str) -> tuple[int, str]:
     """Transient bytes inside optimizer.step() (torch 2.x source, measured on CPU):
     - Adam for-loop: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` holds two
       temporaries the size of the parameter being updated, while the local `denom` of the previous
@@ -59,9 +69,8 @@ def optimizer_temporary_bytes(cfg: ModelConfig, spec: TrainSpec) -> tuple[int, s
     - Adam foreach: `_foreach_sqrt(exp_avg_sqs)` is one extra copy of every parameter.
     - fused kernels and SGD (with or without momentum) update in place.
     """
-    e_p = DTYPE_BYTES[spec.param_dtype]
-    impl = spec.resolved_optimizer_impl
-    if spec.optimizer not in ("adam", "adamw") or impl == "fused":
+    e_p = DTYPE_BYTES[param_dtype]
+    if optimizer not in ("adam", "adamw") or impl == "fused":
         return 0, "0 (in-place update)"
     if impl == "foreach":
         return param_count(cfg) * e_p, "P*e_p (foreach sqrt copy of all params)"
@@ -71,10 +80,15 @@ def optimizer_temporary_bytes(cfg: ModelConfig, spec: TrainSpec) -> tuple[int, s
 
 
 def autocast_weight_bytes(cfg: ModelConfig, spec: TrainSpec, blocks_only: bool = False) -> int:
+    return _autocast_weight_bytes(cfg, spec.autocast_dtype is not None, blocks_only)
+
+
+@per_config
+def _autocast_weight_bytes(cfg: ModelConfig, amp: bool, blocks_only: bool) -> int:
     """Low-precision copies of the fp32 matmul weights that autocast caches and Linear saves for backward
     (aten autocast_mode.cpp cached_cast: fp32 leaf tensors that require grad). Embeddings are not cast;
     biases are cast but not saved. A tied lm_head casts the embedding matrix."""
-    if spec.autocast_dtype is None:
+    if not amp:
         return 0
     total = 0
     for t in tensor_inventory(cfg):
@@ -102,22 +116,29 @@ def _round_up(n: int, to: int) -> int:
 
 
 def cuda_rounding_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
+    nbytes = 8 * spec.batch_size * spec.seq_len  # the two int64 index tensors
+    return (_persistent_rounding_bytes(cfg, spec.optimizer, spec.param_dtype)
+            + 2 * (_round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes))
+
+
+@per_config
+def _persistent_rounding_bytes(cfg: ModelConfig, optimizer: str, param_dtype: str) -> int:
     """Bytes the allocator's 512-B rounding adds to the persistent tensors: weights, buffers, grads,
     optimizer states (per tensor, from the inventory) and the two index tensors. Saved activations are
     rounded too but are few and large, so their rounding is < 512 B each and is left out."""
-    e_p = DTYPE_BYTES[spec.param_dtype]
+    e_p = DTYPE_BYTES[param_dtype]
     extra = 0
-    per_param_copies = 1 + 1 + {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(spec.optimizer, 0)
+    per_param_copies = 1 + 1 + {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(optimizer, 0)
     for t in tensor_inventory(cfg):
         nbytes = t.numel * (DTYPE_BYTES[t.dtype] if t.dtype else e_p)
         copies = per_param_copies if t.kind == "param" else 1
         extra += copies * (_round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes)
-        if t.kind == "param" and spec.optimizer in ("adam", "adamw"):
+        if t.kind == "param" and optimizer in ("adam", "adamw"):
             extra += CUDA_BLOCK_BYTES - 4  # the 0-d fp32 step tensor (on the device when fused)
-    nbytes = 8 * spec.batch_size * spec.seq_len
-    return extra + 2 * (_round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes)
+    return extra
 
 
+@per_config
 def _grad_numels(cfg: ModelConfig) -> tuple[int, int, int, int]:
     """(head: output projection + final norm, one block, a block's FFN down-projection) parameter counts:
     the grads that exist when the backward sweep reaches the first / last block's FFN."""

@@ -1,0 +1,70 @@
+"""Altair chart builders: tidy DataFrame in, chart out (no streamlit, no torch; tested via to_dict())."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+GIB = 2**30
+COMPONENT_ORDER = ["params", "buffers", "inputs", "optimizer", "grads", "activations", "transients"]
+
+
+def breakdown_bar(df: pd.DataFrame) -> alt.Chart:
+    """df: scenario, component, bytes -> one stacked horizontal bar per scenario (GiB)."""
+    data = df.assign(gib=df["bytes"] / GIB)
+    return (alt.Chart(data).mark_bar()
+            .encode(y=alt.Y("scenario:N", title=None),
+                    x=alt.X("sum(gib):Q", title="GiB"),
+                    color=alt.Color("component:N", sort=COMPONENT_ORDER, legend=alt.Legend(orient="bottom", title=None)),
+                    order=alt.Order("rank:Q"),
+                    tooltip=["scenario:N", "component:N", alt.Tooltip("gib:Q", format=".3f")])
+            .transform_calculate(rank=f"indexof({COMPONENT_ORDER!r}, datum.component)")
+            .properties(height=alt.Step(40)))
+
+
+def curve_with_budget(df: pd.DataFrame, x: str, budget_bytes: int | None, title: str) -> alt.LayerChart:
+    """df: <x>, peak_bytes -> the estimated peak against x, with the budget as a dashed rule."""
+    data = df.assign(gib=df["peak_bytes"] / GIB)
+    line = alt.Chart(data).mark_line(point=True).encode(
+        x=alt.X(f"{x}:Q", title=title), y=alt.Y("gib:Q", title="Estimated peak (GiB)"),
+        tooltip=[f"{x}:Q", alt.Tooltip("gib:Q", format=".3f")])
+    layers = [line]
+    if budget_bytes:
+        layers.append(alt.Chart().mark_rule(color="firebrick", strokeDash=[6, 3]).encode(y=alt.datum(budget_bytes / GIB)))
+    return alt.layer(*layers).properties(height=260)
+
+
+def timeline(df: pd.DataFrame, budget_bytes: int | None = None, estimate_bytes: int | None = None) -> alt.LayerChart:
+    """df: t_s, bytes, phase -> live bytes over one training step, coloured by phase."""
+    data = df.assign(gib=df["bytes"] / GIB)
+    line = alt.Chart(data).mark_area(interpolate="step-after", opacity=0.7).encode(
+        x=alt.X("t_s:Q", title="Time in the step (s)"), y=alt.Y("gib:Q", title="Live tensor bytes (GiB)"),
+        color=alt.Color("phase:N", title="phase"), tooltip=["phase:N", alt.Tooltip("gib:Q", format=".3f"), "t_s:Q"])
+    layers = [line]
+    if budget_bytes:
+        layers.append(alt.Chart().mark_rule(color="firebrick", strokeDash=[6, 3]).encode(y=alt.datum(budget_bytes / GIB)))
+    if estimate_bytes:
+        layers.append(alt.Chart().mark_rule(color="black", strokeDash=[2, 2]).encode(y=alt.datum(estimate_bytes / GIB)))
+    return alt.layer(*layers).properties(height=280)
+
+
+def grouped_bars(df: pd.DataFrame, category: str, title: str = "GiB") -> alt.Chart:
+    """df: <category>, source (estimate / measured), bytes -> bars side by side per category."""
+    data = df.assign(gib=df["bytes"] / GIB)
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X(f"{category}:N", title=None, axis=alt.Axis(labelAngle=-30)),
+        xOffset="source:N", y=alt.Y("gib:Q", title=title), color=alt.Color("source:N", title=None),
+        tooltip=[f"{category}:N", "source:N", alt.Tooltip("gib:Q", format=".3f")]).properties(height=280)
+
+
+def estimate_vs_measured(df: pd.DataFrame) -> alt.LayerChart:
+    """df: label, estimate_bytes, measured_bytes -> scatter with the y = x line (the accuracy at a glance)."""
+    data = df.assign(estimate_gib=df["estimate_bytes"] / GIB, measured_gib=df["measured_bytes"] / GIB)
+    hi = float(max(data["estimate_gib"].max(), data["measured_gib"].max(), 1e-3)) * 1.1
+    scale = alt.Scale(domain=[0, hi], nice=False)
+    points = alt.Chart(data).mark_circle(size=80).encode(
+        x=alt.X("estimate_gib:Q", title="Estimated peak (GiB)", scale=scale),
+        y=alt.Y("measured_gib:Q", title="Measured peak (GiB)", scale=scale),
+        color=alt.Color("label:N", title=None), tooltip=["label:N", "estimate_gib:Q", "measured_gib:Q"])
+    diagonal = alt.Chart(pd.DataFrame({"v": [0.0, hi]})).mark_line(strokeDash=[4, 4], color="gray").encode(
+        x="v:Q", y="v:Q")
+    return alt.layer(diagonal, points).properties(height=320)
