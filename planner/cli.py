@@ -258,31 +258,8 @@ def cmd_measure_load(args) -> int:
     return code
 
 
-def fit_record(cfg, spec, budget: int, batch_given: bool, recompute_ratio=None) -> dict:
-    """The fit answer as the CLI prints it and the app shows it (one place, so both agree)."""
-    import dataclasses
-
-    from .fit import advice, max_batch_size, max_seq_len
-
-    rec: dict = {"budget_bytes": budget}
-    if batch_given:
-        rec["max_seq_len"], rec["reason"] = max_seq_len(cfg, spec, budget)
-        target = spec
-    else:
-        rec["max_batch_size"], rec["reason"] = max_batch_size(cfg, spec, budget)
-        # To go bigger: what would double the largest batch (or make batch 1 fit).
-        target = dataclasses.replace(spec, batch_size=max(1, 2 * rec["max_batch_size"]))
-    from .estimate.training import estimate_training
-
-    rec["run"] = dataclasses.asdict(target)
-    rec["peak_bytes"] = estimate_training(cfg, target).peak_bytes
-    rec["fits"] = rec["peak_bytes"] <= budget
-    rec["advice"] = [dataclasses.asdict(o) for o in advice(cfg, target, budget, recompute_ratio)]
-    return rec
-
-
 def cmd_fit(args) -> int:
-    from .fit import default_budget, measure_recompute_ratio
+    from .fit import default_budget, fit_report, measure_recompute_ratio
 
     batch_given = args.batch_size is not None
     if not batch_given:
@@ -298,7 +275,7 @@ def cmd_fit(args) -> int:
     if budget <= 0:
         raise ConfigError(f"the budget must be positive, got {args.budget}")
     ratio = measure_recompute_ratio(cfg, spec) if args.measure_costs else None
-    rec = {**fit_record(cfg, spec, budget, batch_given, ratio), "budget_source": source}
+    rec = {**fit_report(cfg, spec, budget, batch_given, ratio), "budget_source": source}
     if args.json:
         print(json.dumps(rec))
         return 0

@@ -182,3 +182,20 @@ def gpu_info() -> dict | None:
         return None
     name, total = out.stdout.strip().splitlines()[0].rsplit(",", 1)
     return {"name": name.strip(), "total_bytes": int(total) * 2**20}
+
+
+def fit_report(cfg, spec, budget: int, batch_given: bool, recompute_ratio=None) -> dict:
+    """The fit answer as the CLI prints it and the app shows it (one place, so both agree)."""
+    rec: dict = {"budget_bytes": budget}
+    if batch_given:
+        rec["max_seq_len"], rec["reason"] = max_seq_len(cfg, spec, budget)
+        target = spec
+    else:
+        rec["max_batch_size"], rec["reason"] = max_batch_size(cfg, spec, budget)
+        # To go bigger: what would double the largest batch (or make batch 1 fit).
+        target = dataclasses.replace(spec, batch_size=max(1, 2 * rec["max_batch_size"]))
+    rec["run"] = dataclasses.asdict(target)
+    rec["peak_bytes"] = estimate_training(cfg, target).peak_bytes
+    rec["fits"] = rec["peak_bytes"] <= budget
+    rec["advice"] = [dataclasses.asdict(o) for o in advice(cfg, target, budget, recompute_ratio)]
+    return rec

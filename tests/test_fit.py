@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import fit_record
 from planner.config import GPT2Config, LlamaConfig, PRESETS
 from planner.estimate.training import estimate_training
-from planner.fit import advice, max_batch_size, max_seq_len
+from planner.fit import advice, fit_report, max_batch_size, max_seq_len
 from planner.measure.training import measure_training
 from planner.spec import TrainSpec
 from planner.units import parse_size
@@ -66,7 +65,7 @@ def test_cli_and_library_agree():
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     cli = json.loads(r.stdout)
-    lib = fit_record(PRESETS["gpt2-small"], TrainSpec(1, 512, "bf16-amp"), parse_size("12GiB"), batch_given=False)
+    lib = fit_report(PRESETS["gpt2-small"], TrainSpec(1, 512, "bf16-amp"), parse_size("12GiB"), batch_given=False)
     assert cli["max_batch_size"] == lib["max_batch_size"] > 0
     assert [o["changes"] for o in cli["advice"]] == [o["changes"] for o in lib["advice"]]
 

@@ -1,0 +1,143 @@
+"""Training step: run the real step for the planner's settings in a child process; measured vs estimated."""
+import dataclasses
+import json
+import os
+import tempfile
+
+import pandas as pd
+import psutil
+import streamlit as st
+
+from pages import frame
+
+from planner.charts import grouped_bars, timeline
+from planner.config import config_to_dict
+from planner.estimate.training import estimate_training
+from planner.fit import max_batch_size
+from planner.jobs import Job, JobBusy, running_pid
+from planner.spec import TrainSpec, prepare
+from planner.store import RunStore
+from planner.units import fmt_bytes
+
+# A CPU run may use at most this share of the free RAM (the CLI applies the same guard): the estimate
+# counts live tensors; torch itself and allocator slack need the rest.
+RAM_SHARE = 0.8
+TIMEOUT_S = 600
+
+cfg = frame("Training step")
+st.title("Training step: measured against estimated")
+if cfg is None:
+    st.stop()
+settings = st.session_state.get("run_settings") or {"spec": dataclasses.asdict(TrainSpec(2, min(128, cfg.max_seq_len))),
+                                                   "attention": cfg.attention, "budget": None}
+spec = TrainSpec(**settings["spec"])
+gpu = st.session_state.get("gpu")
+if spec.device_type == "cuda" and not gpu:
+    spec = dataclasses.replace(spec, device="cpu")
+    st.caption("No GPU here: the step is measured on the CPU (live tensor bytes and RSS).")
+run_cfg = prepare(cfg, spec, settings.get("attention"))
+est = estimate_training(run_cfg, spec)
+budget = settings.get("budget") or (gpu["total_bytes"] if gpu and spec.device_type == "cuda"
+                                    else psutil.virtual_memory().available)
+st.write(f"**{st.session_state.get('model_name')}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.precision}, "
+         f"{spec.optimizer}, {'checkpointing, ' if spec.checkpointing else ''}{run_cfg.attention} attention, "
+         f"grad. accumulation {spec.grad_accum}, on {spec.device}. Change these on the Planner page.")
+st.metric("Estimated peak", fmt_bytes(est.peak_bytes), help=f"phase: {est.peak_phase}")
+
+limit = RAM_SHARE * psutil.virtual_memory().available if spec.device_type == "cpu" else budget
+refused = est.peak_bytes > limit
+if refused:
+    best, _ = max_batch_size(run_cfg, spec, int(limit))
+    st.error(f"Not started: the estimated peak {fmt_bytes(est.peak_bytes)} exceeds the {fmt_bytes(limit)} this "
+             f"machine can give it. The largest batch that fits is {best}; the Planner page lists other changes.")
+
+
+def start() -> None:
+    """Write the model config to a temporary file and start `python -m planner measure train` on it."""
+    path = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, prefix="planner-cfg-")
+    json.dump(config_to_dict(run_cfg), path)
+    path.close()
+    args = ["measure", "train", "--config", path.name, "--batch-size", str(spec.batch_size), "--seq-len",
+            str(spec.seq_len), "--precision", spec.precision, "--optimizer", spec.optimizer, "--grad-accum",
+            str(spec.grad_accum), "--optimizer-impl", spec.optimizer_impl, "--device", spec.device,
+            "--json", "--progress", "--timeout", str(TIMEOUT_S)] + (["--checkpointing"] if spec.checkpointing else [])
+    try:
+        st.session_state["job"] = Job(args, timeout_s=TIMEOUT_S + 30).start()
+        st.session_state["job_config_file"] = path.name
+        st.session_state.pop("train_result", None)
+    except JobBusy as exc:
+        st.session_state["job_message"] = str(exc)
+
+
+running = "job" in st.session_state
+if st.session_state.pop("autostart", False) and not running and not refused:
+    start()
+    running = "job" in st.session_state
+st.button("Run measurement", type="primary", disabled=running or refused, on_click=start, key="run")
+if msg := st.session_state.pop("job_message", None):
+    st.warning(msg)
+elif not running and running_pid():
+    st.info("A measurement started elsewhere is running on this machine.")
+
+
+@st.fragment(run_every=1.0 if running else None)
+def job_panel() -> None:
+    job = st.session_state.get("job")
+    if job is None:
+        return
+    state = job.state()
+    fraction, stage = job.progress()
+    st.progress(min(max(fraction, 0.0), 1.0), text=f"{state}: {stage}")
+    if state == "running" and st.button("Cancel", key="cancel"):
+        job.cancel()
+        state = job.state()
+    if state != "running":
+        os.unlink(st.session_state.pop("job_config_file"))
+        record = job.result() or {}
+        st.session_state["train_result"] = {"state": state, "record": record, "stderr": job.stderr(),
+                                            "estimate": est.to_dict(), "budget": budget}
+        if state == "done" and "peak_bytes" in record:
+            RunStore().save("train", st.session_state.get("model_name") or "model",
+                            {**dataclasses.asdict(spec), "attention": run_cfg.attention}, spec.device,
+                            est.peak_bytes, record["peak_bytes"], record)
+        del st.session_state["job"]
+        st.rerun()
+
+
+job_panel()
+
+res = st.session_state.get("train_result")
+if res:
+    rec = res["record"]
+    if res["state"] != "done" or "peak_bytes" not in rec:
+        st.error(f"Run {res['state']}: {rec.get('error', 'no result')}"
+                 + (f" (phase: {rec['phase']})" if rec.get("phase") else ""))
+        if res["stderr"].strip():
+            st.code(res["stderr"][-2000:])
+    else:
+        e = res["estimate"]
+        m1, m2, m3, m4 = st.columns(4)
+        m1.metric("Measured peak", fmt_bytes(rec["peak_bytes"]), help="live tensor bytes (CPU) / max_memory_allocated (CUDA)")
+        m2.metric("Estimated peak", fmt_bytes(e["peak_bytes"]))
+        m3.metric("Error", f"{rec['error_pct']:+.2f}%")
+        m4.metric("Peak phase (measured)", rec["peak_phase"], help=f"estimated: {e['peak_phase']}")
+        st.caption(f"Peak RSS of the child {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s"
+                   + (f"; max_memory_reserved {fmt_bytes(rec['peak_reserved_bytes'])}" if "peak_reserved_bytes" in rec else ""))
+        phases = pd.DataFrame([{"phase": p, "source": src, "bytes": val}
+                               for p in e["phase_peak_bytes"]
+                               for src, val in (("estimate", e["phase_peak_bytes"][p]),
+                                                ("measured", rec["phase_peak_bytes"].get(p, 0)))])
+        c1, c2 = st.columns(2)
+        c1.altair_chart(grouped_bars(phases, "phase", "Peak of each phase (GiB)"))
+        comp = pd.DataFrame([{"component": "persistent (weights, batch, optimizer)", "source": "estimate",
+                              "bytes": e["params_bytes"] + e["buffers_bytes"] + e["inputs_bytes"] + e["optimizer_bytes"]
+                              + e["transients"].get("gradscaler", 0)},
+                             {"component": "persistent (weights, batch, optimizer)", "source": "measured",
+                              "bytes": rec["persistent_bytes"]},
+                             {"component": "optimizer state", "source": "estimate", "bytes": e["optimizer_bytes"]},
+                             {"component": "optimizer state", "source": "measured", "bytes": rec["optimizer_bytes"]}])
+        c2.altair_chart(grouped_bars(comp, "component", "GiB"))
+        if rec.get("timeline"):
+            st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
+                                     estimate_bytes=e["peak_bytes"]))
+            st.caption("Red: the budget. Black: the estimated peak.")
