@@ -10,7 +10,7 @@ import streamlit as st
 
 from pages import frame
 
-from planner.charts import grouped_bars, timeline
+from planner.charts import PHASE_ORDER, grouped_bars, timeline
 from planner.config import config_to_dict
 from planner.estimate.training import estimate_training
 from planner.fit import max_batch_size
@@ -128,7 +128,7 @@ if res:
                                for src, val in (("estimate", e["phase_peak_bytes"][p]),
                                                 ("measured", rec["phase_peak_bytes"].get(p, 0)))])
         c1, c2 = st.columns(2)
-        c1.altair_chart(grouped_bars(phases, "phase", "Peak of each phase (GiB)"))
+        c1.altair_chart(grouped_bars(phases, "phase", "Peak of each phase", order=PHASE_ORDER))
         comp = pd.DataFrame([{"component": "persistent (weights, batch, optimizer)", "source": "estimate",
                               "bytes": e["params_bytes"] + e["buffers_bytes"] + e["inputs_bytes"] + e["optimizer_bytes"]
                               + e["transients"].get("gradscaler", 0)},
@@ -136,7 +136,7 @@ if res:
                               "bytes": rec["persistent_bytes"]},
                              {"component": "optimizer state", "source": "estimate", "bytes": e["optimizer_bytes"]},
                              {"component": "optimizer state", "source": "measured", "bytes": rec["optimizer_bytes"]}])
-        c2.altair_chart(grouped_bars(comp, "component", "GiB"))
+        c2.altair_chart(grouped_bars(comp, "component", "Bytes"))
         if rec.get("timeline"):
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
                                      estimate_bytes=e["peak_bytes"]))

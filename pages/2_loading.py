@@ -35,7 +35,7 @@ table = pd.DataFrame([{"method": m, "device peak": fmt_bytes(e.peak_device_bytes
 st.dataframe(table, hide_index=True, width="stretch")
 bars = pd.DataFrame([{"method": m, "source": f"estimate, {kind}", "bytes": b} for m, e in ests.items()
                      for kind, b in (("device", e.peak_device_bytes), ("CPU anon", e.peak_cpu_anon_bytes))])
-st.altair_chart(grouped_bars(bars, "method", "Estimated peak (GiB)"))
+st.altair_chart(grouped_bars(bars, "method", "Estimated peak", order=list(METHODS)))
 
 free_ram = psutil.virtual_memory().available
 free_dev = gpu["total_bytes"] if (gpu and device == "cuda") else (free_ram if device == "cpu" else None)
@@ -103,7 +103,7 @@ if res:
                                                 ("device measured", r["peak_device_bytes"]),
                                                 ("CPU estimate", r["estimate"]["peak_cpu_bytes"]),
                                                 ("CPU measured", r["peak_cpu_bytes"]))])
-        st.altair_chart(grouped_bars(measured, "method", "Peak (GiB)"))
+        st.altair_chart(grouped_bars(measured, "method", "Peak", order=list(METHODS)))
         st.dataframe(pd.DataFrame([{"method": r["method"], "device measured": fmt_bytes(r["peak_device_bytes"]),
                                     "CPU measured": fmt_bytes(r["peak_cpu_bytes"]),
                                     "anon / file after": f"{fmt_bytes(r['cpu_anon_delta_bytes'])} / {fmt_bytes(r['cpu_file_delta_bytes'])}",
