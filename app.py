@@ -100,7 +100,7 @@ seq_report = fit_report(run_cfg, spec, budget, batch_given=True)
 f1, f2 = st.columns(2)
 f1.metric("Largest batch that fits", report["max_batch_size"], help=report["reason"])
 f2.metric(f"Longest sequence at batch {spec.batch_size}", seq_report["max_seq_len"], help=seq_report["reason"])
-options = fit_report(run_cfg, spec, budget, batch_given=True)["advice"]
+options = seq_report["advice"]
 adv = pd.DataFrame([{"change": " + ".join(o["changes"]), "peak": fmt_bytes(o["peak_bytes"]),
                      "fits": "yes" if o["fits"] else "no", "cost": o["cost"]} for o in options])
 st.dataframe(adv, hide_index=True, width="stretch")

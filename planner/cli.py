@@ -95,7 +95,8 @@ def build_parser() -> _Parser:
     _add_run(p, batch_required=False)
     p.add_argument("--budget", help="memory budget: bytes or units (24GiB, 800MB); default: GPU total minus "
                                     "the CUDA context, else the RAM available now")
-    p.add_argument("--measure-costs", action="store_true", help="measure checkpointing's recompute cost here")
+    p.add_argument("--measure-costs", action="store_true",
+                   help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = top.add_parser("bench")
     b.add_argument("what", choices=("accuracy", "speed", "loading"))
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
@@ -221,8 +222,10 @@ def cmd_measure_load(args) -> int:
     check_device(args.device)
     cache = Path(args.cache) if args.cache else default_cache_dir()
     methods = list(METHODS) if args.method == "all" else [args.method]
+    info = None
     if args.checkpoint:
         folders = {m: user_checkpoint_folder(Path(args.checkpoint), m, cache) for m in methods}
+        info = checkpoint_size(folders[methods[0]])
     else:
         if args.device.startswith("cpu"):
             import psutil
@@ -242,6 +245,8 @@ def cmd_measure_load(args) -> int:
         rec = {k: v for k, v in outcome.record.items() if k != "event"}
         rec["method"] = m
         rec["estimate"] = {k: v for k, v in estimate_loading(cfg, m, args.device).to_dict().items() if k in LOAD_KEYS}
+        if info:
+            rec["checkpoint"] = info
         records.append(rec)
         code = max(code, outcome.exit_code)
     if args.json:
@@ -259,7 +264,7 @@ def cmd_measure_load(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from .fit import default_budget, fit_report, measure_recompute_ratio
+    from .fit import default_budget, fit_report, measure_costs
 
     batch_given = args.batch_size is not None
     if not batch_given:
@@ -274,8 +279,8 @@ def cmd_fit(args) -> int:
         budget, source = default_budget(args.device)
     if budget <= 0:
         raise ConfigError(f"the budget must be positive, got {args.budget}")
-    ratio = measure_recompute_ratio(cfg, spec) if args.measure_costs else None
-    rec = {**fit_report(cfg, spec, budget, batch_given, ratio), "budget_source": source}
+    costs = measure_costs(cfg, spec) if args.measure_costs else None
+    rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
     if args.json:
         print(json.dumps(rec))
         return 0
@@ -287,6 +292,20 @@ def cmd_fit(args) -> int:
     for o in rec["advice"][:10]:
         print(f"  {'FITS ' if o['fits'] else 'no   '} {fmt_bytes(o['peak_bytes']):>11}  {o['cost']}")
     return 0
+
+
+def checkpoint_size(folder) -> dict | None:
+    """Size a user's checkpoint without loading it: a safetensors header is read here; a .pth needs torch,
+    so it is sized in the child (its measurement record carries file_bytes)."""
+    from pathlib import Path
+
+    from .estimate.loading import safetensors_header_sizes
+
+    path = Path(folder) / "model.safetensors"
+    if not path.exists():
+        return None
+    sizes = safetensors_header_sizes(path)
+    return {"tensors": len(sizes), "bytes": sum(sizes.values()), "largest": max(sizes.items(), key=lambda kv: kv[1])}
 
 
 def cmd_bench(args) -> int:

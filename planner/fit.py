@@ -107,16 +107,25 @@ def _variants(cfg: ModelConfig, spec: TrainSpec, budget: int):
     return out
 
 
-def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, recompute_ratio: float | None = None) -> list[Option]:
-    """Every option with its peak, whether it fits, and its cost; those that fit first, cheapest first."""
+def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, float] | None = None) -> list[Option]:
+    """Every option with its peak, whether it fits, and its cost; those that fit first, cheapest first.
+
+    costs: step-time ratios measured here (measure_costs); when both are known, checkpointing and gradient
+    accumulation are ranked by them instead of by the static order in CHANGES."""
+    costs = costs or {}
+    rank = {c: r for c, (r, _) in CHANGES.items()}
+    if "checkpointing" in costs and "grad-accum" in costs and costs["checkpointing"] < costs["grad-accum"]:
+        rank["checkpointing"], rank["grad-accum"] = rank["grad-accum"], rank["checkpointing"]
     options = []
     for changes, new_spec, attention in _variants(cfg, spec, budget):
         peak = _peak(dataclasses.replace(cfg, attention=attention), new_spec)
         words = []
         for c in changes:
             text = CHANGES[c][1]
-            if c == "checkpointing" and recompute_ratio:
-                text += f" (measured here on a 2-block proxy: step time x{recompute_ratio:.2f})"
+            if c in costs:
+                what = "2 micro-batches of half the batch, " if c == "grad-accum" else ""
+                text += (f" (measured here, {what}2-block proxy: step time x{costs[c]:.2f})" if costs[c] >= 1.02
+                         else f" (measured here, {what}2-block proxy: within timing noise)")
             if c == "grad-accum":
                 text += f" ({new_spec.grad_accum} micro-batches of {new_spec.batch_size})"
             if c == "shorter-seq":
@@ -124,7 +133,7 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, recompute_ratio: floa
             words.append(f"{c}: {text}")
         options.append(Option(changes=changes, spec=dataclasses.asdict(new_spec), attention=attention,
                               peak_bytes=peak, fits=peak <= budget,
-                              cost_rank=sum(CHANGES[c][0] + 1 for c in changes), cost="; ".join(words)))
+                              cost_rank=sum(rank[c] + 1 for c in changes), cost="; ".join(words)))
     options.sort(key=lambda o: (not o.fits, o.cost_rank, o.peak_bytes))
     return options
 
@@ -149,23 +158,29 @@ def default_budget(device: str) -> tuple[int, str]:
     return psutil.virtual_memory().available, "RAM available now"
 
 
-def measure_recompute_ratio(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300) -> float | None:
-    """Step time with checkpointing over without, measured here on a 2-block proxy of the model (same
-    widths, batch 1, at most 128 tokens), so the ratio is this machine's, not a rule of thumb."""
+def measure_costs(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300) -> dict[str, float]:
+    """Step-time ratios measured here on a 2-block proxy of the model (same widths, the run's batch and
+    sequence, scaled down until the proxy's peak is under 2 GiB): checkpointing over plain, and two
+    micro-batches of half the batch over one full batch. This machine's costs, not a rule of thumb."""
     from .config import GPT2Config, config_to_dict
     from .runner import run_worker
 
     proxy = (dataclasses.replace(cfg, n_layers=2) if isinstance(cfg, GPT2Config)
              else dataclasses.replace(cfg, num_hidden_layers=2))
-    times = []
-    for ckpt in (False, True):
-        run = dataclasses.replace(spec, batch_size=1, seq_len=min(spec.seq_len, 128), checkpointing=ckpt,
-                                  grad_accum=1)
+    base = dataclasses.replace(spec, grad_accum=1, device="cpu")
+    while _peak(proxy, base) > 2 * 2**30 and (base.batch_size > 1 or base.seq_len > 64):
+        base = (dataclasses.replace(base, batch_size=base.batch_size // 2) if base.batch_size > 1
+                else dataclasses.replace(base, seq_len=base.seq_len // 2))
+    variants = {"plain": base, "checkpointing": dataclasses.replace(base, checkpointing=True)}
+    if base.batch_size >= 2:
+        variants["grad-accum"] = dataclasses.replace(base, batch_size=base.batch_size // 2, grad_accum=2)
+    times = {}
+    for name, run in variants.items():
         out = run_worker({"config": config_to_dict(proxy), "spec": dataclasses.asdict(run)}, timeout_s=timeout_s)
         if out.exit_code:
-            return None
-        times.append(out.record["step_time_s"])
-    return times[1] / times[0] if times[0] > 0 else None
+            return {}
+        times[name] = out.record["step_time_s"]
+    return {k: v / times["plain"] for k, v in times.items() if k != "plain" and times["plain"] > 0}
 
 
 def gpu_info() -> dict | None:
@@ -184,7 +199,7 @@ def gpu_info() -> dict | None:
     return {"name": name.strip(), "total_bytes": int(total) * 2**20}
 
 
-def fit_report(cfg, spec, budget: int, batch_given: bool, recompute_ratio=None) -> dict:
+def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None) -> dict:
     """The fit answer as the CLI prints it and the app shows it (one place, so both agree)."""
     rec: dict = {"budget_bytes": budget}
     if batch_given:
@@ -197,5 +212,7 @@ def fit_report(cfg, spec, budget: int, batch_given: bool, recompute_ratio=None) 
     rec["run"] = dataclasses.asdict(target)
     rec["peak_bytes"] = estimate_training(cfg, target).peak_bytes
     rec["fits"] = rec["peak_bytes"] <= budget
-    rec["advice"] = [dataclasses.asdict(o) for o in advice(cfg, target, budget, recompute_ratio)]
+    rec["advice"] = [dataclasses.asdict(o) for o in advice(cfg, target, budget, costs)]
+    if costs:
+        rec["measured_costs"] = costs
     return rec

@@ -149,3 +149,15 @@ def test_tied_head_stays_tied(method, cache):
     folder = checkpoint_folder(config_to_dict(LLAMA_TIED), cache)
     model = LOADERS[method](LLAMA_TIED, folder, torch.device("cpu"))
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_checkpoint_sized_without_loading(cache):
+    from planner.accounting import checkpoint_numel
+    from planner.estimate.loading import safetensors_header_sizes
+    from planner.routines.loading import checkpoint_info
+    folder = checkpoint_folder(config_to_dict(GPT), cache)
+    expected = checkpoint_numel(GPT) * 4
+    assert sum(safetensors_header_sizes(folder / "model.safetensors").values()) == expected
+    assert checkpoint_info(folder / "model.pth")["bytes"] == expected
+    info = checkpoint_info(folder / "model.safetensors")
+    assert info["bytes"] == expected and info["largest"][0] in ("tok_emb.weight", "out_head.weight")

@@ -144,3 +144,23 @@ def recommend(cfg: ModelConfig, device: str, free_device_bytes: int | None = Non
     best = min(fits, key=lambda e: (e.peak_device_bytes, e.peak_cpu_anon_bytes))
     return best.method, (f"{best.method}: device peak {best.formula_device}, CPU {best.formula_cpu}; "
                          "the lowest of the methods that fit")
+
+
+_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                            "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def safetensors_header_sizes(path) -> dict[str, int]:
+    """Bytes of each tensor of a .safetensors file, from its JSON header alone (8-byte length, then JSON)."""
+    import json
+    import struct
+
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            raise ValueError("file too short for a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100 * 2**20:
+            raise ValueError(f"implausible header length {n}")
+        header = json.loads(fh.read(n))
+    return {k: (v["data_offsets"][1] - v["data_offsets"][0]) for k, v in header.items() if k != "__metadata__"}

@@ -141,14 +141,18 @@ def load_meta(cfg, folder: Path, device):
     return model
 
 
-def load_mmap(cfg, folder: Path, device):
+def _assign_to_meta_model(cfg, state: dict, device):
+    """The state_dict's tensors become the parameters (assign=True): no copy, no second allocation."""
     model = build_model(cfg, "meta")
-    state = safe_torch_load(folder / "model.pth", map_location=device, mmap=True)
     check_state_dict(model, state, cfg)
     model.load_state_dict(state, assign=True, strict=False)
     _tie_if_needed(model, cfg)
     _restore_nonpersistent(model, cfg, device)
     return model
+
+
+def load_mmap(cfg, folder: Path, device):
+    return _assign_to_meta_model(cfg, safe_torch_load(folder / "model.pth", map_location=device, mmap=True), device)
 
 
 def load_per_tensor(cfg, folder: Path, device):
@@ -170,36 +174,32 @@ def load_per_tensor(cfg, folder: Path, device):
     return model
 
 
-def _open_safetensors(path: Path):
+def _safetensors_errors(path: Path) -> tuple:
+    """The exceptions a damaged safetensors file raises; a missing file is reported first."""
     from safetensors import SafetensorError
 
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
-    return SafetensorError
+    return SafetensorError, OSError, ValueError
 
 
 def load_safetensors(cfg, folder: Path, device):
     """load_file + assign=True: tensors come straight from the mapped file (no anonymous copy on CPU)."""
     from safetensors.torch import load_file
 
-    err = _open_safetensors(folder / "model.safetensors")
-    model = build_model(cfg, "meta")
+    errors = _safetensors_errors(folder / "model.safetensors")
     try:
         state = load_file(folder / "model.safetensors", device=str(device))
-    except (err, OSError, ValueError) as exc:
+    except errors as exc:
         raise CheckpointError(f"cannot read model.safetensors: {str(exc)[:200]}") from None
-    check_state_dict(model, state, cfg)
-    model.load_state_dict(state, assign=True, strict=False)
-    _tie_if_needed(model, cfg)
-    _restore_nonpersistent(model, cfg, device)
-    return model
+    return _assign_to_meta_model(cfg, state, device)
 
 
 def load_safetensors_copy(cfg, folder: Path, device):
     """safe_open + get_tensor per tensor + copy_ into a to_empty model (the lazy per-tensor variant)."""
     from safetensors import safe_open
 
-    err = _open_safetensors(folder / "model.safetensors")
+    errors = _safetensors_errors(folder / "model.safetensors")
     model = empty_model(cfg, device)
     targets = dict(list(model.named_parameters()) + list(model.named_buffers()))
     try:
@@ -210,7 +210,7 @@ def load_safetensors_copy(cfg, folder: Path, device):
                     t = f.get_tensor(name)
                     targets[name].copy_(t)
                     del t
-    except (err, OSError, ValueError) as exc:
+    except errors as exc:
         raise CheckpointError(f"cannot read model.safetensors: {str(exc)[:200]}") from None
     _tie_if_needed(model, cfg)
     _restore_nonpersistent(model, cfg, device)
@@ -243,3 +243,21 @@ def verify_against_checkpoint(model: torch.nn.Module, folder: Path) -> bool:
 
     with safe_open(folder / "model.safetensors", framework="pt", device="cpu") as f:
         return all(torch.equal(state[k].cpu(), f.get_tensor(k)) for k in f.keys() if k in state)
+
+
+def checkpoint_info(path: Path) -> dict:
+    """Tensor count, total bytes and the largest tensor of a checkpoint, without reading its data:
+    a .safetensors header is parsed directly; a .pth is opened with mmap=True (nothing is read but the pickle)."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from ..estimate.loading import safetensors_header_sizes
+
+        try:
+            sizes = safetensors_header_sizes(path)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot read {path.name}: {exc}") from None
+    else:
+        state = safe_torch_load(path, map_location="cpu", mmap=True)
+        sizes = {k: v.numel() * v.element_size() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return {"tensors": len(sizes), "bytes": sum(sizes.values()),
+            "largest": max(sizes.items(), key=lambda kv: kv[1]) if sizes else None, "file_bytes": path.stat().st_size}
