@@ -172,7 +172,6 @@ def raw_read_gb_s(paths) -> float:
 
 
 def run_loading(models=("gpt2-small", "gpt2-medium"), device: str = "cpu", progress=print) -> list[dict]:
-    from pathlib import Path
 
     from .config import PRESETS, config_to_dict
     from .estimate.loading import METHODS, estimate_loading

@@ -83,7 +83,7 @@ def _variants(cfg: ModelConfig, spec: TrainSpec, budget: int):
         singles.append((["sdpa"], spec, "sdpa"))
     for k in (2, 4, 8, 16):
         if spec.batch_size % k == 0:
-            singles.append(([f"grad-accum"], dataclasses.replace(spec, batch_size=spec.batch_size // k,
+            singles.append((["grad-accum"], dataclasses.replace(spec, batch_size=spec.batch_size // k,
                                                                   grad_accum=spec.grad_accum * k), cfg.attention))
     if not spec.checkpointing:
         singles.append((["checkpointing"], dataclasses.replace(spec, checkpointing=True), cfg.attention))

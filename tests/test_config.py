@@ -3,7 +3,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from planner.accounting import buffer_bytes, param_bytes, param_count, tensor_inventory, weights_table
 from planner.config import (PRESETS, ConfigError, GPT2Config, LlamaConfig, config_from_dict, config_to_dict,

@@ -1,7 +1,6 @@
 """Weight loading: every method measured in a child process against its estimate, and bad checkpoints."""
 import hashlib
 import json
-import pickle
 import subprocess
 import sys
 from pathlib import Path

@@ -184,7 +184,7 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
     grads_exist: a later micro-batch of gradient accumulation, where every .grad already exists (and is
     counted by the caller); new grads are then only transients added in place, so the grads "made so
     far" by the sweep are not counted again."""
-    b, s, L, V, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.vocab_size, cfg.hidden
+    b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
     f, bsh = _ffn_width(cfg), b * s * cfg.hidden
     head_n, block_n, down_n, mlp_n = _grad_numels(cfg)
     blk_bytes = sum(t.bytes for t in blk)
@@ -286,9 +286,10 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     a_before_loss = activations - ce_saved
     # Backward sweep, block by block from the last: each block frees its saved tensors and adds its
     # weight grads, so the total is linear in the block index and its maximum is at the first or the
-    # last block. Inside a block three points can hold the maximum (found by walking the measured
-    # timeline op by op): the FFN activation's backward, the end of the MLP's backward, and the
-    # attention's backward (eager and math attention only: its s x s gradients).
+    # last block. Inside a block these points can hold the maximum (found by walking the measured
+    # timeline op by op): the FFN activation's backward, the end of the MLP's backward, Llama's RMSNorm
+    # backward, and the attention's backward (eager and math attention only: its s x s gradients);
+    # before the blocks, Llama's final RMSNorm backward.
     sweep = max(_backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved, amp_weights).values())
     if spec.grad_accum > 1:
         sweep = max(sweep, accum_grads + max(_backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved,
@@ -317,6 +318,9 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     terms += [asdict(Term("log_softmax output + nll total_weight", "b*s*V*e_ce + e_ce", ce_saved))]
     if amp_weights:
         terms.append(asdict(Term("autocast weight copies (saved)", "sum(matmul weights) * 2", amp_weights)))
+    terms += [asdict(Term("transient: logits", "b*s*V*e_m", logits, where="transient")),
+              asdict(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads, where="transient")),
+              asdict(Term("transient: optimizer step", opt_tmp_formula, opt_tmp, where="transient"))]
     notes = []
     if spec.device_type == "cuda":
         notes.append("CUDA: 512-B allocator rounding and one cuBLAS workspace are included; the CUDA context "
