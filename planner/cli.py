@@ -304,7 +304,10 @@ def checkpoint_size(folder) -> dict | None:
     path = Path(folder) / "model.safetensors"
     if not path.exists():
         return None
-    sizes = safetensors_header_sizes(path)
+    try:
+        sizes = safetensors_header_sizes(path)
+    except (OSError, ValueError) as exc:  # a truncated or corrupt header (JSONDecodeError is a ValueError)
+        raise ConfigError(f"cannot read {path.resolve().name}: not a valid safetensors file ({exc})") from None
     return {"tensors": len(sizes), "bytes": sum(sizes.values()), "largest": max(sizes.items(), key=lambda kv: kv[1])}
 
 
