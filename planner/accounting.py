@@ -119,11 +119,6 @@ def param_count(cfg: ModelConfig) -> int:
 
 
 @per_config
-def buffer_numel(cfg: ModelConfig) -> int:
-    return sum(t.numel for t in tensor_inventory(cfg) if t.kind == "buffer")
-
-
-@per_config
 def param_bytes(cfg: ModelConfig, dtype: str = "float32") -> int:
     return param_count(cfg) * DTYPE_BYTES[dtype]
 
@@ -133,11 +128,6 @@ def buffer_bytes(cfg: ModelConfig, dtype: str = "float32") -> int:
     """Buffers follow the weights' dtype (the GPT mask is built with torch.ones under the default dtype),
     except those built in a fixed dtype (Llama's fp32 inv_freq)."""
     return sum(t.numel * DTYPE_BYTES[t.dtype or dtype] for t in tensor_inventory(cfg) if t.kind == "buffer")
-
-
-@per_config
-def largest_param_numel(cfg: ModelConfig) -> int:
-    return max(t.numel for t in tensor_inventory(cfg) if t.kind == "param")
 
 
 @per_config
