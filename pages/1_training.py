@@ -1,8 +1,5 @@
 """Training step: run the real step for the planner's settings in a child process; measured vs estimated."""
 import dataclasses
-import json
-import os
-import tempfile
 
 import pandas as pd
 import psutil
@@ -53,17 +50,13 @@ if refused:
 
 
 def start() -> None:
-    """Write the model config to a temporary file and start `python -m planner measure train` on it."""
-    path = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, prefix="planner-cfg-")
-    json.dump(config_to_dict(run_cfg), path)
-    path.close()
-    args = ["measure", "train", "--config", path.name, "--batch-size", str(spec.batch_size), "--seq-len",
+    """Start `python -m planner measure train` for these settings (the job writes and removes the config file)."""
+    args = ["measure", "train", "--batch-size", str(spec.batch_size), "--seq-len",
             str(spec.seq_len), "--precision", spec.precision, "--optimizer", spec.optimizer, "--grad-accum",
             str(spec.grad_accum), "--optimizer-impl", spec.optimizer_impl, "--device", spec.device,
             "--json", "--progress", "--timeout", str(TIMEOUT_S)] + (["--checkpointing"] if spec.checkpointing else [])
     try:
-        st.session_state["job"] = Job(args, timeout_s=TIMEOUT_S + 30).start()
-        st.session_state["job_config_file"] = path.name
+        st.session_state["job"] = Job(args, timeout_s=TIMEOUT_S + 30, config=config_to_dict(run_cfg)).start()
         st.session_state.pop("train_result", None)
     except JobBusy as exc:
         st.session_state["job_message"] = str(exc)
@@ -92,7 +85,6 @@ def job_panel() -> None:
         job.cancel()
         state = job.state()
     if state != "running":
-        os.unlink(st.session_state.pop("job_config_file"))
         record = job.result() or {}
         st.session_state["train_result"] = {"state": state, "record": record, "stderr": job.stderr(),
                                             "estimate": est.to_dict(), "budget": budget}

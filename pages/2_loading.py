@@ -1,8 +1,4 @@
 """Weight loading: every method's estimated device and CPU peak; measure them all for real; the recommendation."""
-import json
-import os
-import tempfile
-
 import pandas as pd
 import psutil
 import streamlit as st
@@ -44,13 +40,9 @@ st.success(f"Recommended here: **{best}** - {why}")
 
 
 def start() -> None:
-    path = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, prefix="planner-cfg-")
-    json.dump(config_to_dict(cfg), path)
-    path.close()
     try:
-        st.session_state["load_job"] = Job(["measure", "load", "--config", path.name, "--method", "all",
-                                            "--device", device, "--json", "--timeout", "600"], TIMEOUT_S).start()
-        st.session_state["load_job_config"] = path.name
+        st.session_state["load_job"] = Job(["measure", "load", "--method", "all", "--device", device, "--json",
+                                            "--timeout", "600"], TIMEOUT_S, config=config_to_dict(cfg)).start()
         st.session_state.pop("load_result", None)
     except JobBusy as exc:
         st.session_state["load_message"] = str(exc)
@@ -79,7 +71,6 @@ def load_panel() -> None:
         job.cancel()
         state = job.state()
     if state != "running":
-        os.unlink(st.session_state.pop("load_job_config"))
         record = job.result() or {}
         results = record.get("results", [record] if "method" in record else [])
         st.session_state["load_result"] = {"state": state, "results": results, "stderr": job.stderr()}

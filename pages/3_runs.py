@@ -39,6 +39,5 @@ to_delete = c1.multiselect("Delete runs", [r["id"] for r in runs], key="delete_i
 if c1.button("Delete selected", key="delete", disabled=not to_delete):
     store.delete(to_delete)
     st.rerun()
-export = [{k: v for k, v in r.items()} for r in runs]
 c2.download_button("Export CSV", rows.to_csv(index=False), "runs.csv", "text/csv", on_click="ignore")
-c3.download_button("Export JSON", json.dumps(export, indent=1), "runs.json", "application/json", on_click="ignore")
+c3.download_button("Export JSON", json.dumps(runs, indent=1), "runs.json", "application/json", on_click="ignore")

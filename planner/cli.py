@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
 from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
@@ -118,13 +119,7 @@ def _estimate_record(cfg, spec) -> dict:
     from .estimate.training import estimate_training
 
     est = estimate_training(cfg, spec).to_dict()
-    return {"model": config_to_dict(cfg), "run": vars_of(spec), **est}
-
-
-def vars_of(spec: TrainSpec) -> dict:
-    from dataclasses import asdict
-
-    return asdict(spec)
+    return {"model": config_to_dict(cfg), "run": asdict(spec), **est}
 
 
 def _print_table(rec: dict, keys: list[str]) -> None:
@@ -164,7 +159,7 @@ def cmd_measure_train(args) -> int:
         if est["peak_bytes"] > RAM_GUARD_FRACTION * available:
             raise ConfigError(f"refused: the estimated peak {fmt_bytes(est['peak_bytes'])} exceeds "
                               f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
-    payload = {"config": config_to_dict(cfg), "spec": vars_of(spec)}
+    payload = {"config": config_to_dict(cfg), "spec": asdict(spec)}
     if args.memory_limit:
         try:
             payload["memory_limit_bytes"] = parse_size(args.memory_limit)

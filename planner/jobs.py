@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runner import PROJECT_ROOT, kill_group
+from .runner import PROJECT_ROOT, child_env, kill_group
 from .store import data_dir
 
 
@@ -45,6 +45,7 @@ def running_pid() -> int | None:
 class Job:
     args: list[str]
     timeout_s: float
+    config: dict | None = None    # a model config: written into the job's folder and passed as --config
     proc: subprocess.Popen | None = None
     folder: Path | None = None
     started: float = field(default_factory=time.monotonic)
@@ -56,12 +57,14 @@ class Job:
         if running_pid() is not None:
             raise JobBusy("a measurement is already running on this machine; wait for it or cancel it")
         self.folder = Path(tempfile.mkdtemp(prefix="planner-job-"))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "planner", *self.args],
-                                     stdout=(self.folder / "out.jsonl").open("w"),
-                                     stderr=(self.folder / "err.txt").open("w"), stdin=subprocess.DEVNULL,
-                                     start_new_session=True, cwd=PROJECT_ROOT, env=env)
+        args = list(self.args)
+        if self.config is not None:
+            (self.folder / "config.json").write_text(json.dumps(self.config))
+            args += ["--config", str(self.folder / "config.json")]
+        with (self.folder / "out.jsonl").open("w") as out, (self.folder / "err.txt").open("w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=out, stderr=err,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, cwd=PROJECT_ROOT,
+                                         env=child_env())
         _lock_path().parent.mkdir(parents=True, exist_ok=True)
         _lock_path().write_text(str(self.proc.pid))
         return self

@@ -48,10 +48,16 @@ def kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of every child: unbuffered output, and this project importable from any cwd."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def run_worker(payload: dict, timeout_s: float | None = None,
                on_event: Callable[[dict], None] = lambda e: None, env: dict | None = None) -> WorkerOutcome:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env = child_env(env)
     proc = subprocess.Popen(worker_command(payload), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
     lines: queue.Queue = queue.Queue()
