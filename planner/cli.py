@@ -99,10 +99,11 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = top.add_parser("bench")
-    b.add_argument("what", choices=("accuracy", "speed", "loading"))
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu"))
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file")
     b.add_argument("--device", default="cpu")
+    b.add_argument("--out-json", help="gpu: folder for the raw JSON-lines records")
     return parser
 
 
@@ -310,6 +311,10 @@ def cmd_bench(args) -> int:
     from . import bench
 
     check_device(args.device)
+    if args.what == "gpu":
+        from .bench_gpu import run_gpu
+
+        return run_gpu(args.out_json or "gpu-records", quick=args.quick)
     return bench.main(args.what, quick=args.quick, out=args.out, device=args.device)
 
 

@@ -1,0 +1,172 @@
+"""The CUDA check (issue #14): every GPU figure against a real GPU, in one command.
+
+    python -m planner bench gpu --out-json DIR [--quick]
+
+Writes JSON lines under DIR, one record per measurement, as they finish (a run cut short keeps what it
+had): `probe.json` (the allocator's and cuBLAS's own constants), `grid.jsonl` (the accuracy grid on
+CUDA: both architectures x attention x precision x checkpointing, cycling optimizers and their
+implementations), `realistic.jsonl` (gpt2-small..xl and a 1B Llama at real sizes) and `loading.jsonl`
+(the seed notebook's GPT-2 XL loading table). Each row is a fresh child process (planner.runner), the
+same measurement `python -m planner measure train --device cuda` makes; the estimates are computed
+where the table is written (`gpu_markdown`), so a later estimator is compared against the same runs.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .bench import _gpt, _llama
+from .config import PRESETS, ModelConfig, config_to_dict
+from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
+
+GRID_WORKERS = 6  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
+
+
+def cuda_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
+    """The full product of the CPU grid's shapes x arch x attention x precision x checkpointing (128 rows),
+    cycling optimizer, implementation (default/foreach/for-loop/fused), dropout and accumulation."""
+    shapes = [
+        ("V50257 h128 a4", {}, {}, 2, 128),
+        ("V97 h96 a3 s8", dict(vocab_size=97, emb_dim=96, n_heads=3),
+         dict(vocab_size=97, hidden_size=96, num_attention_heads=3, num_key_value_heads=1), 4, 8),
+        ("V1000 h120 a5 s200", dict(vocab_size=1000, emb_dim=120, n_heads=5, n_layers=3),
+         dict(vocab_size=1000, hidden_size=120, num_attention_heads=5, num_key_value_heads=5,
+              intermediate_size=320, num_hidden_layers=3), 3, 200),
+        ("V50257 h112 a7 s256", dict(emb_dim=112, n_heads=7), dict(hidden_size=112, num_attention_heads=7,
+                                                                    num_key_value_heads=1), 1, 256),
+    ]
+    rows = []
+    for i, ((label, gkw, lkw, b, s), arch, attention, precision, ckpt) in enumerate(itertools.product(
+            shapes, ("gpt2", "llama"), ("eager", "sdpa"), PRECISIONS, (False, True))):
+        optimizer = OPTIMIZERS[i % len(OPTIMIZERS)]
+        impl = OPTIMIZER_IMPLS[(i // len(OPTIMIZERS)) % len(OPTIMIZER_IMPLS)]
+        drop = 0.1 if (i // 2) % 2 else 0.0
+        cfg = (_gpt(**gkw, attention=attention, drop_rate=drop) if arch == "gpt2"
+               else _llama(**lkw, attention=attention))
+        spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer, checkpointing=ckpt,
+                         grad_accum=2 if i % 7 == 0 else 1, optimizer_impl=impl, device="cuda")
+        tag = f" p{drop}" if arch == "gpt2" else ""
+        rows.append((f"{arch} {label}{tag} {attention} {precision}{' ckpt' if ckpt else ''} {optimizer}/{impl}"
+                     f"{' accum2' if spec.grad_accum > 1 else ''}", cfg, spec))
+    return rows[::8] if quick else rows
+
+
+def realistic_rows() -> list[tuple[str, ModelConfig, TrainSpec]]:
+    """Real sizes (issue #14 item 3): GPT-2 small..XL as the book builds them and Llama 3.2 1B."""
+    def row(name, b, s, precision, ckpt=False, attention=None, optimizer="adamw"):
+        cfg = PRESETS[name] if attention is None else replace(PRESETS[name], attention=attention)
+        spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer, checkpointing=ckpt,
+                         device="cuda")
+        return (f"{name} {cfg.attention} b{b} s{s} {precision}{' ckpt' if ckpt else ''} {optimizer}", cfg, spec)
+
+    return [row("gpt2-small", 4, 1024, "fp32"), row("gpt2-small", 8, 1024, "bf16-amp"),
+            row("gpt2-small", 8, 1024, "bf16", attention="sdpa"),
+            row("gpt2-medium", 4, 1024, "bf16-amp"), row("gpt2-medium", 4, 1024, "fp32", ckpt=True),
+            row("gpt2-large", 2, 1024, "fp32"), row("gpt2-large", 4, 1024, "bf16-amp", attention="sdpa"),
+            row("gpt2-xl", 1, 1024, "fp32"), row("gpt2-xl", 2, 1024, "bf16-amp"),
+            row("gpt2-xl", 4, 1024, "bf16", ckpt=True),
+            row("llama-3.2-1b", 1, 2048, "fp32"), row("llama-3.2-1b", 4, 2048, "bf16-amp", ckpt=True),
+            row("llama-3.2-1b", 2, 2048, "bf16"), row("llama-3.2-1b", 2, 1024, "bf16-amp", attention="eager")]
+
+
+def cuda_probe() -> dict:
+    """What the caching allocator counts for a few sizes, and what cuBLAS/cuBLASLt keep after a matmul."""
+    import torch
+
+    dev = torch.device("cuda")
+    torch.cuda.init()
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(dev),
+           "total_bytes": torch.cuda.get_device_properties(dev).total_memory}
+    sizes = {}
+    for n in (1, 511, 513, 2**20 - 1, 2**20 + 1, 10 * 2**20 + 1, 11 * 2**20, 12 * 2**20 + 1):
+        before = torch.cuda.memory_allocated(dev)
+        t = torch.empty(n, dtype=torch.uint8, device=dev)
+        sizes[n] = torch.cuda.memory_allocated(dev) - before
+        del t
+    out["allocated_for_bytes"] = sizes
+    a = torch.randn(64, 64, device=dev, requires_grad=True)
+    steps = {}
+    base = torch.cuda.memory_allocated(dev)
+    for label, fn in [("fp32 matmul", lambda: a @ a), ("bf16 matmul", lambda: a.bfloat16() @ a.bfloat16()),
+                      ("fp16 matmul", lambda: a.half() @ a.half()),
+                      ("fp32 linear backward", lambda: torch.nn.functional.linear(a, a).sum().backward()),
+                      ("bf16 autocast linear backward", lambda: _autocast_backward(a))]:
+        r = fn()
+        del r
+        torch.cuda.synchronize()
+        steps[label] = torch.cuda.memory_allocated(dev) - base
+    out["persistent_after"] = steps
+    return out
+
+
+def _autocast_backward(a):
+    import torch
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = torch.nn.functional.linear(a, a).float().sum()
+    y.backward()
+
+
+def _measure(label: str, cfg: ModelConfig, spec: TrainSpec) -> dict:
+    from .runner import run_worker
+
+    t0 = time.perf_counter()
+    out = run_worker({"config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=900)
+    rec = {"label": label, "config": config_to_dict(cfg), "spec": asdict(spec), "exit_code": out.exit_code,
+           "wall_s": time.perf_counter() - t0}
+    if out.exit_code:
+        rec["error"] = out.record.get("error")
+        rec["stderr"] = out.stderr[-2000:]
+    else:
+        rec["measured"] = {k: v for k, v in out.record.items() if k != "event"}
+    return rec
+
+
+def _append(path: Path, rec: dict, lock: threading.Lock) -> None:
+    with lock, path.open("a") as fh:
+        fh.write(json.dumps(rec) + "\n")
+
+
+def run_gpu(out_dir: str, quick: bool = False, progress=print) -> int:
+    from .routines_paths import default_cache_dir
+    from .runner import checkpoint_folder, measure_load
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+    (out / "probe.json").write_text(json.dumps(cuda_probe()))
+
+    def grid() -> None:
+        rows = cuda_grid(quick)
+        with ThreadPoolExecutor(GRID_WORKERS) as pool:
+            for i, rec in enumerate(pool.map(lambda r: _measure(*r), rows)):
+                _append(out / "grid.jsonl", rec, lock)
+                progress(f"grid {i + 1}/{len(rows)} exit {rec['exit_code']} {rec['label']}")
+
+    def big() -> None:  # one at a time: these share the GPU's memory
+        for label, cfg, spec in ([] if quick else realistic_rows()):
+            rec = _measure(label, cfg, spec)
+            _append(out / "realistic.jsonl", rec, lock)
+            progress(f"realistic exit {rec['exit_code']} {label} {rec['wall_s']:.0f}s")
+        cfg = PRESETS["gpt2-small" if quick else "gpt2-xl"]
+        folder = checkpoint_folder(config_to_dict(cfg), default_cache_dir(), timeout_s=900)
+        from .estimate.loading import METHODS
+
+        for method in METHODS:
+            o = measure_load(config_to_dict(cfg), method, "cuda", folder, timeout_s=600)
+            rec = {"model": "gpt2-small" if quick else "gpt2-xl", "method": method, "exit_code": o.exit_code,
+                   "measured": {k: v for k, v in o.record.items() if k != "event"}}
+            _append(out / "loading.jsonl", rec, lock)
+            progress(f"loading exit {o.exit_code} {method}")
+
+    threads = [threading.Thread(target=f) for f in (grid, big)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return 0
