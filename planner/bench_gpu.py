@@ -170,3 +170,69 @@ def run_gpu(out_dir: str, quick: bool = False, progress=print) -> int:
     for t in threads:
         t.join()
     return 0
+
+
+TRAIN_BAR_PCT, RESERVED_BAR_PCT = 2.0, 5.0  # issue #14: allocated within 2%, reserved within 5%
+LOADING_BAR_GB = 0.1                         # issue #14: the notebook's table to +-0.1 GB (GB = 1024**3)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def gpu_markdown(records_dir: str) -> str:
+    """docs/gpu.md from the records of `bench gpu`, with today's estimator beside each measurement."""
+    from .bench import NOTEBOOK_GPT2_XL
+    from .config import config_from_dict
+    from .estimate.loading import estimate_loading
+    from .estimate.training import estimate_training
+
+    d = Path(records_dir)
+    probe = json.loads((d / "probe.json").read_text())
+    lines = [f"# CUDA: estimate against the GPU ({probe['gpu']})", "",
+             f"Device {probe['gpu']} ({probe['total_bytes'] / 2**30:.1f} GiB), torch {probe['torch']}, CUDA "
+             f"{probe['cuda']}. Command: `python -m planner bench gpu --out-json DIR`, then "
+             "`python -m planner bench gpu-doc --out-json DIR`. Measured = `max_memory_allocated` / "
+             "`max_memory_reserved` over a steady-state step (step 2 of a fresh child).", "",
+             "Allocator probe (bytes counted for one fresh tensor of n bytes): "
+             + ", ".join(f"{n} -> {v}" for n, v in probe["allocated_for_bytes"].items()) + ".",
+             "Persistent bytes after the first matmuls (cuBLAS / cuBLASLt workspaces): "
+             + ", ".join(f"{k}: {v:,}" for k, v in probe["persistent_after"].items()) + ".", ""]
+    for title, name in (("Accuracy grid", "grid.jsonl"), ("Realistic sizes", "realistic.jsonl")):
+        recs = _read_jsonl(d / name)
+        if not recs:
+            continue
+        rows, worst_a, worst_r = [], 0.0, 0.0
+        for r in recs:
+            if r["exit_code"]:
+                rows.append(f"| {r['label']} | failed: {r.get('error')} | | | | | |")
+                continue
+            cfg, m = config_from_dict(r["config"]), r["measured"]
+            est = estimate_training(cfg, TrainSpec(**r["spec"]))
+            ea = 100 * (est.peak_bytes - m["peak_allocated_bytes"]) / m["peak_allocated_bytes"]
+            er = 100 * (est.peak_bytes - m["peak_reserved_bytes"]) / m["peak_reserved_bytes"]
+            worst_a, worst_r = max(worst_a, abs(ea)), max(worst_r, abs(er))
+            rows.append(f"| {r['label']} | {est.peak_bytes:,} | {m['peak_allocated_bytes']:,} | {ea:+.2f} | "
+                        f"{m['peak_reserved_bytes']:,} | {er:+.2f} | {est.peak_phase} / {m['peak_phase']} |")
+        lines += [f"## {title}", "", f"{len(recs)} rows; worst |error| against allocated {worst_a:.2f}% "
+                  f"(bar {TRAIN_BAR_PCT}%), against reserved {worst_r:.2f}% (bar {RESERVED_BAR_PCT}%).", "",
+                  "| run | estimate (B) | allocated (B) | err % | reserved (B) | err % | phase est / meas |",
+                  "|---|---:|---:|---:|---:|---:|---|", *rows, ""]
+    loads = _read_jsonl(d / "loading.jsonl")
+    if loads:
+        lines += ["## Weight loading (GPT-2 XL fp32 unless noted)", "",
+                  "| method | notebook GPU (GB) | measured GPU | estimate GPU | measured CPU RSS peak | notebook CPU |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in loads:
+            m, method = r["measured"], r["method"]
+            from .config import PRESETS
+
+            est = estimate_loading(PRESETS[r["model"]], method, "cuda")
+            nb_gpu, nb_cpu = NOTEBOOK_GPT2_XL.get(method, ("", ""))
+            if r["exit_code"]:
+                lines.append(f"| {method} | {nb_gpu} | failed: {m.get('error')} | | | {nb_cpu} |")
+                continue
+            lines.append(f"| {method} | {nb_gpu} | {m['peak_device_bytes'] / 2**30:.2f} | "
+                         f"{est.peak_device_bytes / 2**30:.2f} | {m['peak_cpu_bytes'] / 2**30:.2f} | {nb_cpu} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -99,11 +99,11 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = top.add_parser("bench")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu"))
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "gpu-doc"))
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file")
     b.add_argument("--device", default="cpu")
-    b.add_argument("--out-json", help="gpu: folder for the raw JSON-lines records")
+    b.add_argument("--out-json", help="gpu / gpu-doc: the folder of the raw JSON-lines records (default gpu-records)")
     return parser
 
 
@@ -311,10 +311,19 @@ def cmd_bench(args) -> int:
     from . import bench
 
     check_device(args.device)
-    if args.what == "gpu":
-        from .bench_gpu import run_gpu
+    if args.what in ("gpu", "gpu-doc"):
+        from .bench_gpu import gpu_markdown, run_gpu
 
-        return run_gpu(args.out_json or "gpu-records", quick=args.quick)
+        folder = args.out_json or "gpu-records"
+        if args.what == "gpu":
+            return run_gpu(folder, quick=args.quick)
+        text = gpu_markdown(folder)
+        print(text)
+        if args.out:
+            from pathlib import Path
+
+            Path(args.out).write_text(text)
+        return 0
     return bench.main(args.what, quick=args.quick, out=args.out, device=args.device)
 
 
