@@ -39,20 +39,17 @@ gpu, model = st.session_state["gpu"], st.session_state["model_id"]
 seq_max = min(cfg.max_seq_len, SEQ_CAP)
 state = st.session_state
 
-# Session state decides every widget's value (no widget default that could disagree with it): the start
-# values once (a link's values win over them), the model's own attention and a sequence within its
-# context when the model changes, an applied option's settings.
-for key, value in {"batch": START.batch_size, "seq": min(START.seq_len, seq_max), "precision": START.precision,
-                   "optimizer": START.optimizer, "opt_impl": START.optimizer_impl, "attention": cfg.attention,
-                   "accum": START.grad_accum, "device": "cuda" if gpu else "cpu", "ckpt": START.checkpointing}.items():
-    state.setdefault(key, value)
+# The widgets start at START (a link's values win over it); session state then decides what each shows, and
+# is set here when the model changes (its own attention, a sequence within its context), when the device
+# changes an untyped budget's default, and by an applied option.
 if state.get("planner_model", model) != model:
     state["attention"] = cfg.attention
-    state["seq"] = min(state["seq"], seq_max)
+    state["seq"] = min(state.get("seq", START.seq_len), seq_max)
 state["planner_model"] = model
-default_bytes, default_source = machine_budget(state["device"])
+device_now = state.get("device", "cuda" if gpu else "cpu")
+default_bytes, default_source = machine_budget(device_now)
 default_gib = round(default_bytes / 2**30, 1)
-if "budget_gib" not in state or state["budget_gib"] == state.get("budget_default") != default_gib:
+if state.get("budget_gib") == state.get("budget_default") != default_gib:
     state["budget_gib"] = default_gib  # an untyped budget follows the device's default
 state["budget_default"] = default_gib
 
@@ -64,24 +61,29 @@ def apply_option(options: dict) -> None:
 
 
 c1, c2, c3 = st.columns(3)
-batch = c1.slider("Batch size", 1, 256, key="batch", bind="query-params")
-seq = c2.slider("Sequence length", 1, seq_max, key="seq", bind="query-params",
+batch = c1.slider("Batch size", 1, 256, START.batch_size, key="batch", bind="query-params")
+seq = c2.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params",
                 help=f"Up to the model's context ({cfg.max_seq_len:,})"
                      + (f", shown up to {SEQ_CAP:,}" if cfg.max_seq_len > SEQ_CAP else ""))
-budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, step=0.5, key="budget_gib", bind="query-params")
+budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
+                             bind="query-params")
 c3.caption(f"Default {default_gib} GiB: {default_source}" + ("" if budget_gib == default_gib else "; typed here"))
 r1, r2, r3 = st.columns([3, 1.2, 1.2])
-precision = r1.segmented_control("Precision", PRECISIONS, required=True, key="precision", bind="query-params",
-                                 width="stretch")
-device = r2.selectbox("Device", ["cpu", "cuda"], key="device", bind="query-params")
-ckpt = r3.toggle("Checkpointing", key="ckpt", bind="query-params", help="per-block activation checkpointing")
+precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True, key="precision",
+                                 bind="query-params", width="stretch")
+devices = ["cuda", "cpu"] if gpu else ["cpu", "cuda"]
+device = r2.selectbox("Device", devices, key="device", bind="query-params")
+ckpt = r3.toggle("Checkpointing", START.checkpointing, key="ckpt", bind="query-params",
+                 help="per-block activation checkpointing")
 r4, r5, r6, r7 = st.columns(4)
-optimizer = r4.selectbox("Optimizer", OPTIMIZERS, key="optimizer", bind="query-params")
-impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, key="opt_impl", bind="query-params",
+optimizer = r4.selectbox("Optimizer", OPTIMIZERS, OPTIMIZERS.index(START.optimizer), key="optimizer",
+                         bind="query-params")
+impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, OPTIMIZER_IMPLS.index(START.optimizer_impl),
+                    key="opt_impl", bind="query-params",
                     help="default: PyTorch's pick (foreach on cuda, for-loop on the CPU); fused: one kernel per group")
-attention = r6.selectbox("Attention", ATTENTION_KINDS, key="attention", bind="query-params",
-                         help=f"This model's own: {cfg.attention}")
-accum = r7.number_input("Grad. accumulation", 1, 1024, key="accum", bind="query-params")
+attention = r6.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="attention",
+                         bind="query-params", help=f"This model's own: {cfg.attention}")
+accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="accum", bind="query-params")
 
 try:
     spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), precision=precision, optimizer=optimizer,
