@@ -69,7 +69,7 @@ def pasted_model(text: str) -> tuple[str, str, object]:
 
 def _choice() -> dict:
     return st.session_state.setdefault("model_choice", {
-        "source": SOURCES[0], "preset": DEFAULT_MODEL, "text": "", "origin": None,
+        "source": SOURCES[0], "preset": DEFAULT_MODEL, "text": "", "origin": None, "upload": None,
         "model": DEFAULT_MODEL, "pasted": {}, "url": None, "notice": None})
 
 
@@ -85,7 +85,8 @@ def _on_preset():
 
 def _on_text():
     c = _choice()
-    c["text"], c["origin"], c["notice"] = st.session_state["config_text"], "pasted", None
+    c["text"], c["notice"] = st.session_state["config_text"], None
+    c["origin"] = f"edited after uploading {c['upload']}" if c["upload"] else "typed or pasted"
 
 
 def _on_upload():
@@ -94,7 +95,7 @@ def _on_upload():
     if f is not None:
         c = _choice()
         c["text"] = st.session_state["config_text"] = f.getvalue().decode("utf-8", "replace")
-        c["origin"], c["notice"] = f"uploaded {f.name}", None
+        c["origin"], c["upload"], c["notice"] = f"from the uploaded {f.name}", f.name, None
 
 
 def _from_url(c: dict) -> None:
@@ -106,7 +107,7 @@ def _from_url(c: dict) -> None:
     if wanted in PRESETS:
         c.update(source=SOURCES[0], preset=wanted, model=wanted)
     elif wanted in c["pasted"]:
-        c.update(source=SOURCES[1], text=c["pasted"][wanted], origin="pasted", model=wanted)
+        c.update(source=SOURCES[1], text=c["pasted"][wanted], origin="pasted earlier in this session", model=wanted)
     else:
         c["notice"] = (f"The link names the model {wanted!r}, which this session does not know (a pasted config "
                        f"lives in the session that pasted it): paste it again, or pick a preset.")
@@ -135,7 +136,8 @@ def frame(title: str):
         st.markdown("**Model**")
         source = st.radio("Model from", SOURCES, key="source", horizontal=True, label_visibility="collapsed",
                           on_change=_on_source)
-        if source == SOURCES[0]:
+        valid = source == SOURCES[0]
+        if valid:
             c["model"] = st.selectbox("Preset", list(PRESETS), key="preset", on_change=_on_preset)
         else:
             text = st.text_area("Config JSON (arch gpt2/llama, or a Hugging Face config.json)", key="config_text",
@@ -146,20 +148,20 @@ def frame(title: str):
             if text.strip():
                 try:
                     model_id, _, _ = pasted_model(text)
-                    c["pasted"][model_id], c["model"] = text, model_id
-                    st.caption(f"In use: the text above, {c['origin'] or 'pasted'}.")
+                    c["pasted"][model_id], c["model"], valid = text, model_id, True
+                    st.caption(f"In use: the text above ({c['origin'] or 'typed or pasted'}).")
                 except ConfigError as exc:
                     st.error(str(exc))
-            if c["model"] not in c["pasted"] or c["pasted"][c["model"]] != text:
-                st.caption(f"Still showing the last valid model: {c['model']}.")
         if c["notice"]:
             st.warning(c["notice"])
         cfg, name = _resolve(c["model"], c)
+        if not valid:
+            st.caption(md_escape(f"Still showing the last valid model: {name}."))
         st.caption(md_escape(f"{name}: {param_count(cfg):,} parameters, context {cfg.max_seq_len:,}."))
         if isinstance(cfg, GPT2Config):
-            tied = param_count(cfg) - cfg.vocab_size * cfg.emb_dim
-            st.caption(md_escape(f"The book's GPT-2 has its own output head; Hugging Face's ties it to the token "
-                                 f"embedding ({tied:,} parameters, e.g. 124M for gpt2-small)."))
+            n, head = param_count(cfg), cfg.vocab_size * cfg.emb_dim
+            st.caption(md_escape(f"{human_count(n)} here: the book's GPT-2 has its own output head ({head:,}); "
+                                 f"Hugging Face's ties it to the token embedding: {n - head:,} ({human_count(n - head)})."))
         st.divider()
         st.markdown("**Machine**")
         gpu = _gpu()

@@ -1,7 +1,10 @@
 """Chart builders, checked through their Vega-Lite specs."""
 import pandas as pd
 
-from planner.charts import breakdown_bar, curve_with_budget, estimate_vs_measured, grouped_bars, timeline
+import json
+
+from planner.charts import (BUDGET_COLOR, COMPONENT_COLORS, PHASE_COLORS, breakdown_bar, curve_with_budget,
+                            estimate_vs_measured, grouped_bars, timeline)
 
 
 def test_breakdown_bar_stacks_components():
@@ -26,3 +29,22 @@ def test_curve_grouped_and_scatter():
     assert g["encoding"]["xOffset"]["field"] == "source"
     s = estimate_vs_measured(pd.DataFrame({"label": ["a"], "estimate_bytes": [10], "measured_bytes": [11]})).to_dict()
     assert s["layer"][0]["mark"]["type"] == "line"  # the y = x diagonal
+
+
+def test_batch_and_sequence_axes_have_integer_ticks():
+    c = curve_with_budget(pd.DataFrame({"batch": [1, 2, 3], "peak_bytes": [1, 2, 3]}), "batch", None, "Batch").to_dict()
+    axis = c["layer"][0]["encoding"]["x"]["axis"]
+    assert axis["format"] == "d" and axis["tickMinStep"] == 1
+
+
+def test_red_means_the_budget_only():
+    """The timeline said "Red: the budget" while red was also the backward phase."""
+    tl = pd.DataFrame({"t_s": [0, 1, 2], "bytes": [1, 2, 3], "phase": ["forward", "backward", "optimizer"]})
+    spec = timeline(tl, budget_bytes=3, estimate_bytes=2).to_dict()
+    phases = spec["layer"][0]["encoding"]["color"]["scale"]
+    assert phases["domain"][2] == "backward" and len(set(phases["range"])) == len(phases["range"])
+    reds = lambda colors: [c for c in colors if c.startswith("#") and int(c[1:3], 16) > 0xc0 > int(c[3:5], 16) + 0x40]
+    assert reds([BUDGET_COLOR]) and not reds(PHASE_COLORS + COMPONENT_COLORS)
+    assert spec["layer"][1]["mark"]["color"] == BUDGET_COLOR
+    bar = breakdown_bar(pd.DataFrame({"scenario": ["a"], "component": ["params"], "bytes": [1]})).to_dict()
+    assert BUDGET_COLOR not in json.dumps(bar)
