@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import frame, machine_budget, md_escape
-from planner.charts import breakdown_bar, curve_with_budget
+from planner.charts import breakdown_spec, curve_spec
 from planner.config import ATTENTION_KINDS, ConfigError
 from planner.plan import plan
 from planner.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
@@ -109,7 +109,7 @@ if p.cuda_context_bytes:
 st.caption(f"The peak falls in {PHASE_WHY[est.peak_phase]}.")
 for note in est.notes:
     st.caption(md_escape(note))
-st.altair_chart(breakdown_bar(pd.DataFrame(p.breakdown)))
+st.vega_lite_chart(breakdown_spec(p.breakdown))
 
 st.subheader("Fit the budget")
 f1, f2 = st.columns(2)
@@ -131,10 +131,10 @@ else:
 
 st.subheader("Peak against batch size and sequence length")
 k1, k2 = st.columns(2)
-k1.altair_chart(curve_with_budget(pd.DataFrame(p.batch_curve), "batch", p.tensor_budget_bytes, "Batch size"))
-k2.altair_chart(curve_with_budget(pd.DataFrame(p.seq_curve), "seq", p.tensor_budget_bytes,
-                                  f"Sequence length (batch {spec.batch_size})"))
-st.caption("Red dashed line: the budget" + (" for tensors." if p.cuda_context_bytes else "."))
+k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, "Batch size"))
+k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", p.tensor_budget_bytes, f"Sequence length (batch {spec.batch_size})"))
+st.caption(f"Red dashed line: the budget{' for tensors' if p.cuda_context_bytes else ''} (left out where the "
+           "curve stays below a third of it).")
 
 st.subheader("Every term and its formula")
 terms = pd.DataFrame(est.terms)

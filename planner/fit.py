@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from .accounting import per_config
 from .config import ConfigError, ModelConfig, with_attention
 from .estimate.training import CUDA_CONTEXT_BYTES, estimate_training
 from .spec import TrainSpec
@@ -57,8 +58,10 @@ def _peak(cfg: ModelConfig, spec: TrainSpec) -> int:
     return estimate_training(cfg, spec).peak_bytes
 
 
+@per_config
 def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 1 << 20) -> tuple[int, str]:
-    """The largest batch whose estimated peak fits `budget` (spec.batch_size is ignored); 0 with the reason."""
+    """The largest batch whose estimated peak fits `budget` (spec.batch_size is ignored); 0 with the reason.
+    Memoised: the app asks again for every slider move that does not change the answer."""
     at = lambda b: _peak(cfg, dataclasses.replace(spec, batch_size=b))
     if at(1) > budget:
         one = estimate_training(cfg, dataclasses.replace(spec, batch_size=1))
@@ -76,8 +79,10 @@ def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 
     return lo, f"batch {lo + 1} would need {at(lo + 1):,} B" if lo < limit else "search limit reached"
 
 
+@per_config
 def max_seq_len(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, str]:
-    """The longest sequence (up to the model's context) whose estimated peak fits at spec.batch_size."""
+    """The longest sequence (up to the model's context) whose estimated peak fits at spec.batch_size
+    (spec.seq_len is ignored). Memoised as max_batch_size."""
     at = lambda s: _peak(cfg, dataclasses.replace(spec, seq_len=s))
     if at(1) > budget:
         return 0, f"even a sequence of 1 needs {at(1):,} B > {budget:,} B"
@@ -112,7 +117,7 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     if spec.optimizer in ("adam", "adamw"):
         new = dataclasses.replace(spec, optimizer="sgd-momentum")
         out.append(_Change("sgd-momentum", "sgd-momentum optimizer", new, att))
-    s, _ = max_seq_len(cfg, spec, budget)
+    s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
         out.append(_Change("shorter-seq", f"seq {s} instead of {spec.seq_len}", dataclasses.replace(spec, seq_len=s), att))
     return out

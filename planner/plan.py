@@ -1,7 +1,8 @@
 """Everything the Planner page shows for one set of settings, in one call (no torch, no streamlit).
 
-The page reads its widgets, calls plan() once and renders the result. What a batch-slider move does not
-change (the largest batch and the batch curve) is memoised per model and run settings.
+The page reads its widgets, calls plan() once and renders the result. What a slider move does not change
+is memoised per model and run settings: a batch move reuses the largest batch and the batch curve, a
+sequence move the longest sequence and the sequence curve.
 """
 from __future__ import annotations
 
@@ -68,16 +69,6 @@ def _sweep(cfg: ModelConfig, spec: TrainSpec, field: str, end: int) -> list[dict
             for v in _points(end)]
 
 
-@per_config
-def _max_batch(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, str]:
-    return max_batch_size(cfg, spec, budget)
-
-
-@per_config
-def _max_seq(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, str]:
-    return max_seq_len(cfg, spec, budget)
-
-
 def breakdown(est: TrainEstimate, grad_accum: int) -> list[dict]:
     """Two bars: what is alive at the peak (by component), and each component's full size."""
     persistent = {"params": est.params_bytes, "buffers": est.buffers_bytes, "inputs": est.inputs_bytes,
@@ -100,10 +91,10 @@ def plan(cfg: ModelConfig, spec: TrainSpec, budget: int) -> Plan:
     """cfg: the model as the run uses it (planner.spec.prepare); budget: the memory budget in bytes."""
     est = estimate_training(cfg, spec)
     usable = tensor_budget(budget, spec.device)
-    # Each side memoised without the setting it sweeps, so moving that slider reuses it.
+    # Each side is memoised without the setting it sweeps, so moving that slider reuses it.
     any_batch, any_seq = dataclasses.replace(spec, batch_size=1), dataclasses.replace(spec, seq_len=1)
-    best_batch, batch_reason = _max_batch(cfg, any_batch, usable)
-    best_seq, seq_reason = _max_seq(cfg, any_seq, usable)
+    best_batch, batch_reason = max_batch_size(cfg, any_batch, usable)
+    best_seq, seq_reason = max_seq_len(cfg, any_seq, usable)
     batch_end = curve_end(best_batch, spec.batch_size, BATCH_LIMIT)
     seq_end = curve_end(best_seq, spec.seq_len, cfg.max_seq_len)
     return Plan(estimate=est, budget_bytes=budget, cuda_context_bytes=cuda_context_bytes(spec.device),
