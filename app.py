@@ -33,25 +33,7 @@ SEQ_CAP = 32768  # the slider's top for long-context models (a typed URL may not
 OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision", "optimizer": "optimizer",
                "opt_impl": "optimizer_impl", "accum": "grad_accum", "ckpt": "checkpointing"}
 
-cfg = frame("Planner")
-st.title("Planner: will it fit?")
-gpu, model = st.session_state["gpu"], st.session_state["model_id"]
-seq_max = min(cfg.max_seq_len, SEQ_CAP)
 state = st.session_state
-
-# The widgets start at START (a link's values win over it); session state then decides what each shows, and
-# is set here when the model changes (its own attention, a sequence within its context), when the device
-# changes an untyped budget's default, and by an applied option.
-if state.get("planner_model", model) != model:
-    state["attention"] = cfg.attention
-    state["seq"] = min(state.get("seq", START.seq_len), seq_max)
-state["planner_model"] = model
-device_now = state.get("device", "cuda" if gpu else "cpu")
-default_bytes, default_source = machine_budget(device_now)
-default_gib = round(default_bytes / 2**30, 1)
-if state.get("budget_gib") == state.get("budget_default") != default_gib:
-    state["budget_gib"] = default_gib  # an untyped budget follows the device's default
-state["budget_default"] = default_gib
 
 
 def apply_option(options: dict) -> None:
@@ -60,86 +42,109 @@ def apply_option(options: dict) -> None:
     state.update({key: o["spec"][field] for key, field in OPTION_KEYS.items()}, attention=o["attention"])
 
 
-c1, c2, c3 = st.columns(3)
-batch = c1.slider("Batch size", 1, 256, START.batch_size, key="batch", bind="query-params")
-seq = c2.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params",
-                help=f"Up to the model's context ({cfg.max_seq_len:,})"
-                     + (f", shown up to {SEQ_CAP:,}" if cfg.max_seq_len > SEQ_CAP else ""))
-budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
+@st.fragment
+def planner(cfg, model: str, gpu: dict | None) -> None:
+    """Everything below the title: a widget here reruns only this fragment, not the sidebar."""
+    seq_max = min(cfg.max_seq_len, SEQ_CAP)
+    # The widgets start at START (a link's values win over it); session state then decides what each shows, and
+    # is set here when the model changes (its own attention, a sequence within its context), when the device
+    # changes an untyped budget's default, and by an applied option.
+    if state.get("planner_model", model) != model:
+        state["attention"] = cfg.attention
+        state["seq"] = min(state.get("seq", START.seq_len), seq_max)
+    state["planner_model"] = model
+    device_now = state.get("device", "cuda" if gpu else "cpu")
+    default_bytes, default_source = machine_budget(device_now)
+    default_gib = round(default_bytes / 2**30, 1)
+    if state.get("budget_gib") == state.get("budget_default") != default_gib:
+        state["budget_gib"] = default_gib  # an untyped budget follows the device's default
+    state["budget_default"] = default_gib
+
+    c1, c2, c3 = st.columns(3)
+    batch = c1.slider("Batch size", 1, 256, START.batch_size, key="batch", bind="query-params")
+    seq = c2.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params",
+                    help=f"Up to the model's context ({cfg.max_seq_len:,})"
+                         + (f", shown up to {SEQ_CAP:,}" if cfg.max_seq_len > SEQ_CAP else ""))
+    budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
+                                 bind="query-params")
+    c3.caption(f"Default {default_gib} GiB: {default_source}" + ("" if budget_gib == default_gib else "; typed here"))
+    r1, r2, r3 = st.columns([3, 1.2, 1.2])
+    precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True, key="precision",
+                                     bind="query-params", width="stretch")
+    devices = ["cuda", "cpu"] if gpu else ["cpu", "cuda"]
+    device = r2.selectbox("Device", devices, key="device", bind="query-params")
+    ckpt = r3.toggle("Checkpointing", START.checkpointing, key="ckpt", bind="query-params",
+                     help="per-block activation checkpointing")
+    r4, r5, r6, r7 = st.columns(4)
+    optimizer = r4.selectbox("Optimizer", OPTIMIZERS, OPTIMIZERS.index(START.optimizer), key="optimizer",
                              bind="query-params")
-c3.caption(f"Default {default_gib} GiB: {default_source}" + ("" if budget_gib == default_gib else "; typed here"))
-r1, r2, r3 = st.columns([3, 1.2, 1.2])
-precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True, key="precision",
-                                 bind="query-params", width="stretch")
-devices = ["cuda", "cpu"] if gpu else ["cpu", "cuda"]
-device = r2.selectbox("Device", devices, key="device", bind="query-params")
-ckpt = r3.toggle("Checkpointing", START.checkpointing, key="ckpt", bind="query-params",
-                 help="per-block activation checkpointing")
-r4, r5, r6, r7 = st.columns(4)
-optimizer = r4.selectbox("Optimizer", OPTIMIZERS, OPTIMIZERS.index(START.optimizer), key="optimizer",
-                         bind="query-params")
-impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, OPTIMIZER_IMPLS.index(START.optimizer_impl),
-                    key="opt_impl", bind="query-params",
-                    help="default: PyTorch's pick (foreach on cuda, for-loop on the CPU); fused: one kernel per group")
-attention = r6.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="attention",
-                         bind="query-params", help=f"This model's own: {cfg.attention}")
-accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="accum", bind="query-params")
+    impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, OPTIMIZER_IMPLS.index(START.optimizer_impl),
+                        key="opt_impl", bind="query-params",
+                        help="default: PyTorch's pick (foreach on cuda, for-loop on the CPU); fused: one kernel per group")
+    attention = r6.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="attention",
+                             bind="query-params", help=f"This model's own: {cfg.attention}")
+    accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="accum", bind="query-params")
 
-try:
-    spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), precision=precision, optimizer=optimizer,
-                     checkpointing=bool(ckpt), grad_accum=int(accum), optimizer_impl=impl, device=device)
-    run_cfg = prepare(cfg, spec, attention)
-except ConfigError as exc:
-    st.error(str(exc))
-    st.stop()
-budget = int(budget_gib * 2**30)
-p = plan(run_cfg, spec, budget)
-est = p.estimate
-state["run_settings"] = {"spec": dataclasses.asdict(spec), "attention": attention, "budget": budget}
+    try:
+        spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), precision=precision, optimizer=optimizer,
+                         checkpointing=bool(ckpt), grad_accum=int(accum), optimizer_impl=impl, device=device)
+        run_cfg = prepare(cfg, spec, attention)
+    except ConfigError as exc:
+        st.error(str(exc))
+        return
+    budget = int(budget_gib * 2**30)
+    p = plan(run_cfg, spec, budget)
+    est = p.estimate
+    state["run_settings"] = {"spec": dataclasses.asdict(spec), "attention": attention, "budget": budget}
 
-m1, m2, m3 = st.columns(3)
-m1.metric("Estimated peak", fmt_bytes(est.peak_bytes),
-          delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.tensor_budget_bytes - est.peak_bytes))}",
-          delta_color="normal" if p.fits else "inverse")
-m2.metric("Budget for tensors" if p.cuda_context_bytes else "Budget", fmt_bytes(p.tensor_budget_bytes))
-m3.metric("Peak phase", est.peak_phase)
-if p.cuda_context_bytes:
-    st.caption(f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and kernels, "
-               f"outside PyTorch's allocator, so not in the estimate) = {fmt_bytes(p.tensor_budget_bytes)} for tensors.")
-st.caption(f"The peak falls in {PHASE_WHY[est.peak_phase]}.")
-for note in est.notes:
-    st.caption(md_escape(note))
-st.vega_lite_chart(breakdown_spec(p.breakdown))
+    m1, m2, m3 = st.columns(3)
+    m1.metric("Estimated peak", fmt_bytes(est.peak_bytes),
+              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.tensor_budget_bytes - est.peak_bytes))}",
+              delta_color="normal" if p.fits else "inverse")
+    m2.metric("Budget for tensors" if p.cuda_context_bytes else "Budget", fmt_bytes(p.tensor_budget_bytes))
+    m3.metric("Peak phase", est.peak_phase)
+    lines = [f"The peak falls in {PHASE_WHY[est.peak_phase]}."] + [md_escape(note) for note in est.notes]
+    if p.cuda_context_bytes:
+        lines.insert(0, f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and kernels, "
+                        f"outside PyTorch's allocator, so not in the estimate) = {fmt_bytes(p.tensor_budget_bytes)} for tensors.")
+    st.caption("  \n".join(lines))
+    st.vega_lite_chart(breakdown_spec(p.breakdown))
 
-st.subheader("Fit the budget")
-f1, f2 = st.columns(2)
-f1.metric("Largest batch that fits", p.max_batch, help=md_escape(p.max_batch_reason))
-f2.metric(f"Longest sequence at batch {spec.batch_size}", p.max_seq, help=md_escape(p.max_seq_reason))
-options = {o.label: {"spec": o.spec, "attention": o.attention} for o in p.advice}
-if options:
-    st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes), "fits": "yes" if o.fits else "no",
-                                "cost": o.cost} for o in p.advice]), hide_index=True, width="stretch")
-    choice = st.selectbox("Option", list(options), key="advice_choice")
-    b1, b2 = st.columns(2)
-    b1.button("Apply to the settings", key="apply", on_click=apply_option, args=(options,))
-    if b2.button("Measure this option", key="measure_option"):
-        state["run_settings"] = {**options[choice], "budget": budget}
-        state["autostart"] = True
-        st.switch_page("pages/1_training.py", query_params={"model": model})  # the bound settings stay here
-else:
-    st.caption("No single change or combination lowers this estimated peak.")
+    st.subheader("Fit the budget")
+    f1, f2 = st.columns(2)
+    f1.metric("Largest batch that fits", p.max_batch, help=md_escape(p.max_batch_reason))
+    f2.metric(f"Longest sequence at batch {spec.batch_size}", p.max_seq, help=md_escape(p.max_seq_reason))
+    options = {o.label: {"spec": o.spec, "attention": o.attention} for o in p.advice}
+    if options:
+        st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes), "fits": "yes" if o.fits else "no",
+                                    "cost": o.cost} for o in p.advice]), hide_index=True, width="stretch")
+        choice = st.selectbox("Option", list(options), key="advice_choice")
+        b1, b2 = st.columns(2)
+        b1.button("Apply to the settings", key="apply", on_click=apply_option, args=(options,))
+        if b2.button("Measure this option", key="measure_option"):
+            state["run_settings"] = {**options[choice], "budget": budget}
+            state["autostart"] = True
+            st.switch_page("pages/1_training.py", query_params={"model": model})  # the bound settings stay here
+    else:
+        st.caption("No single change or combination lowers this estimated peak.")
 
-st.subheader("Peak against batch size and sequence length")
-k1, k2 = st.columns(2)
-k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, "Batch size"))
-k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", p.tensor_budget_bytes, f"Sequence length (batch {spec.batch_size})"))
-st.caption(f"Red dashed line: the budget{' for tensors' if p.cuda_context_bytes else ''} (left out where the "
-           "curve stays below a third of it).")
+    st.subheader("Peak against batch size and sequence length")
+    k1, k2 = st.columns(2)
+    k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, "Batch size"))
+    k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", p.tensor_budget_bytes, f"Sequence length (batch {spec.batch_size})"))
+    st.caption(f"Red dashed line: the budget{' for tensors' if p.cuda_context_bytes else ''} (left out where the "
+               "curve stays below a third of it).")
 
-st.subheader("Every term and its formula")
-terms = pd.DataFrame(est.terms)
-terms["bytes (x L if per layer)"] = [t["bytes"] * (cfg.layers if t["per_layer"] else 1) for t in est.terms]
-st.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]], hide_index=True, width="stretch")
-st.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v} for k, v in est.phase_peak_bytes.items()]
-                          + [{"phase": f"transient: {k}", "peak": fmt_bytes(v), "bytes": v}
-                             for k, v in est.transients.items()]), hide_index=True, width="stretch")
+    terms_box = st.expander("Every term and its formula, and each phase's peak")
+    terms = pd.DataFrame(est.terms)
+    terms["bytes (x L if per layer)"] = [t["bytes"] * (cfg.layers if t["per_layer"] else 1) for t in est.terms]
+    terms_box.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]], hide_index=True, width="stretch")
+    terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
+                                      for k, v in est.phase_peak_bytes.items()]
+                              + [{"phase": f"transient: {k}", "peak": fmt_bytes(v), "bytes": v}
+                                 for k, v in est.transients.items()]), hide_index=True, width="stretch")
+
+
+cfg = frame("Planner")
+st.title("Planner: will it fit?")
+planner(cfg, state["model_id"], state["gpu"])

@@ -18,6 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
@@ -33,6 +35,19 @@ WATCH = """() => {
   });
   obs.observe(app, {attributes: true});
 }"""
+
+
+def children_cpu_s() -> float:
+    """CPU seconds used so far by this process's children: the app's server, chromium and its driver (a
+    figure that other load on the machine does not inflate as much as wall time)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def start_server(data: Path) -> tuple[subprocess.Popen, str]:
@@ -74,23 +89,26 @@ def main() -> int:
                 page.wait_for_selector(IDLE, timeout=60_000)
                 page.wait_for_timeout(2000)
                 slider = page.get_by_role("slider").first
-                times = []
+                times, cpu = [], 0.0
                 for i in range(args.moves + 2):
                     slider.focus()
                     page.evaluate(WATCH)
+                    c0 = children_cpu_s()
                     t0 = time.perf_counter()
                     slider.press("ArrowRight")
                     page.wait_for_function("() => window.__rerunDone", polling="raf", timeout=30_000)
                     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
                     if i >= 2:  # the first moves warm caches
                         times.append(time.perf_counter() - t0)
+                        cpu += children_cpu_s() - c0
                     page.wait_for_timeout(300)
                 browser.close()
         finally:
             proc.terminate()
             proc.wait(10)
     print(f"Planner page, {args.model}, {len(times)} slider moves in chromium: median {statistics.median(times) * 1e3:.0f} ms, "
-          f"max {max(times) * 1e3:.0f} ms (key press to the rerun finished and painted)")
+          f"max {max(times) * 1e3:.0f} ms (key press to the rerun finished and painted); CPU time of the server and "
+          f"the browser per move {cpu / len(times) * 1e3:.0f} ms (load average {os.getloadavg()[0]:.1f})")
     return 0
 
 

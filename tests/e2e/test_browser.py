@@ -137,7 +137,7 @@ def test_move_a_slider_then_measure_this_option(server, page):
         slider.press("ArrowRight")  # batch 4 -> 8
     settle(page)
     assert "batch=8" in page.url
-    page.get_by_test_id("stSelectbox").filter(has_text="Option").click()
+    page.get_by_role("combobox", name="Option").click()
     page.get_by_role("option", name="grad-accum 4 x batch 2").click()
     settle(page)
     page.get_by_role("button", name="Measure this option").click()
