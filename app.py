@@ -69,8 +69,8 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
                                  bind="query-params")
     c3.caption(f"Default {default_gib} GiB: {default_source}" + ("" if budget_gib == default_gib else "; typed here"))
     r1, r2, r3 = st.columns([3, 1.2, 1.2])
-    precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True, key="precision",
-                                     bind="query-params", width="stretch")
+    precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True,
+                                     key="precision", bind="query-params", width="stretch")
     devices = ["cuda", "cpu"] if gpu else ["cpu", "cuda"]
     device = r2.selectbox("Device", devices, key="device", bind="query-params")
     ckpt = r3.toggle("Checkpointing", START.checkpointing, key="ckpt", bind="query-params",
@@ -80,7 +80,8 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
                              bind="query-params")
     impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, OPTIMIZER_IMPLS.index(START.optimizer_impl),
                         key="opt_impl", bind="query-params",
-                        help="default: PyTorch's pick (foreach on cuda, for-loop on the CPU); fused: one kernel per group")
+                        help="default: PyTorch's pick (foreach on cuda, for-loop on the CPU); "
+                             "fused: one kernel per parameter group")
     attention = r6.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="attention",
                              bind="query-params", help=f"This model's own: {cfg.attention}")
     accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="accum", bind="query-params")
@@ -105,8 +106,9 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
     m3.metric("Peak phase", est.peak_phase)
     lines = [f"The peak falls in {PHASE_WHY[est.peak_phase]}."] + [md_escape(note) for note in est.notes]
     if p.cuda_context_bytes:
-        lines.insert(0, f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and kernels, "
-                        f"outside PyTorch's allocator, so not in the estimate) = {fmt_bytes(p.tensor_budget_bytes)} for tensors.")
+        lines.insert(0, f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and "
+                        f"kernels, outside PyTorch's allocator, so not in the estimate) = "
+                        f"{fmt_bytes(p.tensor_budget_bytes)} for tensors.")
     st.caption("  \n".join(lines))
     st.vega_lite_chart(breakdown_spec(p.breakdown))
 
@@ -116,8 +118,9 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
     f2.metric(f"Longest sequence at batch {spec.batch_size}", p.max_seq, help=md_escape(p.max_seq_reason))
     options = {o.label: {"spec": o.spec, "attention": o.attention} for o in p.advice}
     if options:
-        st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes), "fits": "yes" if o.fits else "no",
-                                    "cost": o.cost} for o in p.advice]), hide_index=True, width="stretch")
+        st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes),
+                                    "fits": "yes" if o.fits else "no", "cost": o.cost} for o in p.advice]),
+                     hide_index=True, width="stretch")
         choice = st.selectbox("Option", list(options), key="advice_choice")
         b1, b2 = st.columns(2)
         b1.button("Apply to the settings", key="apply", on_click=apply_option, args=(options,))
@@ -131,14 +134,16 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
     st.subheader("Peak against batch size and sequence length")
     k1, k2 = st.columns(2)
     k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, "Batch size"))
-    k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", p.tensor_budget_bytes, f"Sequence length (batch {spec.batch_size})"))
+    k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", p.tensor_budget_bytes,
+                                  f"Sequence length (batch {spec.batch_size})"))
     st.caption(f"Red dashed line: the budget{' for tensors' if p.cuda_context_bytes else ''} (left out where the "
                "curve stays below a third of it).")
 
     terms_box = st.expander("Every term and its formula, and each phase's peak")
     terms = pd.DataFrame(est.terms)
     terms["bytes (x L if per layer)"] = [t["bytes"] * (cfg.layers if t["per_layer"] else 1) for t in est.terms]
-    terms_box.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]], hide_index=True, width="stretch")
+    terms_box.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]], hide_index=True,
+                        width="stretch")
     terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
                                       for k, v in est.phase_peak_bytes.items()]
                               + [{"phase": f"transient: {k}", "peak": fmt_bytes(v), "bytes": v}
