@@ -1,7 +1,10 @@
 """Will it fit, and what do I change so it fits? (no torch; every answer comes from estimate_training)
 
 max_batch_size / max_seq_len bisect on the estimated peak (which grows with batch and sequence). advice()
-evaluates each single change and the useful combinations, and ranks those that fit by their cost.
+evaluates each single change and the combinations of the cheap ones, keeps those that lower the peak (every
+change in a combination doing its part), labels each with its full change, and ranks those that fit by cost.
+default_budget is stable (the GPU's total, else the total RAM); on cuda tensor_budget takes the CUDA context
+off whatever budget is given.
 """
 from __future__ import annotations
 
