@@ -39,14 +39,13 @@ def paste(at, config=TINY):
     return at
 
 
-paste_tiny = paste
-
 
 def shown(at) -> tuple[TrainSpec, str]:
     """The run settings the Planner page shows, and its attention."""
     spec = TrainSpec(batch_size=at.slider(key="batch").value, seq_len=at.slider(key="seq").value,
-                     precision=at.segmented_control(key="precision").value, optimizer=at.selectbox(key="optimizer").value,
-                     checkpointing=at.toggle(key="ckpt").value, grad_accum=int(at.number_input(key="accum").value),
+                     precision=at.segmented_control(key="precision").value,
+                     optimizer=at.selectbox(key="optimizer").value, checkpointing=at.toggle(key="ckpt").value,
+                     grad_accum=int(at.number_input(key="accum").value),
                      optimizer_impl=at.selectbox(key="opt_impl").value, device=at.selectbox(key="device").value)
     return spec, at.selectbox(key="attention").value
 
