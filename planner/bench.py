@@ -141,6 +141,7 @@ def speed_report() -> str:
         for b in range(1, n + 1):  # a new batch each time, as a slider or the fit bisection asks
             estimate_training(PRESETS[name], TrainSpec(batch_size=b, seq_len=1024, precision="bf16-amp"))
         lines.append(f"| estimate_training({name}), new batch each call | {(time.perf_counter() - t0) / n * 1e3:.3f} ms |")
+    lines += planner_page_rows()
     for label, cfg, spec in [
         ("tiny gpt2 (h64, L2, b2 s64)", _gpt(vocab_size=1000, emb_dim=64, context_length=128), TrainSpec(2, 64)),
         ("gpt2 h256 L4 V50257 b4 s256", _gpt(emb_dim=256, n_layers=4), TrainSpec(4, 256)),
@@ -150,6 +151,26 @@ def speed_report() -> str:
         lines.append(f"| tracker overhead, {label} | {meas['tracker_overhead']:.2f}x "
                      f"(untracked step {meas['step_time_s']:.3f} s) |")
     return "\n".join(lines) + "\n"
+
+
+def planner_page_rows(n: int = 20) -> list[str]:
+    """The Planner page's computation per slider move (planner.plan.plan: the estimate, both fit answers,
+    the advice, both curves), each move a new batch then a new sequence; the browser's figure (script,
+    transfer and drawing) is `python tests/e2e/bench_page.py`."""
+    from .config import PRESETS
+    from .plan import plan
+
+    rows = []
+    for name in ("gpt2-small", "llama-3-8b"):
+        cfg, budget = PRESETS[name], 24 * 2**30
+        plan(cfg, TrainSpec(4, 512), budget)
+        t0 = time.perf_counter()
+        for i in range(n):
+            plan(cfg, TrainSpec(5 + i, 512), budget)
+            plan(cfg, TrainSpec(5 + i, 300 + i), budget)
+        rows.append(f"| Planner page computation (plan), {name}, per slider move | "
+                    f"{(time.perf_counter() - t0) / (2 * n) * 1e3:.1f} ms |")
+    return rows
 
 
 LOADING_BAR = (0.05, 32 * 2**20)  # issue #4: each figure within 5% or 32 MiB of the measurement

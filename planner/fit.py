@@ -1,23 +1,30 @@
 """Will it fit, and what do I change so it fits? (no torch; every answer comes from estimate_training)
 
 max_batch_size / max_seq_len bisect on the estimated peak (which grows with batch and sequence). advice()
-evaluates each single change and the useful combinations, and ranks those that fit by their cost.
+evaluates each single change and the combinations of the cheap ones, keeps those that lower the peak (every
+change in a combination doing its part), labels each with its full change, and ranks those that fit by cost.
+default_budget is stable (the GPU's total, else the total RAM); on cuda tensor_budget takes the CUDA context
+off whatever budget is given.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shutil
 import subprocess
 from dataclasses import dataclass
 
-from .config import ConfigError, ModelConfig
-from .estimate.training import estimate_training
+from .accounting import per_config
+from .config import ConfigError, ModelConfig, with_attention
+from .estimate.training import CUDA_CONTEXT_BYTES, estimate_training
 from .spec import TrainSpec
 
 # Cost rank of each change, cheapest first, and what it costs. The order is this project's judgement:
 # free > same maths but slower > more compute > lower precision > a different optimizer > a different task.
 CHANGES = {
     "sdpa": (0, "none: the same attention maths in a fused kernel (no s x s tensors)"),
+    "fused": (0, "none: the same update in one fused kernel per parameter group (no temporaries)"),
+    "for-loop": (1, "same update, one parameter at a time: more, smaller kernels (slower on a GPU)"),
     "grad-accum": (1, "same gradients; smaller micro-batches run slower per sample (smaller matmuls)"),
     "checkpointing": (2, "recomputes each block's forward in backward: ~1 extra forward per step"),
     "bf16-amp": (3, "matmuls in bf16 (8-bit mantissa); fp32 master weights keep updates exact; usually no loss change"),
@@ -26,11 +33,14 @@ CHANGES = {
     "bf16": (6, "weights, grads and optimizer states in bf16: updates below ~1/256 of a weight are lost"),
     "shorter-seq": (7, "less context per sample: the model learns shorter dependencies"),
 }
+# Changes that combine with each other (each combination is offered only if every change in it lowers the peak).
+COMBINABLE = ("sdpa", "fused", "checkpointing", "bf16-amp")
 
 
 @dataclass
 class Option:
-    changes: list[str]
+    changes: list[str]   # keys of CHANGES
+    label: str           # the full change, unique within one advice list: "grad-accum 4 x batch 2"
     spec: dict
     attention: str
     peak_bytes: int
@@ -39,12 +49,22 @@ class Option:
     cost: str
 
 
+@dataclass(frozen=True)
+class _Change:
+    key: str
+    label: str
+    spec: TrainSpec
+    attention: str
+
+
 def _peak(cfg: ModelConfig, spec: TrainSpec) -> int:
     return estimate_training(cfg, spec).peak_bytes
 
 
+@per_config
 def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 1 << 20) -> tuple[int, str]:
-    """The largest batch whose estimated peak fits `budget` (spec.batch_size is ignored); 0 with the reason."""
+    """The largest batch whose estimated peak fits `budget` (spec.batch_size is ignored); 0 with the reason.
+    Memoised: the app asks again for every slider move that does not change the answer."""
     at = lambda b: _peak(cfg, dataclasses.replace(spec, batch_size=b))
     if at(1) > budget:
         one = estimate_training(cfg, dataclasses.replace(spec, batch_size=1))
@@ -62,8 +82,10 @@ def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 
     return lo, f"batch {lo + 1} would need {at(lo + 1):,} B" if lo < limit else "search limit reached"
 
 
+@per_config
 def max_seq_len(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, str]:
-    """The longest sequence (up to the model's context) whose estimated peak fits at spec.batch_size."""
+    """The longest sequence (up to the model's context) whose estimated peak fits at spec.batch_size
+    (spec.seq_len is ignored). Memoised as max_batch_size."""
     at = lambda s: _peak(cfg, dataclasses.replace(spec, seq_len=s))
     if at(1) > budget:
         return 0, f"even a sequence of 1 needs {at(1):,} B > {budget:,} B"
@@ -76,39 +98,52 @@ def max_seq_len(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, st
     return lo, f"seq_len {lo + 1} would need {at(lo + 1):,} B"
 
 
-def _variants(cfg: ModelConfig, spec: TrainSpec, budget: int):
-    """(changes, spec, attention) for each single change and the useful pairs."""
-    singles = []
-    if cfg.attention == "eager":
-        singles.append((["sdpa"], spec, "sdpa"))
+def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
+    """Each single change from the run (spec, with cfg's attention), with the label that states it in full."""
+    out, att = [], cfg.attention
+    if att == "eager":
+        out.append(_Change("sdpa", "sdpa attention", spec, "sdpa"))
+    impl = spec.resolved_optimizer_impl
+    if impl != "fused":
+        out.append(_Change("fused", "fused optimizer", dataclasses.replace(spec, optimizer_impl="fused"), att))
+    if impl == "foreach":
+        out.append(_Change("for-loop", "for-loop optimizer", dataclasses.replace(spec, optimizer_impl="for-loop"), att))
     for k in (2, 4, 8, 16):
         if spec.batch_size % k == 0:
-            singles.append((["grad-accum"], dataclasses.replace(spec, batch_size=spec.batch_size // k,
-                                                                  grad_accum=spec.grad_accum * k), cfg.attention))
+            new = dataclasses.replace(spec, batch_size=spec.batch_size // k, grad_accum=spec.grad_accum * k)
+            out.append(_Change("grad-accum", f"grad-accum {new.grad_accum} x batch {new.batch_size}", new, att))
     if not spec.checkpointing:
-        singles.append((["checkpointing"], dataclasses.replace(spec, checkpointing=True), cfg.attention))
+        out.append(_Change("checkpointing", "checkpointing", dataclasses.replace(spec, checkpointing=True), att))
     for prec in ("bf16-amp", "fp16-amp", "bf16"):
         if spec.precision != prec:
-            singles.append(([prec], dataclasses.replace(spec, precision=prec), cfg.attention))
+            out.append(_Change(prec, prec, dataclasses.replace(spec, precision=prec), att))
     if spec.optimizer in ("adam", "adamw"):
-        singles.append((["sgd-momentum"], dataclasses.replace(spec, optimizer="sgd-momentum"), cfg.attention))
-    s, _ = max_seq_len(cfg, spec, budget)
+        new = dataclasses.replace(spec, optimizer="sgd-momentum")
+        out.append(_Change("sgd-momentum", "sgd-momentum optimizer", new, att))
+    s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
-        singles.append((["shorter-seq"], dataclasses.replace(spec, seq_len=s), cfg.attention))
-    out = list(singles)
-    base = [v for v in singles if v[0][0] in ("sdpa", "checkpointing", "bf16-amp")]
-    for i, a in enumerate(base):
-        for b in base[i + 1:]:
-            merged = dataclasses.replace(b[1], checkpointing=a[1].checkpointing or b[1].checkpointing)
-            out.append((a[0] + b[0], merged, "sdpa" if "sdpa" in a[0] + b[0] else cfg.attention))
-    if len(base) == 3:
-        out.append((["sdpa", "checkpointing", "bf16-amp"],
-                    dataclasses.replace(spec, checkpointing=True, precision="bf16-amp"), "sdpa"))
+        out.append(_Change("shorter-seq", f"seq {s} instead of {spec.seq_len}", dataclasses.replace(spec, seq_len=s), att))
     return out
 
 
+def _combine(spec: TrainSpec, attention: str, changes: tuple[_Change, ...]) -> tuple[TrainSpec, str]:
+    """Apply several COMBINABLE changes at once (each touches its own setting)."""
+    for c in changes:
+        if c.key == "sdpa":
+            attention = "sdpa"
+        elif c.key == "fused":
+            spec = dataclasses.replace(spec, optimizer_impl="fused")
+        elif c.key == "checkpointing":
+            spec = dataclasses.replace(spec, checkpointing=True)
+        else:
+            spec = dataclasses.replace(spec, precision=c.spec.precision)
+    return spec, attention
+
+
 def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, float] | None = None) -> list[Option]:
-    """Every option with its peak, whether it fits, and its cost; those that fit first, cheapest first.
+    """The options that lower the estimated peak, with their peak, whether they fit, and their cost; those
+    that fit first, cheapest first. An option is offered only if it lowers the peak, and a combination only
+    if each of its changes lowers it further (so none is presented as a remedy that does nothing).
 
     costs: step-time ratios measured here (measure_costs); when both are known, checkpointing and gradient
     accumulation are ranked by them instead of by the static order in CHANGES."""
@@ -116,33 +151,47 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
     rank = {c: r for c, (r, _) in CHANGES.items()}
     if "checkpointing" in costs and "grad-accum" in costs and costs["checkpointing"] < costs["grad-accum"]:
         rank["checkpointing"], rank["grad-accum"] = rank["grad-accum"], rank["checkpointing"]
+    peak_of = lambda s, att: _peak(with_attention(cfg, att), s)
+    now = peak_of(spec, cfg.attention)
+    singles = _singles(cfg, spec, budget)
+    candidates = [((c,), c.spec, c.attention) for c in singles]
+    base = [c for c in singles if c.key in COMBINABLE]
+    peaks = {frozenset(): now} | {frozenset([c.key]): peak_of(c.spec, c.attention) for c in base}
+    for n in range(2, len(base) + 1):
+        for combo in itertools.combinations(base, n):
+            new_spec, att = _combine(spec, cfg.attention, combo)
+            peaks[frozenset(c.key for c in combo)] = peak_of(new_spec, att)
+            candidates.append((combo, new_spec, att))
     options = []
-    for changes, new_spec, attention in _variants(cfg, spec, budget):
-        peak = _peak(dataclasses.replace(cfg, attention=attention), new_spec)
+    for combo, new_spec, attention in candidates:
+        keys = frozenset(c.key for c in combo)
+        if len(combo) == 1:
+            peak, before = peaks.get(keys) or peak_of(new_spec, attention), now
+        else:  # each change must lower the peak of the others alone
+            peak, before = peaks[keys], min(peaks[keys - {k}] for k in keys)
+        if peak >= before:
+            continue  # a change that leaves the peak where it was is not a remedy
         words = []
-        for c in changes:
-            text = CHANGES[c][1]
-            if c in costs:
-                what = "2 micro-batches of half the batch, " if c == "grad-accum" else ""
-                text += (f" (measured here, {what}2-block proxy: step time x{costs[c]:.2f})" if costs[c] >= 1.02
+        for c in combo:
+            text = CHANGES[c.key][1]
+            if c.key in costs:
+                what = "2 micro-batches of half the batch, " if c.key == "grad-accum" else ""
+                text += (f" (measured here, {what}2-block proxy: step time x{costs[c.key]:.2f})" if costs[c.key] >= 1.02
                          else f" (measured here, {what}2-block proxy: within timing noise)")
-            if c == "grad-accum":
-                text += f" ({new_spec.grad_accum} micro-batches of {new_spec.batch_size})"
-            if c == "shorter-seq":
-                text += f" (seq_len {new_spec.seq_len} instead of {spec.seq_len})"
-            words.append(f"{c}: {text}")
-        options.append(Option(changes=changes, spec=dataclasses.asdict(new_spec), attention=attention,
-                              peak_bytes=peak, fits=peak <= budget,
-                              cost_rank=sum(rank[c] + 1 for c in changes), cost="; ".join(words)))
+            words.append(f"{c.label}: {text}")
+        options.append(Option(changes=[c.key for c in combo], label=" + ".join(c.label for c in combo),
+                              spec=dataclasses.asdict(new_spec), attention=attention, peak_bytes=peak,
+                              fits=peak <= budget, cost_rank=sum(rank[c.key] + 1 for c in combo),
+                              cost="; ".join(words)))
     options.sort(key=lambda o: (not o.fits, o.cost_rank, o.peak_bytes))
     return options
 
 
 def default_budget(device: str) -> tuple[int, str]:
-    """The GPU's total memory minus the CUDA context (nvidia-smi), else the RAM available now."""
+    """A default that does not move between runs: the GPU's total memory on cuda (nvidia-smi), else this
+    machine's total RAM; with the words saying where it came from. On cuda, tensor_budget() takes the CUDA
+    context off it as its own line."""
     if device.startswith("cuda"):
-        from .estimate.training import CUDA_CONTEXT_BYTES
-
         smi = shutil.which("nvidia-smi")
         if smi is None:
             raise ConfigError("no GPU memory figure here (nvidia-smi not found): give --budget")
@@ -151,11 +200,21 @@ def default_budget(device: str) -> tuple[int, str]:
                              capture_output=True, text=True, timeout=10)
         if out.returncode:
             raise ConfigError(f"nvidia-smi could not read GPU {index}: give --budget")
-        total = int(out.stdout.strip().splitlines()[0]) * 2**20
-        return total - CUDA_CONTEXT_BYTES, "GPU memory (nvidia-smi) minus the CUDA context estimate"
+        return int(out.stdout.strip().splitlines()[0]) * 2**20, f"GPU {index}'s total memory (nvidia-smi)"
     import psutil
 
-    return psutil.virtual_memory().available, "RAM available now"
+    return psutil.virtual_memory().total, "this machine's total RAM"
+
+
+def cuda_context_bytes(device: str) -> int:
+    """The CUDA context (driver, kernels) lives outside PyTorch's allocator, so the estimate leaves it out;
+    on cuda it comes off the budget as its own line, whatever the budget's source."""
+    return CUDA_CONTEXT_BYTES if device.startswith("cuda") else 0
+
+
+def tensor_budget(budget: int, device: str) -> int:
+    """What the estimated peak (tensors the allocator holds) is compared with: the budget less the CUDA context."""
+    return budget - cuda_context_bytes(device)
 
 
 def measure_costs(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300) -> dict[str, float]:
@@ -201,7 +260,8 @@ def gpu_info() -> dict | None:
 
 def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None) -> dict:
     """The fit answer as the CLI prints it and the app shows it (one place, so both agree)."""
-    rec: dict = {"budget_bytes": budget}
+    rec: dict = {"budget_bytes": budget, "cuda_context_bytes": cuda_context_bytes(spec.device)}
+    budget = tensor_budget(budget, spec.device)
     if batch_given:
         rec["max_seq_len"], rec["reason"] = max_seq_len(cfg, spec, budget)
         target = spec

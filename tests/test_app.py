@@ -3,8 +3,14 @@ import json
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from streamlit.testing.v1 import AppTest
+
+from planner.config import PRESETS, config_from_dict
+from planner.estimate.training import CUDA_CONTEXT_BYTES, estimate_training, optimizer_state_bytes
+from planner.spec import TrainSpec, prepare
+from planner.units import fmt_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -27,10 +33,31 @@ def metric(at, label):
     return next(m.value for m in at.metric if m.label == label)
 
 
-def paste_tiny(at):
+def paste(at, config=TINY):
     at.radio(key="source").set_value("Paste a config").run()
-    at.text_area(key="config_text").set_value(json.dumps(TINY)).run()
+    at.text_area(key="config_text").set_value(config if isinstance(config, str) else json.dumps(config)).run()
     return at
+
+
+
+def shown(at) -> tuple[TrainSpec, str]:
+    """The run settings the Planner page shows, and its attention."""
+    spec = TrainSpec(batch_size=at.slider(key="batch").value, seq_len=at.slider(key="seq").value,
+                     precision=at.segmented_control(key="precision").value,
+                     optimizer=at.selectbox(key="optimizer").value, checkpointing=at.toggle(key="ckpt").value,
+                     grad_accum=int(at.number_input(key="accum").value),
+                     optimizer_impl=at.selectbox(key="opt_impl").value, device=at.selectbox(key="device").value)
+    return spec, at.selectbox(key="attention").value
+
+
+def assert_figures_follow_what_is_shown(at, cfg):
+    """Every figure comes from exactly the settings on the screen (and this model)."""
+    assert not at.exception
+    spec, attention = shown(at)
+    est = estimate_training(prepare(cfg, spec, attention), spec)
+    assert metric(at, "Estimated peak") == fmt_bytes(est.peak_bytes)
+    assert metric(at, "Peak phase") == est.peak_phase
+    return est
 
 
 def wait_for(at, key, timeout_s=120):
@@ -53,23 +80,134 @@ def test_planner_sliders_change_the_numbers():
     assert not at.exception and metric(at, "Peak phase") in ("forward", "loss", "backward", "optimizer", "zero_grad")
 
 
-def test_advice_option_applies_to_sliders():
+def test_each_advice_option_applies_exactly_its_own_settings():
+    """Labels repeated ("grad-accum" three times) and choosing the second applied the first."""
     at = app()
     at.slider(key="batch").set_value(64).run()
+    before = {k: at.session_state[k] for k in ("batch", "seq", "precision", "optimizer", "opt_impl", "accum", "ckpt",
+                                               "attention")}
     labels = at.selectbox(key="advice_choice").options
-    choice = next(l for l in labels if l == "checkpointing")
-    at.selectbox(key="advice_choice").set_value(choice).run()
-    at.button(key="apply").click().run()
-    assert not at.exception and at.toggle(key="ckpt").value is True
+    assert len(set(labels)) == len(labels) and {"grad-accum 2 x batch 32", "grad-accum 4 x batch 16"} <= set(labels)
+    table = at.dataframe[0].value.set_index("option")
+    for label in labels:
+        for key, value in before.items():  # back to the settings the advice was made for
+            at.session_state[key] = value
+        at.run()
+        at.selectbox(key="advice_choice").set_value(label).run()
+        at.button(key="apply").click().run()
+        est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
+        assert fmt_bytes(est.peak_bytes) == table.loc[label, "peak"], label
+        if label.startswith("grad-accum"):
+            assert label == f"grad-accum {at.number_input(key='accum').value} x batch {at.slider(key='batch').value}"
+
+
+def test_a_model_change_takes_the_models_own_attention_as_the_cli_does(capsys):
+    """llama-3.2-1b b4 s512 fp32 was 25.30 GiB in the app (eager kept from gpt2), 23.30 GiB from the CLI."""
+    from planner.cli import main
+
+    at = app()
+    assert at.selectbox(key="attention").value == "eager"  # the book's GPT-2
+    at.selectbox(key="preset").set_value("llama-3.2-1b").run()
+    assert at.selectbox(key="attention").value == "sdpa"
+    assert main(["estimate", "train", "--model", "llama-3.2-1b", "--batch-size", "4", "--seq-len", "512", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert metric(at, "Estimated peak") == fmt_bytes(cli["peak_bytes"])
+    assert_figures_follow_what_is_shown(at, PRESETS["llama-3.2-1b"])
+
+
+def test_after_pasting_configs_the_figures_are_those_of_the_settings_shown():
+    """The Attention box showed sdpa while the figures were eager's; a slider moved and back changed them."""
+    llama = json.loads((ROOT / "tests/data/Llama-3-8B.config.json").read_text())
+    at = paste(app(), TINY)
+    assert_figures_follow_what_is_shown(at, config_from_dict(TINY))
+    at = paste(at, llama)
+    assert at.selectbox(key="attention").value == "sdpa"
+    first = assert_figures_follow_what_is_shown(at, config_from_dict(llama))
+    at.slider(key="batch").set_value(5).run()
+    at.slider(key="batch").set_value(4).run()
+    assert assert_figures_follow_what_is_shown(at, config_from_dict(llama)).peak_bytes == first.peak_bytes
+
+
+def test_an_upload_replaces_the_pasted_text_visibly_and_the_newest_input_wins():
+    llama = (ROOT / "tests/data/Llama-3-8B.config.json").read_text()
+    at = paste(app(), TINY)
+    at.file_uploader(key="config_file").set_value(("llama3.json", llama.encode(), "application/json")).run()
+    assert at.text_area(key="config_text").value == llama
+    assert any("uploaded llama3.json" in c.value for c in at.sidebar.caption)
+    assert_figures_follow_what_is_shown(at, config_from_dict(json.loads(llama)))
+    at.text_area(key="config_text").set_value(json.dumps(TINY)).run()  # typed after the upload: the text wins
+    assert any("edited after uploading llama3.json" in c.value for c in at.sidebar.caption)
+    assert_figures_follow_what_is_shown(at, config_from_dict(TINY))
+
+
+def test_an_invalid_paste_keeps_the_last_model_and_shows_the_error_beside_the_box():
+    at = paste(app(), TINY)
+    at.text_area(key="config_text").set_value('{"arch": "gpt2", "vocab_size": 10}').run()
+    assert not at.main.error and "missing key" in at.sidebar.error[0].value
+    assert any("last valid model" in c.value for c in at.sidebar.caption)
+    assert_figures_follow_what_is_shown(at, config_from_dict(TINY))
+
+
+def test_a_link_restores_every_setting_including_the_model():
+    """`/?budget_gib=24&batch=1&seq=2048` dropped seq: the model was not in the URL (gpt2's context is 1024)."""
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params.update({"model": "llama-3.2-1b", "budget_gib": "24", "batch": "1", "seq": "2048",
+                            "precision": "bf16-amp", "opt_impl": "fused", "attention": "eager"})
+    at.run()
+    assert at.session_state["model_id"] == "llama-3.2-1b" and at.selectbox(key="preset").value == "llama-3.2-1b"
+    spec, attention = shown(at)
+    assert (spec.batch_size, spec.seq_len, spec.precision, spec.optimizer_impl, attention) == (1, 2048, "bf16-amp",
+                                                                                               "fused", "eager")
+    assert at.number_input(key="budget_gib").value == 24
+    assert_figures_follow_what_is_shown(at, PRESETS["llama-3.2-1b"])
+    at.selectbox(key="preset").set_value("gpt2-medium").run()  # and the URL follows the model
+    assert at.query_params["model"] == "gpt2-medium" and at.slider(key="seq").value == 1024
+
+
+def test_budget_default_is_total_ram_and_on_cuda_the_context_is_its_own_line():
+    at = app()
+    default = round(psutil.virtual_memory().total / 2**30, 1)
+    assert at.number_input(key="budget_gib").value == default
+    assert any("total RAM" in c.value for c in at.caption)
+    at.number_input(key="budget_gib").set_value(24.0).run()
+    at.selectbox(key="device").set_value("cuda").run()
+    assert metric(at, "Budget for tensors") == fmt_bytes(24 * 2**30 - CUDA_CONTEXT_BYTES)
+    assert any("CUDA context" in c.value for c in at.caption)
+    est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
+    assert at.metric[0].delta.endswith(fmt_bytes(abs(24 * 2**30 - CUDA_CONTEXT_BYTES - est.peak_bytes)))
+
+
+def test_optimizer_implementation_is_a_setting_and_fused_is_advised_when_it_helps():
+    at = app()
+    at.selectbox(key="preset").set_value("llama-3.2-1b").run()
+    for key, value in (("device", "cuda"), ("batch", 1), ("precision", "bf16-amp"), ("budget_gib", 20.0)):
+        at.session_state[key] = value
+    at.run()
+    assert metric(at, "Peak phase") == "optimizer"
+    assert "fused optimizer" in at.selectbox(key="advice_choice").options
+    at.selectbox(key="opt_impl").set_value("fused").run()
+    assert_figures_follow_what_is_shown(at, PRESETS["llama-3.2-1b"])
+    assert metric(at, "Peak phase") != "optimizer"
+
+
+def test_parameter_count_and_formulas_are_shown_as_written():
+    at = app()
+    sidebar = " ".join(c.value for c in at.sidebar.caption)
+    assert "163,037,184 parameters" in sidebar and "124,439,808" in sidebar
+    at.slider(key="batch").set_value(1).run()
+    at.slider(key="seq").set_value(1024).run()
+    for caption in at.main.caption:  # an asterisk is in a code span or escaped, never Markdown emphasis
+        text = caption.value.replace("\\*", "")
+        assert all(part.count("*") == 0 for part in text.split("`")[::2]), caption.value
 
 
 def test_bad_config_shows_an_error_not_an_exception():
     at = app()
     at.radio(key="source").set_value("Paste a config").run()
     at.text_area(key="config_text").set_value('{"arch": "gpt2", "vocab_size": 10}').run()
-    assert not at.exception and "missing key" in at.error[0].value
+    assert not at.exception and "missing key" in at.sidebar.error[0].value
     at.text_area(key="config_text").set_value("{oops").run()
-    assert not at.exception and "not valid JSON" in at.error[0].value
+    assert not at.exception and "not valid JSON" in at.sidebar.error[0].value
 
 
 def test_hf_config_is_accepted():
@@ -87,19 +225,41 @@ def test_every_page_renders(page):
 
 
 def test_training_measurement_completes_and_is_stored(data_dir):
-    at = paste_tiny(app())
+    at = paste(app(), TINY)
     at.slider(key="batch").set_value(2).run()
     at.slider(key="seq").set_value(32).run()
     at.switch_page("pages/1_training.py").run()
     at.button(key="run").click().run()
+    assert at.session_state["job"].config["emb_dim"] == TINY["emb_dim"]  # the pasted model survived the switch
     wait_for(at, "job")
     assert not at.exception and not at.error
     assert abs(float(metric(at, "Error").rstrip("%"))) <= 2.0
     from planner.store import RunStore
     runs = RunStore(data_dir / "data" / "runs.sqlite").list()
     assert len(runs) == 1 and runs[0]["kind"] == "train" and runs[0]["measured_bytes"] > 0
+    spec = TrainSpec(**{k: v for k, v in runs[0]["settings"].items() if k != "attention"})
+    assert (spec.batch_size, spec.seq_len) == (2, 32) and "pasted gpt2" in runs[0]["model"]
+    assert runs[0]["record"]["optimizer_bytes"] == optimizer_state_bytes(config_from_dict(TINY), spec)
     at.switch_page("pages/3_runs.py").run()
     assert not at.exception and metric(at, "Worst |error| over these runs")
+
+
+def test_measure_this_option_after_moving_sliders_measures_that_option(data_dir):
+    """Moving a slider then "Measure this option" raised from st.switch_page (the URL's bound settings)."""
+    at = paste(app(), TINY)
+    at.slider(key="batch").set_value(8).run()
+    at.slider(key="seq").set_value(64).run()
+    at.selectbox(key="advice_choice").set_value("grad-accum 4 x batch 2").run()
+    at.button(key="measure_option").click().run()
+    assert not at.exception and "job" in at.session_state  # on the Training step, started
+    job = at.session_state["job"]
+    assert job.config["emb_dim"] == TINY["emb_dim"]
+    assert " ".join(job.args).count("--batch-size 2 ") == 1 and "--grad-accum 4" in " ".join(job.args)
+    wait_for(at, "job")
+    from planner.store import RunStore
+    run = RunStore(data_dir / "data" / "runs.sqlite").list()[0]
+    assert (run["settings"]["batch_size"], run["settings"]["grad_accum"], run["settings"]["seq_len"]) == (2, 4, 64)
+    assert "pasted gpt2" in run["model"]
 
 
 def test_training_refuses_what_cannot_fit():
@@ -112,9 +272,11 @@ def test_training_refuses_what_cannot_fit():
 
 
 def test_loading_measure_all(data_dir):
-    at = paste_tiny(app())
+    at = paste(app(), TINY)
     at.switch_page("pages/2_loading.py").run()
     at.button(key="measure_all").click().run()
+    assert at.session_state["load_job"].config["emb_dim"] == TINY["emb_dim"]  # the pasted model, not gpt2-small
     wait_for(at, "load_job", timeout_s=300)
     assert not at.exception and not at.error
-    assert len(at.session_state["load_result"]["results"]) == 7
+    results = at.session_state["load_result"]["results"]
+    assert len(results) == 7 and all(r["file_bytes"] < 2**20 for r in results)  # gpt2-small's is ~650 MB

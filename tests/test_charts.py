@@ -1,13 +1,20 @@
 """Chart builders, checked through their Vega-Lite specs."""
 import pandas as pd
 
-from planner.charts import breakdown_bar, curve_with_budget, estimate_vs_measured, grouped_bars, timeline
+import json
+
+import altair as alt
+
+from planner.charts import (BUDGET_COLOR, COMPONENT_COLORS, PHASE_COLORS, breakdown_spec, curve_spec,
+                            estimate_vs_measured, grouped_bars, timeline)
 
 
-def test_breakdown_bar_stacks_components():
-    spec = breakdown_bar(pd.DataFrame({"scenario": ["a", "a"], "component": ["params", "grads"],
-                                       "bytes": [2**30, 2**31]})).to_dict()
+def test_breakdown_stacks_components():
+    spec = breakdown_spec([{"scenario": "a", "component": "params", "bytes": 2**30},
+                           {"scenario": "a", "component": "grads", "bytes": 2**31}])
+    alt.Chart.from_dict(spec)  # valid Vega-Lite (the schema check the page skips)
     assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["title"] == "GiB"
+    assert spec["encoding"]["x"]["aggregate"] == "sum" and spec["data"]["values"][1]["size"] == 2.0
 
 
 def test_small_figures_use_mib_and_budget_rule_only_when_near():
@@ -19,10 +26,36 @@ def test_small_figures_use_mib_and_budget_rule_only_when_near():
 
 
 def test_curve_grouped_and_scatter():
-    c = curve_with_budget(pd.DataFrame({"batch": [1, 2], "peak_bytes": [2**30, 2**31]}), "batch", 3 * 2**30, "Batch").to_dict()
-    assert c["layer"][1]["mark"]["type"] == "rule"
+    c = curve_spec([{"batch": 1, "peak_bytes": 2**30}, {"batch": 2, "peak_bytes": 2**31}], "batch", 3 * 2**30, "Batch")
+    alt.LayerChart.from_dict(c)
+    assert c["layer"][1]["mark"]["type"] == "rule" and c["layer"][1]["encoding"]["y"]["datum"] == 3
     g = grouped_bars(pd.DataFrame({"m": ["x", "x"], "source": ["estimate", "measured"], "bytes": [1, 2]}), "m",
                      order=["x"]).to_dict()
     assert g["encoding"]["xOffset"]["field"] == "source"
     s = estimate_vs_measured(pd.DataFrame({"label": ["a"], "estimate_bytes": [10], "measured_bytes": [11]})).to_dict()
     assert s["layer"][0]["mark"]["type"] == "line"  # the y = x diagonal
+
+
+def test_batch_and_sequence_axes_have_integer_ticks():
+    c = curve_spec([{"batch": b, "peak_bytes": b} for b in (1, 2, 3)], "batch", None, "Batch")
+    axis = c["layer"][0]["encoding"]["x"]["axis"]
+    assert axis["format"] == "d" and axis["tickMinStep"] == 1
+
+
+def test_red_means_the_budget_only():
+    """The timeline said "Red: the budget" while red was also the backward phase."""
+    tl = pd.DataFrame({"t_s": [0, 1, 2], "bytes": [1, 2, 3], "phase": ["forward", "backward", "optimizer"]})
+    spec = timeline(tl, budget_bytes=3, estimate_bytes=2).to_dict()
+    phases = spec["layer"][0]["encoding"]["color"]["scale"]
+    assert phases["domain"][2] == "backward" and len(set(phases["range"])) == len(phases["range"])
+    reds = lambda colors: [c for c in colors if c.startswith("#") and int(c[1:3], 16) > 0xc0 > int(c[3:5], 16) + 0x40]
+    assert reds([BUDGET_COLOR]) and not reds(PHASE_COLORS + COMPONENT_COLORS)
+    assert spec["layer"][1]["mark"]["color"] == BUDGET_COLOR
+    bar = breakdown_spec([{"scenario": "a", "component": "params", "bytes": 1}])
+    assert BUDGET_COLOR not in json.dumps(bar)
+
+
+def test_a_curve_far_below_the_budget_is_not_flattened_by_it():
+    rows = [{"seq": s, "peak_bytes": s * 2**20} for s in (1, 32, 64)]
+    assert len(curve_spec(rows, "seq", 64 * 2**30, "Sequence")["layer"]) == 1
+    assert len(curve_spec(rows, "seq", 100 * 2**20, "Sequence")["layer"]) == 2

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.config import GPT2Config, LlamaConfig, PRESETS
+from planner.config import ConfigError, GPT2Config, LlamaConfig, PRESETS
 from planner.estimate.training import estimate_training
-from planner.fit import advice, fit_report, max_batch_size, max_seq_len
+from planner.estimate.training import CUDA_CONTEXT_BYTES
+from planner.fit import advice, default_budget, fit_report, max_batch_size, max_seq_len
 from planner.measure.training import measure_training
 from planner.spec import TrainSpec
 from planner.units import parse_size
@@ -57,6 +58,67 @@ def test_advice_ranks_fitting_options_by_cost():
     assert not options[-1].fits or all(o.fits for o in options)
     names = {c for o in options for c in o.changes}
     assert {"sdpa", "checkpointing", "bf16-amp", "grad-accum", "sgd-momentum"} <= names
+
+
+def _peak(cfg, spec_dict, attention):
+    return estimate_training(dataclasses.replace(cfg, attention=attention), TrainSpec(**spec_dict)).peak_bytes
+
+
+@pytest.mark.parametrize("cfg, spec", [
+    (GPT, TrainSpec(8, 128, "fp32", "adamw")),
+    (LLAMA, TrainSpec(16, 128, "bf16-amp", "adamw", device="cuda")),
+    (PRESETS["llama-3.2-1b"], TrainSpec(1, 512, "bf16-amp", device="cuda")),
+])
+def test_each_option_states_its_change_and_lowers_the_peak(cfg, spec):
+    now = estimate_training(cfg, spec).peak_bytes
+    options = advice(cfg, spec, now * 3 // 4)
+    labels = [o.label for o in options]
+    assert options and len(set(labels)) == len(labels)
+    for o in options:
+        assert o.peak_bytes == _peak(cfg, o.spec, o.attention) < now, o.label  # a remedy, with its own settings
+        if len(o.changes) > 1:  # and each change in a combination does its part
+            for i in range(len(o.changes)):
+                fewer = " + ".join(part for j, part in enumerate(o.label.split(" + ")) if j != i)
+                assert fewer not in labels or next(x for x in options if x.label == fewer).peak_bytes > o.peak_bytes
+    accum = [o for o in options if o.changes == ["grad-accum"]]
+    for o in accum:
+        assert o.label == f"grad-accum {o.spec['grad_accum']} x batch {o.spec['batch_size']}"
+        assert o.spec["batch_size"] * o.spec["grad_accum"] == spec.batch_size * spec.grad_accum
+
+
+def test_fused_is_advised_when_the_peak_is_in_the_optimizer_step():
+    # llama-3.2-1b bf16-amp on cuda peaks in optimizer.step(): foreach's sqrt copy of every parameter (4.60 GiB).
+    cfg, spec = PRESETS["llama-3.2-1b"], TrainSpec(1, 512, "bf16-amp", device="cuda")
+    est = estimate_training(cfg, spec)
+    assert est.peak_phase == "optimizer"
+    options = {o.label: o for o in advice(cfg, spec, est.peak_bytes - 2**30)}
+    fused = options["fused optimizer"]
+    assert fused.spec["optimizer_impl"] == "fused" and fused.fits
+    fused_est = estimate_training(cfg, TrainSpec(**fused.spec))
+    assert fused_est.transients["optimizer_temporaries"] == 0 and fused_est.peak_bytes == fused.peak_bytes < est.peak_bytes
+    # checkpointing and sdpa do not touch this peak, so they are not offered
+    assert not any(set(o.changes) & {"checkpointing", "sdpa", "fp16-amp"} for o in options.values())
+
+
+def test_default_budget_is_stable_and_says_where_it_came_from(monkeypatch):
+    import psutil
+
+    budget, source = default_budget("cpu")
+    assert budget == psutil.virtual_memory().total and "total RAM" in source
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ConfigError, match="give --budget"):
+        default_budget("cuda")
+
+
+def test_cuda_context_comes_off_any_budget():
+    spec, budget = TrainSpec(1, 64, device="cuda"), CUDA_CONTEXT_BYTES + 40 * 2**20
+    rec = fit_report(GPT, spec, budget, batch_given=False)
+    best, tensors = rec["max_batch_size"], budget - CUDA_CONTEXT_BYTES
+    assert rec["cuda_context_bytes"] == CUDA_CONTEXT_BYTES and best >= 1
+    assert estimate_training(GPT, dataclasses.replace(spec, batch_size=best)).peak_bytes <= tensors
+    assert estimate_training(GPT, dataclasses.replace(spec, batch_size=best + 1)).peak_bytes > tensors
+    cpu = fit_report(GPT, dataclasses.replace(spec, device="cpu"), budget, batch_given=False)
+    assert cpu["cuda_context_bytes"] == 0 and cpu["max_batch_size"] > best
 
 
 def test_cli_and_library_agree():

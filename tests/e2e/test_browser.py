@@ -98,6 +98,60 @@ def test_planner_slider_moves_the_estimate(server, page):
     page.screenshot(path=SHOTS / "planner.png", full_page=True)
 
 
+def test_a_link_with_a_model_opens_with_exactly_its_settings(server, page):
+    """`/?budget_gib=24&batch=1&seq=2048` used to drop seq (gpt2's context is 1024): the model is in the link now."""
+    from planner.config import PRESETS
+    from planner.estimate.training import estimate_training
+    from planner.spec import TrainSpec
+    from planner.units import fmt_bytes
+
+    with page.context.browser.new_context(viewport={"width": 1400, "height": 1000}) as fresh:  # a new session
+        tab = fresh.new_page()
+        tab.goto(f"{server}/?model=llama-3.2-1b&budget_gib=24&batch=1&seq=2048&precision=bf16-amp")
+        sync_api.expect(tab.get_by_role("heading", name="Planner: will it fit?")).to_be_visible()
+        settle(tab)
+        no_errors(tab)
+        sliders = tab.get_by_role("slider")
+        assert [sliders.nth(i).input_value() for i in range(2)] == ["1", "2048"]
+        assert tab.get_by_label("Memory budget (GiB)").input_value() == "24.00"
+        sync_api.expect(tab.get_by_test_id("stSidebar").get_by_text("llama-3.2-1b").first).to_be_visible()
+        expected = estimate_training(PRESETS["llama-3.2-1b"], TrainSpec(1, 2048, "bf16-amp")).peak_bytes
+        assert tab.get_by_test_id("stMetricValue").first.inner_text() == fmt_bytes(expected)
+        assert "seq=2048" in tab.url and "model=llama-3.2-1b" in tab.url
+        tab.screenshot(path=SHOTS / "planner-deep-link.png", full_page=True)
+
+
+def test_move_a_slider_then_measure_this_option(server, page):
+    """It raised StreamlitAPIException from st.switch_page once a slider had put its value in the URL."""
+    page.goto(server)
+    settle(page)
+    page.get_by_text("Paste a config").click()
+    settle(page)
+    box = page.get_by_role("textbox", name="Config JSON")
+    box.fill(json.dumps(TINY))
+    box.press("Control+Enter")
+    settle(page)
+    slider = page.get_by_role("slider").first
+    slider.focus()
+    for _ in range(4):
+        slider.press("ArrowRight")  # batch 4 -> 8
+    settle(page)
+    assert "batch=8" in page.url
+    page.get_by_role("combobox", name="Option").click()
+    page.get_by_role("option", name="grad-accum 4 x batch 2").click()
+    settle(page)
+    page.get_by_role("button", name="Measure this option").click()
+    sync_api.expect(page.get_by_role("heading", name="Training step: measured against estimated")).to_be_visible()
+    no_errors(page)
+    sync_api.expect(page.get_by_text("pasted gpt2").first).to_be_visible()  # the pasted model survived the switch
+    sync_api.expect(page.get_by_text("batch 2 x seq 64")).to_be_visible()
+    sync_api.expect(page.get_by_text("grad. accumulation 4")).to_be_visible()
+    sync_api.expect(page.get_by_text("Measured peak")).to_be_visible(timeout=120_000)
+    settle(page)
+    no_errors(page)
+    page.screenshot(path=SHOTS / "measure-this-option.png", full_page=True)
+
+
 def test_pages_render(server, page):
     for path, heading, shot in (("loading", "Weight loading", "loading.png"), ("runs", "Runs", "runs-empty.png")):
         page.goto(f"{server}/{path}")

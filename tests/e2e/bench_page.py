@@ -1,0 +1,116 @@
+"""The Planner page's rerun time in a real browser: `python tests/e2e/bench_page.py [--moves N] [--model NAME]`.
+
+Starts the app on a free port, opens it in Debian's chromium, moves the batch slider one step at a time and
+times each move from the key press until the script has finished and the page has painted the new estimate
+(the figure docs/speed.md reports). A benchmark, not a test: timings depend on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+# Sets window.__rerunDone once the app's script state has gone to running and back to notRunning.
+WATCH = """() => {
+  window.__rerunDone = false;
+  const app = document.querySelector("[data-testid='stApp']");
+  let running = false;
+  const obs = new MutationObserver(() => {
+    const state = app.getAttribute("data-test-script-state");
+    if (state === "running") running = true;
+    if (running && state === "notRunning") { window.__rerunDone = true; obs.disconnect(); }
+  });
+  obs.observe(app, {attributes: true});
+}"""
+
+
+def children_cpu_s() -> float:
+    """CPU seconds used so far by this process's children: the app's server, chromium and its driver (a
+    figure that other load on the machine does not inflate as much as wall time)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def start_server(data: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PLANNER_DATA": str(data / "data"), "PLANNER_CACHE": str(data / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true",
+                             "--server.address=127.0.0.1", f"--server.port={port}",
+                             "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                return proc, url
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the app did not start")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--moves", type=int, default=20)
+    ap.add_argument("--model", default="llama-3-8b")
+    args = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(Path(tmp))
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+                    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"{url}/?model={args.model}&batch=1")
+                page.wait_for_selector(IDLE, timeout=60_000)
+                page.wait_for_timeout(2000)
+                slider = page.get_by_role("slider").first
+                times, cpu = [], 0.0
+                for i in range(args.moves + 2):
+                    slider.focus()
+                    page.evaluate(WATCH)
+                    c0 = children_cpu_s()
+                    t0 = time.perf_counter()
+                    slider.press("ArrowRight")
+                    page.wait_for_function("() => window.__rerunDone", polling="raf", timeout=30_000)
+                    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+                    if i >= 2:  # the first moves warm caches
+                        times.append(time.perf_counter() - t0)
+                        cpu += children_cpu_s() - c0
+                    page.wait_for_timeout(300)
+                browser.close()
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    print(f"Planner page, {args.model}, {len(times)} slider moves in chromium: median {statistics.median(times) * 1e3:.0f} ms, "
+          f"max {max(times) * 1e3:.0f} ms (key press to the rerun finished and painted); CPU time of the server and "
+          f"the browser per move {cpu / len(times) * 1e3:.0f} ms (load average {os.getloadavg()[0]:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
