@@ -8,7 +8,7 @@ import streamlit as st
 from pages import frame
 
 from planner.charts import PHASE_ORDER, grouped_bars, timeline
-from planner.config import config_to_dict
+from planner.config import ConfigError, config_to_dict, model_label
 from planner.estimate.training import estimate_training
 from planner.fit import max_batch_size
 from planner.jobs import Job, JobBusy, running_pid
@@ -20,6 +20,7 @@ from planner.units import fmt_bytes
 # counts live tensors; torch itself and allocator slack need the rest.
 RAM_SHARE = 0.8
 TIMEOUT_S = 600
+ENDED = {"failed": "Failed", "timeout": "Timed out"}
 
 cfg = frame("Training step")
 st.title("Training step: measured against estimated")
@@ -32,11 +33,16 @@ gpu = st.session_state.get("gpu")
 if spec.device_type == "cuda" and not gpu:
     spec = dataclasses.replace(spec, device="cpu")
     st.caption("No GPU here: the step is measured on the CPU (live tensor bytes and RSS).")
-run_cfg = prepare(cfg, spec, settings.get("attention"))
+try:
+    run_cfg = prepare(cfg, spec, settings.get("attention"))
+except ConfigError as exc:  # settings made for another model (a longer context)
+    st.error(f"{exc}. Change the settings on the Planner page.")
+    st.stop()
 est = estimate_training(run_cfg, spec)
 budget = settings.get("budget") or (gpu["total_bytes"] if gpu and spec.device_type == "cuda"
                                     else psutil.virtual_memory().available)
-st.write(f"**{st.session_state.get('model_name')}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.precision}, "
+name = model_label(cfg, st.session_state.get("model_name"))
+st.write(f"**{name}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.precision}, "
          f"{spec.optimizer}, {'checkpointing, ' if spec.checkpointing else ''}{run_cfg.attention} attention, "
          f"grad. accumulation {spec.grad_accum}, on {spec.device}. Change these on the Planner page.")
 st.metric("Estimated peak", fmt_bytes(est.peak_bytes), help=f"phase: {est.peak_phase}")
@@ -79,19 +85,19 @@ def job_panel() -> None:
     if job is None:
         return
     state = job.state()
-    fraction, stage = job.progress()
-    st.progress(min(max(fraction, 0.0), 1.0), text=f"{state}: {stage}")
-    if state == "running" and st.button("Cancel", key="cancel"):
-        job.cancel()
-        state = job.state()
+    if state == "running":
+        fraction, stage = job.progress()
+        st.progress(min(max(fraction, 0.0), 1.0), text=f"Running: {stage}")
+        if st.button("Cancel", key="cancel"):
+            job.cancel()
+            state = job.state()
     if state != "running":
         record = job.result() or {}
-        st.session_state["train_result"] = {"state": state, "record": record, "stderr": job.stderr(),
+        status = "failed" if state == "done" and "peak_bytes" not in record else state
+        st.session_state["train_result"] = {"state": status, "record": record, "stderr": job.stderr(),
                                             "estimate": est.to_dict(), "budget": budget}
-        if state == "done" and "peak_bytes" in record:
-            RunStore().save("train", st.session_state.get("model_name") or "model",
-                            {**dataclasses.asdict(spec), "attention": run_cfg.attention}, spec.device,
-                            est.peak_bytes, record["peak_bytes"], record)
+        RunStore().save("train", name, {**dataclasses.asdict(spec), "attention": run_cfg.attention}, spec.device,
+                        est.peak_bytes, record.get("peak_bytes"), record, status)
         del st.session_state["job"]
         st.rerun()
 
@@ -101,12 +107,15 @@ job_panel()
 res = st.session_state.get("train_result")
 if res:
     rec = res["record"]
-    if res["state"] != "done" or "peak_bytes" not in rec:
-        st.error(f"Run {res['state']}: {rec.get('error', 'no result')}"
+    if res["state"] == "cancelled":
+        st.info("Cancelled before it finished: nothing was measured. The run is listed on the Runs page as cancelled.")
+    elif res["state"] != "done":
+        st.error(f"{ENDED.get(res['state'], 'Failed')}: {rec.get('error', 'no result')}"
                  + (f" (phase: {rec['phase']})" if rec.get("phase") else ""))
         if res["stderr"].strip():
             st.code(res["stderr"][-2000:])
     else:
+        st.progress(1.0, text="Finished: measured in a child process")
         e = res["estimate"]
         m1, m2, m3, m4 = st.columns(4)
         m1.metric("Measured peak", fmt_bytes(rec["peak_bytes"]), help="live tensor bytes (CPU) / max_memory_allocated (CUDA)")

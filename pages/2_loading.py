@@ -7,9 +7,10 @@ from pages import frame
 
 from planner.bench import NOTEBOOK_GPT2_XL
 from planner.charts import grouped_bars
-from planner.config import config_to_dict
-from planner.estimate.loading import METHODS, estimate_loading, recommend
+from planner.config import CHECKPOINT_DTYPES, checkpoint_dtype, config_to_dict, model_label, with_dtype
+from planner.estimate.loading import METHODS, cache_plan, estimate_loading, measure_refusal, recommend
 from planner.jobs import Job, JobBusy
+from planner.routines_paths import default_cache_dir
 from planner.store import RunStore
 from planner.units import fmt_bytes
 
@@ -22,9 +23,19 @@ st.caption("Loading a saved state_dict (the LLMs-from-scratch notebook's methods
            "can reclaim them under memory pressure, unlike anonymous memory.")
 if cfg is None:
     st.stop()
+name = model_label(cfg, st.session_state.get("model_name"))
 gpu = st.session_state.get("gpu")
-device = st.selectbox("Load to", ["cuda", "cpu"] if gpu else ["cpu", "cuda"], key="load_device")
+if st.session_state.get("load_dtype_for") != cfg or "load_dtype" not in st.session_state:
+    st.session_state["load_dtype"] = checkpoint_dtype(cfg)  # a new model starts from its own torch_dtype
+    st.session_state["load_dtype_for"] = cfg
+c1, c2 = st.columns(2)
+device = c1.selectbox("Load to", ["cuda", "cpu"] if gpu else ["cpu", "cuda"], key="load_device")
+dtype = c2.selectbox("Checkpoint dtype", CHECKPOINT_DTYPES, key="load_dtype",
+                     help=f"The dtype the weights are saved and loaded in. Default: the config's torch_dtype "
+                          f"({cfg.torch_dtype or 'none given, so float32'}).")
+cfg = with_dtype(cfg, dtype)
 ests = {m: estimate_loading(cfg, m, device) for m in METHODS}
+st.caption(f"Checkpoint: W = {fmt_bytes(ests['mmap'].checkpoint_bytes)} of {dtype} tensors.")
 table = pd.DataFrame([{"method": m, "device peak": fmt_bytes(e.peak_device_bytes), "CPU peak": fmt_bytes(e.peak_cpu_bytes),
                        "of which file-backed": fmt_bytes(e.peak_cpu_file_bytes), "device formula": e.formula_device,
                        "CPU formula": e.formula_cpu} for m, e in ests.items()])
@@ -41,20 +52,22 @@ st.success(f"Recommended here: **{best}** - {why}")
 
 def start() -> None:
     try:
-        st.session_state["load_job"] = Job(["measure", "load", "--method", "all", "--device", device, "--json",
-                                            "--timeout", "600"], TIMEOUT_S, config=config_to_dict(cfg)).start()
+        st.session_state["load_job"] = Job(["measure", "load", "--method", "all", "--device", device, "--dtype", dtype,
+                                            "--json", "--progress", "--timeout", "600"], TIMEOUT_S,
+                                           config=config_to_dict(cfg)).start()
+        st.session_state["load_job_for"] = {"model": name, "device": device, "dtype": dtype}
         st.session_state.pop("load_result", None)
     except JobBusy as exc:
         st.session_state["load_message"] = str(exc)
 
 
 running = "load_job" in st.session_state
-need = max(e.peak_cpu_bytes for e in ests.values())
-too_big = device == "cpu" and need > 0.8 * free_ram
-if too_big:
-    st.warning(f"Measuring every method needs up to {fmt_bytes(need)} of RAM; {fmt_bytes(free_ram)} is free. "
-               "Pick a smaller model to measure here; the estimates above still hold.")
-st.button("Measure all", type="primary", on_click=start, disabled=running or too_big, key="measure_all",
+plan = cache_plan(cfg, default_cache_dir())
+refusal = measure_refusal(cfg, device, gpu is not None, free_ram, plan)
+st.caption(plan["text"])
+if refusal and not running:
+    st.warning(f"Measure all is not offered: {refusal}")
+st.button("Measure all", type="primary", on_click=start, disabled=running or bool(refusal), key="measure_all",
           help="Writes the model's checkpoints once (cached), then loads them with each method in a fresh process")
 if msg := st.session_state.pop("load_message", None):
     st.warning(msg)
@@ -66,18 +79,18 @@ def load_panel() -> None:
     if job is None:
         return
     state = job.state()
-    st.progress(0.5 if state == "running" else 1.0, text=f"{state}: writing checkpoints, then one child per method")
-    if state == "running" and st.button("Cancel", key="cancel_load"):
-        job.cancel()
-        state = job.state()
+    if state == "running":
+        fraction, stage = job.progress()
+        st.progress(min(max(fraction, 0.0), 1.0), text=f"Running: {stage}")
+        if st.button("Cancel", key="cancel_load"):
+            job.cancel()
+            state = job.state()
     if state != "running":
         record = job.result() or {}
         results = record.get("results", [record] if "method" in record else [])
         st.session_state["load_result"] = {"state": state, "results": results, "stderr": job.stderr()}
-        for r in results:
-            if "peak_device_bytes" in r:
-                RunStore().save("load", st.session_state.get("model_name") or "model", {"method": r["method"]},
-                                device, r["estimate"]["peak_device_bytes"], r["peak_device_bytes"], r)
+        RunStore().save_load_job(**st.session_state.get("load_job_for", {"model": name, "device": device, "dtype": dtype}),
+                                 state=state, results=results, stderr=job.stderr())
         del st.session_state["load_job"]
         st.rerun()
 
@@ -86,9 +99,14 @@ load_panel()
 res = st.session_state.get("load_result")
 if res:
     ok = [r for r in res["results"] if "peak_device_bytes" in r]
-    if not ok:
-        st.error(f"Measurement {res['state']}: {res['stderr'][-1500:] or 'no result'}")
-    else:
+    failed = [f"{r['method']}: {r['error']}" for r in res["results"] if "error" in r]
+    if res["state"] == "cancelled":
+        st.info("Cancelled before every method was measured: nothing was measured. The run is listed on the Runs "
+                "page as cancelled.")
+    elif failed or not ok:
+        st.error(f"{'Timed out' if res['state'] == 'timeout' else 'Failed'}: "
+                 f"{'; '.join(failed) or res['stderr'][-1500:] or 'no result'}")
+    if ok:
         measured = pd.DataFrame([{"method": r["method"], "source": src, "bytes": v} for r in ok
                                  for src, v in (("device estimate", r["estimate"]["peak_device_bytes"]),
                                                 ("device measured", r["peak_device_bytes"]),

@@ -1,4 +1,4 @@
-"""Runs: every measurement kept, with its estimate; the product's accuracy at a glance."""
+"""Runs: every measurement kept, with its estimate and status; the product's accuracy at a glance."""
 import json
 
 import pandas as pd
@@ -7,8 +7,7 @@ import streamlit as st
 from pages import frame
 
 from planner.charts import estimate_vs_measured
-from planner.store import RunStore
-from planner.units import fmt_bytes
+from planner.store import RunStore, completed, runs_csv, runs_table
 
 cfg = frame("Runs")
 st.title("Runs")
@@ -22,22 +21,22 @@ if not runs:
     st.info("No measurements yet: run one on the Training step or Weight loading page.")
     st.stop()
 
-rows = pd.DataFrame([{"id": r["id"], "when": pd.to_datetime(r["created"], unit="s").strftime("%Y-%m-%d %H:%M:%S"),
-                      "kind": r["kind"], "model": r["model"], "device": r["device"],
-                      "settings": ", ".join(f"{k}={v}" for k, v in r["settings"].items()),
-                      "estimate": fmt_bytes(r["estimate_bytes"] or 0), "measured": fmt_bytes(r["measured_bytes"] or 0),
-                      "error %": round(r["error_pct"], 3) if r["error_pct"] is not None else None} for r in runs])
-st.dataframe(rows, hide_index=True, width="stretch")
-worst = max((abs(r["error_pct"]) for r in runs if r["error_pct"] is not None), default=0.0)
-st.metric("Worst |error| over these runs", f"{worst:.2f}%")
-scatter = pd.DataFrame([{"label": f"{r['kind']}: {r['model']}", "estimate_bytes": r["estimate_bytes"],
-                         "measured_bytes": r["measured_bytes"]} for r in runs if r["measured_bytes"]])
-st.altair_chart(estimate_vs_measured(scatter))
+st.dataframe(pd.DataFrame(runs_table(runs)).convert_dtypes(), hide_index=True, width="stretch")
+done = completed(runs)
+worst = max((abs(r["error_pct"]) for r in done if r["error_pct"] is not None), default=0.0)
+st.metric("Worst |error| over these runs", f"{worst:.2f}%", help="completed runs only")
+if len(done) < len(runs):
+    st.caption(f"The chart shows the {len(done)} completed runs; {len(runs) - len(done)} cancelled or failed "
+               "runs are listed above with their status.")
+if done:
+    st.altair_chart(estimate_vs_measured(pd.DataFrame([{"label": f"{r['kind']}: {r['model']}",
+                                                        "estimate_bytes": r["estimate_bytes"],
+                                                        "measured_bytes": r["measured_bytes"]} for r in done])))
 
 c1, c2, c3 = st.columns([2, 1, 1])
 to_delete = c1.multiselect("Delete runs", [r["id"] for r in runs], key="delete_ids")
 if c1.button("Delete selected", key="delete", disabled=not to_delete):
     store.delete(to_delete)
     st.rerun()
-c2.download_button("Export CSV", rows.to_csv(index=False), "runs.csv", "text/csv", on_click="ignore")
+c2.download_button("Export CSV", runs_csv(runs), "runs.csv", "text/csv", on_click="ignore")
 c3.download_button("Export JSON", json.dumps(runs, indent=1), "runs.json", "application/json", on_click="ignore")

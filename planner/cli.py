@@ -2,8 +2,8 @@
 
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
-    python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--json]
-    python -m planner measure  load  MODEL --method METHOD|all --device ... [--checkpoint PATH] [--json]
+    python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
+    python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
     python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
@@ -22,7 +22,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
+from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model, with_dtype
 from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
 from .units import fmt_bytes, parse_size
 
@@ -60,12 +60,16 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
 
 
 def _add_load(p: argparse.ArgumentParser, measure: bool = False) -> None:
+    from .config import CHECKPOINT_DTYPES
     from .estimate.loading import METHODS
 
     p.add_argument("--method", required=True, choices=METHODS + (("all",) if measure else ()))
     p.add_argument("--device", required=measure, default=None if measure else "cpu")
+    p.add_argument("--dtype", choices=CHECKPOINT_DTYPES,
+                   help="the checkpoint's dtype (default: the config's torch_dtype, else float32)")
     p.add_argument("--json", action="store_true")
     if measure:
+        p.add_argument("--progress", action="store_true", help="print JSON progress lines before the result (with --json)")
         p.add_argument("--checkpoint", help="your own .pth / .safetensors file or HF folder (read, never written)")
         p.add_argument("--cache", help="folder for the generated checkpoints (default ~/.cache/torch-memory-planner)")
         p.add_argument("--timeout", type=float, default=600.0)
@@ -195,26 +199,32 @@ LOAD_KEYS = ["peak_device_bytes", "peak_cpu_bytes", "peak_cpu_anon_bytes", "peak
 def cmd_estimate_load(args) -> int:
     from .estimate.loading import estimate_loading
 
-    cfg = resolve_model(args.model, args.config)
+    cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
     check_device(args.device)
     rec = {"model": config_to_dict(cfg), **estimate_loading(cfg, args.method, args.device).to_dict()}
     if args.json:
         print(json.dumps(rec))
     else:
-        _print_table(rec, LOAD_KEYS + ["formula_device", "formula_cpu"])
+        _print_table(rec, ["dtype"] + LOAD_KEYS + ["formula_device", "formula_cpu"])
         for note in rec["notes"]:
             print("note:", note)
     return 0
 
 
+def _json_progress(show: bool, fraction: float, stage: str) -> None:
+    if show:
+        print(json.dumps({"event": "progress", "stage": stage, "fraction": fraction}), flush=True)
+
+
 def cmd_measure_load(args) -> int:
     from pathlib import Path
 
-    from .estimate.loading import METHODS, estimate_loading
+    from .estimate.loading import METHODS, check_cache_disk, estimate_loading
     from .routines_paths import default_cache_dir
     from .runner import checkpoint_folder, measure_load, user_checkpoint_folder
 
-    cfg = resolve_model(args.model, args.config)
+    cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
+    show = args.json and args.progress
     check_device(args.device)
     cache = Path(args.cache) if args.cache else default_cache_dir()
     methods = list(METHODS) if args.method == "all" else [args.method]
@@ -231,10 +241,14 @@ def cmd_measure_load(args) -> int:
             if need > RAM_GUARD_FRACTION * available:
                 raise ConfigError(f"refused: loading needs up to {fmt_bytes(need)}, more than "
                                   f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
+        plan = check_cache_disk(cfg, cache)
+        _json_progress(show, 0.0, "checkpoints cached" if plan["cached"] else
+                       f"writing checkpoints ({fmt_bytes(plan['total_bytes'])} on disk)")
         folder = checkpoint_folder(config_to_dict(cfg), cache)
         folders = {m: folder for m in methods}
     records, code = [], 0
-    for m in methods:
+    for i, m in enumerate(methods):
+        _json_progress(show, i / len(methods), f"measuring {m} ({i + 1}/{len(methods)})")
         outcome = measure_load(config_to_dict(cfg), m, args.device, folders[m], timeout_s=args.timeout)
         if outcome.exit_code == EXIT_INVALID:
             raise ConfigError(outcome.record.get("error", "invalid request"))

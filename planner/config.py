@@ -17,6 +17,8 @@ from typing import Any, Union
 MAX_PARAMETERS = 10**13
 
 ATTENTION_KINDS = ("eager", "sdpa")
+# The dtypes a checkpoint is saved in (HF's torch_dtype); a config without one is read as float32.
+CHECKPOINT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class ConfigError(ValueError):
@@ -34,10 +36,13 @@ class GPT2Config:
     drop_rate: float = 0.0        # the loading notebook's BASE_CONFIG uses 0.0; training chapters use 0.1
     qkv_bias: bool = True         # True to match OpenAI's GPT-2 weights (book ch05 loads them this way)
     attention: str = "eager"      # eager: the book's manual attention; sdpa: F.scaled_dot_product_attention
+    torch_dtype: str | None = None  # the checkpoint's dtype (None: float32, as the book saves it)
+    name: str | None = None       # optional display name (runs are stored under it)
     arch: str = dataclasses.field(default="gpt2", init=False)
 
     def __post_init__(self) -> None:
         _check_positive(self, ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"))
+        _check_optional(self)
         if self.emb_dim % self.n_heads:
             raise ConfigError(f"emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}")
         if not 0.0 <= self.drop_rate < 1.0:
@@ -80,9 +85,12 @@ class LlamaConfig:
     mlp_bias: bool = False                  # HF flag: biases on gate/up/down projections
     rope_scaling: dict | None = None        # accepted for HF compatibility; changes RoPE values, not memory
     attention: str = "sdpa"                 # sdpa (HF's default kernel) or eager (manual softmax attention)
+    torch_dtype: str | None = None          # the published checkpoint's dtype (HF key); None: float32
+    name: str | None = None                 # optional display name (runs are stored under it)
     arch: str = dataclasses.field(default="llama", init=False)
 
     def __post_init__(self) -> None:
+        _check_optional(self)
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         _check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -124,6 +132,13 @@ ModelConfig = Union[GPT2Config, LlamaConfig]
 CONFIG_TYPES = {"gpt2": GPT2Config, "llama": LlamaConfig}
 
 
+def _check_optional(cfg: Any) -> None:
+    if cfg.torch_dtype is not None and cfg.torch_dtype not in CHECKPOINT_DTYPES:
+        raise ConfigError(f"torch_dtype must be one of {', '.join(CHECKPOINT_DTYPES)}, got {cfg.torch_dtype!r}")
+    if cfg.name is not None and not (isinstance(cfg.name, str) and 0 < len(cfg.name) <= 100):
+        raise ConfigError(f"name must be a string of 1 to 100 characters, got {cfg.name!r}")
+
+
 def _check_positive(cfg: Any, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(cfg, name)
@@ -145,21 +160,24 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt2-xl": GPT2Config(**_GPT2_BASE, emb_dim=1600, n_layers=48, n_heads=25),       # 1558M (1,638,022,400 untied)
     "tinyllama-1.1b": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                                   num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
-                                  max_position_embeddings=2048, rms_norm_eps=1e-5),  # 1,100,048,384
+                                  max_position_embeddings=2048, rms_norm_eps=1e-5,
+                                  torch_dtype="bfloat16"),  # 1,100,048,384
     "llama-3.2-1b": LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                                 num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                                 head_dim=64, max_position_embeddings=131072, tie_word_embeddings=True,
                                 rms_norm_eps=1e-5, rope_theta=500000.0,
                                 rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                               "high_freq_factor": 4.0,
-                                              "original_max_position_embeddings": 8192}),  # 1,235,814,400
+                                              "original_max_position_embeddings": 8192},
+                                torch_dtype="bfloat16"),  # 1,235,814,400
     "llama-2-7b": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                               num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-                              max_position_embeddings=4096, rms_norm_eps=1e-5),  # 6,738,415,616
+                              max_position_embeddings=4096, rms_norm_eps=1e-5,
+                              torch_dtype="float16"),  # 6,738,415,616
     "llama-3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                               num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                               max_position_embeddings=8192, rms_norm_eps=1e-5,
-                              rope_theta=500000.0),  # 8,030,261,248
+                              rope_theta=500000.0, torch_dtype="bfloat16"),  # 8,030,261,248
 }
 
 
@@ -173,7 +191,7 @@ def preset(name: str) -> ModelConfig:
 def config_from_dict(data: Any) -> ModelConfig:
     """Build a config from a JSON object: {"arch": "gpt2"|"llama", ...} or an HF config.json.
 
-    Unknown keys are ignored (HF files carry many: bos_token_id, torch_dtype, ...); missing required
+    Unknown keys are ignored (HF files carry many: bos_token_id, use_cache, ...); missing required
     keys are named in the error.
     """
     if not isinstance(data, dict):
@@ -190,6 +208,8 @@ def config_from_dict(data: Any) -> ModelConfig:
     if missing:
         raise ConfigError(f"{arch} config is missing key(s): {', '.join(missing)}")
     kwargs = {k: v for k, v in data.items() if k in fields}
+    if "torch_dtype" not in data and "dtype" in data:  # newer HF config.json files name it "dtype"
+        kwargs["torch_dtype"] = data["dtype"]
     if "hidden_act" in data and data["hidden_act"] != "silu":
         raise ConfigError(f"only hidden_act 'silu' (SwiGLU) is supported, got {data['hidden_act']!r}")
     try:
@@ -247,6 +267,31 @@ def with_attention(cfg: ModelConfig, attention: str | None) -> ModelConfig:
     if attention is None or attention == cfg.attention:
         return cfg
     return dataclasses.replace(cfg, attention=attention)
+
+
+def with_dtype(cfg: ModelConfig, dtype: str | None) -> ModelConfig:
+    """The same model saved in another dtype (the checkpoint's dtype decides what loading holds)."""
+    if dtype is None or dtype == checkpoint_dtype(cfg):
+        return cfg
+    return dataclasses.replace(cfg, torch_dtype=dtype)
+
+
+def checkpoint_dtype(cfg: ModelConfig) -> str:
+    """The dtype a checkpoint of `cfg` is saved in: its torch_dtype, else float32."""
+    return cfg.torch_dtype or "float32"
+
+
+def model_label(cfg: ModelConfig, preset_name: str | None = None) -> str:
+    """The name a run is stored under: the preset's, the config's `name`, else arch, width, depth and size."""
+    from .accounting import param_count  # local: accounting imports this module
+
+    if preset_name in PRESETS:
+        return preset_name
+    if cfg.name:
+        return cfg.name
+    n = param_count(cfg)
+    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+    return f"{cfg.arch} h{cfg.hidden} L{cfg.layers} ({size} params)"
 
 
 def config_to_dict(cfg: ModelConfig) -> dict:

@@ -1,9 +1,13 @@
-"""Run history in SQLite (no torch): every measurement the app makes is kept, one committed row per run.
+"""Run history in SQLite (no torch): every measurement the app makes is kept, one committed row per run,
+completed or not (its status says which).
 
 WAL journaling and a commit per insert mean a crash or a kill loses at most the run being written.
+Databases written before the status column existed are migrated when opened (their runs had completed).
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import sqlite3
@@ -20,8 +24,10 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS runs (
     estimate_bytes INTEGER,
     measured_bytes INTEGER,
     error_pct REAL,
-    record TEXT NOT NULL           -- the full JSON record the CLI printed
+    record TEXT NOT NULL,          -- the full JSON record the CLI printed
+    status TEXT NOT NULL DEFAULT 'done'  -- done | failed | timeout | cancelled
 )"""
+STATUSES = ("done", "failed", "timeout", "cancelled")
 
 
 def data_dir() -> Path:
@@ -36,20 +42,37 @@ class RunStore:
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(SCHEMA)
+            if "status" not in {row[1] for row in db.execute("PRAGMA table_info(runs)")}:
+                db.execute("ALTER TABLE runs ADD COLUMN status TEXT NOT NULL DEFAULT 'done'")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=10)
 
     def save(self, kind: str, model: str, settings: dict, device: str, estimate_bytes: int | None,
-             measured_bytes: int | None, record: dict) -> int:
+             measured_bytes: int | None, record: dict, status: str = "done") -> int:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
         error = (100.0 * (estimate_bytes - measured_bytes) / measured_bytes
                  if estimate_bytes is not None and measured_bytes else None)
         with self._connect() as db:  # the context manager commits
             cur = db.execute("INSERT INTO runs (created, kind, model, settings, device, estimate_bytes, measured_bytes,"
-                             " error_pct, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             " error_pct, record, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (time.time(), kind, model, json.dumps(settings), device, estimate_bytes, measured_bytes,
-                              error, json.dumps(record)))
+                              error, json.dumps(record), status))
             return cur.lastrowid
+
+    def save_load_job(self, model: str, device: str, dtype: str, state: str, results: list[dict],
+                      stderr: str = "") -> None:
+        """A Measure-all job: one row per method it reports (done, or failed with its error); a job that
+        ended without results (cancelled, timed out, failed before the first method) is one row."""
+        for r in results:
+            done = "peak_device_bytes" in r
+            self.save("load", model, {"method": r.get("method"), "dtype": r.get("dtype", dtype)}, device,
+                      r.get("estimate", {}).get("peak_device_bytes"), r.get("peak_device_bytes"), r,
+                      "done" if done else "failed")
+        if not results:
+            self.save("load", model, {"method": "all", "dtype": dtype}, device, None, None,
+                      {"stderr_tail": stderr[-1500:]}, state if state != "done" else "failed")
 
     def list(self, kind: str | None = None) -> list[dict]:
         query, args = "SELECT * FROM runs", ()
@@ -63,3 +86,35 @@ class RunStore:
     def delete(self, ids: list[int]) -> None:
         with self._connect() as db:
             db.executemany("DELETE FROM runs WHERE id = ?", [(i,) for i in ids])
+
+
+def runs_table(runs: list[dict]) -> list[dict]:
+    """Rows for display and CSV export: the estimate and the measurement first, bytes as integers (each
+    with a readable column beside it), the error as a number, then what was run."""
+    from .units import fmt_bytes
+
+    def readable(n):
+        return fmt_bytes(n) if n is not None else ""
+
+    return [{"estimate_bytes": r["estimate_bytes"], "estimate": readable(r["estimate_bytes"]),
+             "measured_bytes": r["measured_bytes"], "measured": readable(r["measured_bytes"]),
+             "error_pct": round(r["error_pct"], 3) if r["error_pct"] is not None else None,
+             "status": r["status"], "kind": r["kind"], "model": r["model"], "device": r["device"],
+             "settings": ", ".join(f"{k}={v}" for k, v in r["settings"].items()),
+             "when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])), "id": r["id"]}
+            for r in runs]
+
+
+def runs_csv(runs: list[dict]) -> str:
+    """The CSV export: runs_table's rows, integers as integers, an empty cell where nothing was measured."""
+    rows = runs_table(runs)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["estimate_bytes"])
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def completed(runs: list[dict]) -> list[dict]:
+    """The runs that measured something (the scatter and the worst error use only these)."""
+    return [r for r in runs if r["status"] == "done" and r["measured_bytes"]]

@@ -1,4 +1,6 @@
-"""Weight loading: every method measured in a child process against its estimate, and bad checkpoints."""
+"""Weight loading: every method measured in a child process against its estimate, in the checkpoint's dtype;
+the disk the checkpoint cache takes; bad checkpoints."""
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -8,14 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.config import GPT2Config, LlamaConfig, config_to_dict
-from planner.estimate.loading import METHODS, cuda_block_bytes, estimate_loading, per_tensor_rss
+from planner.cli import main
+from planner.config import PRESETS, ConfigError, GPT2Config, LlamaConfig, config_from_dict, config_to_dict
+from planner.estimate.loading import (METHODS, cache_plan, check_cache_disk, cuda_block_bytes, estimate_loading,
+                                      measure_refusal, per_tensor_rss, recommend)
 from planner.runner import checkpoint_folder, measure_load
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = GPT2Config(vocab_size=2000, context_length=128, emb_dim=128, n_heads=4, n_layers=2)
 LLAMA_TIED = LlamaConfig(vocab_size=2000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+LLAMA_BF16 = dataclasses.replace(LLAMA_TIED, torch_dtype="bfloat16")
+GPT_FP16 = dataclasses.replace(GPT, torch_dtype="float16")
 BAR = (0.05, 32 * 2**20)
 
 
@@ -24,16 +30,118 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-@pytest.mark.parametrize("cfg", [GPT, LLAMA_TIED], ids=["gpt2", "llama-tied"])
-@pytest.mark.parametrize("method", METHODS)
-def test_method_measured_matches_estimate(cfg, method, cache):
+def check_measured(cfg, method, cache):
     folder = checkpoint_folder(config_to_dict(cfg), cache)
     out = measure_load(config_to_dict(cfg), method, "cpu", folder)
     assert out.exit_code == 0, out.record
     m, e = out.record, estimate_loading(cfg, method)
-    assert m["weights_match"] is True
+    assert m["weights_match"] is True and m["dtype"] == e.dtype
     assert m["peak_device_bytes"] == pytest.approx(e.peak_device_bytes, rel=0.01)
     assert abs(m["peak_cpu_bytes"] - e.peak_cpu_bytes) <= max(BAR[0] * m["peak_cpu_bytes"], BAR[1])
+
+
+@pytest.mark.parametrize("cfg", [GPT, LLAMA_TIED], ids=["gpt2", "llama-tied"])
+@pytest.mark.parametrize("method", METHODS)
+def test_method_measured_matches_estimate(cfg, method, cache):
+    check_measured(cfg, method, cache)
+
+
+@pytest.mark.parametrize("cfg, method", [(LLAMA_BF16, "baseline"), (LLAMA_BF16, "mmap"), (LLAMA_BF16, "per-tensor"),
+                                         (LLAMA_BF16, "safetensors-copy"), (GPT_FP16, "sequential")],
+                         ids=["bf16-baseline", "bf16-mmap", "bf16-per-tensor", "bf16-safetensors-copy",
+                              "fp16-sequential"])
+def test_half_precision_checkpoint_measured_matches_estimate(cfg, method, cache):
+    check_measured(cfg, method, cache)
+
+
+def test_checkpoints_are_written_in_their_dtype(cache):
+    from planner.accounting import checkpoint_numel
+    from planner.routines.loading import checkpoint_info
+
+    bf16, fp32 = (checkpoint_folder(config_to_dict(c), cache) for c in (LLAMA_BF16, LLAMA_TIED))
+    assert bf16 != fp32 and bf16.name.endswith("-bfloat16")  # the cache key holds the dtype
+    for name in ("model.pth", "model.safetensors"):
+        assert checkpoint_info(bf16 / name)["bytes"] == 2 * checkpoint_numel(LLAMA_BF16)
+    state = torch.load(bf16 / "model.pth", map_location="cpu", mmap=True, weights_only=True)
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+
+
+def test_estimates_take_the_checkpoint_dtype():
+    llama1b, llama8b = PRESETS["llama-3.2-1b"], PRESETS["llama-3-8b"]
+    assert estimate_loading(llama1b, "mmap").dtype == "bfloat16"  # the published torch_dtype
+    assert estimate_loading(llama1b, "mmap").checkpoint_bytes == 2 * 1_235_814_400  # ~2.5 GB, not 4.9
+    assert 16.0e9 < estimate_loading(llama8b, "mmap", "cuda").peak_device_bytes < 16.2e9
+    fp32 = estimate_loading(llama8b, "baseline", "cuda", dtype="float32")
+    assert fp32.peak_device_bytes == pytest.approx(2 * estimate_loading(llama8b, "baseline", "cuda").peak_device_bytes, rel=1e-3)
+    room = estimate_loading(llama1b, "mmap").peak_device_bytes + 2**20
+    assert recommend(llama1b, "cpu", room, room)[0] == "mmap"
+    assert recommend(llama1b, "cpu", room, room, dtype="float32")[0] == "none"
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        estimate_loading(llama1b, "mmap", dtype="int8")
+
+
+def test_config_keeps_its_torch_dtype():
+    data = {"arch": "gpt2", "vocab_size": 10, "context_length": 8, "emb_dim": 8, "n_heads": 2, "n_layers": 1}
+    assert config_from_dict(data).torch_dtype is None
+    assert config_from_dict({**data, "dtype": "bfloat16"}).torch_dtype == "bfloat16"  # newer HF files' key
+    assert config_from_dict(config_to_dict(LLAMA_BF16)) == LLAMA_BF16
+    with pytest.raises(ConfigError, match="torch_dtype must be one of"):
+        config_from_dict({**data, "torch_dtype": "float64"})
+
+
+def test_estimate_load_cli_dtype(capsys):
+    assert main(["estimate", "load", "--model", "llama-3.2-1b", "--method", "mmap", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["dtype"] == "bfloat16" and rec["checkpoint_bytes"] == 2 * 1_235_814_400
+    assert main(["estimate", "load", "--model", "llama-3.2-1b", "--method", "mmap", "--dtype", "float32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint_bytes"] == 4 * 1_235_814_400
+    assert main(["estimate", "load", "--model", "gpt2-small", "--method", "mmap", "--dtype", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--dtype" in err
+
+
+def test_cache_size_is_said_before_writing_and_matches_the_files(cache):
+    for cfg in (GPT, LLAMA_BF16):
+        plan = cache_plan(cfg, cache)
+        folder = checkpoint_folder(config_to_dict(cfg), cache)
+        assert str(folder) == plan["folder"]
+        on_disk = sum(p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file() and p.suffix != ".json")
+        assert on_disk <= plan["total_bytes"] <= on_disk * 1.02 + 64 * 2**10
+        assert cache_plan(cfg, cache)["cached"]
+
+
+def _full_disk(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40 - 2**20, 2**20))
+
+
+def test_a_disk_that_cannot_hold_the_checkpoints_is_refused(monkeypatch, tmp_path, capsys):
+    _full_disk(monkeypatch)
+    with pytest.raises(ConfigError, match="of disk"):
+        check_cache_disk(GPT, tmp_path / "c")
+    code = main(["measure", "load", "--config", gpt_config_file(tmp_path), "--method", "all", "--device", "cpu",
+                 "--cache", str(tmp_path / "c"), "--json"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "only 1.00 MiB is free" in err
+    assert not (tmp_path / "c").exists()  # refused before anything was written
+
+
+def test_measure_refusal_says_why():
+    plan = {"problem": None}
+    assert "no GPU" in measure_refusal(GPT, "cuda", False, 2**40, plan)
+    assert measure_refusal(GPT, "cuda", True, 2**40, plan) is None
+    assert "of RAM" in measure_refusal(PRESETS["llama-3-8b"], "cpu", False, 2**30, plan)
+    assert measure_refusal(GPT, "cpu", False, 2**40, {"problem": "full disk"}) == "full disk"
+
+
+def test_measure_load_progress_per_method(tmp_path, cache, capsys):
+    checkpoint_folder(config_to_dict(GPT), cache)
+    assert main(["measure", "load", "--config", gpt_config_file(tmp_path), "--method", "mmap", "--device", "cpu",
+                 "--cache", str(cache), "--json", "--progress"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["stage"] for e in lines[:-1]] == ["checkpoints cached", "measuring mmap (1/1)"]
+    assert lines[-1]["weights_match"] is True and lines[-1]["dtype"] == "float32"
 
 
 def test_checkpoints_are_reused(cache):
@@ -114,6 +222,13 @@ def test_mismatched_checkpoint_lists_keys(tmp_path, cache):
     path = checkpoint_folder(config_to_dict(other), cache) / "model.pth"
     msg = _bad(tmp_path, path)
     assert "does not match" in msg and "trf_blocks.2" in msg and "shape mismatch" in msg
+
+
+def test_checkpoint_in_another_dtype_is_named(tmp_path, cache):
+    path = tmp_path / "fp32.pth"
+    path.write_bytes((checkpoint_folder(config_to_dict(GPT), cache) / "model.pth").read_bytes())
+    msg = _bad(tmp_path, path, cfg=dataclasses.replace(GPT, torch_dtype="bfloat16"))
+    assert "its tensors are float32 but the model is built in bfloat16" in msg and "--dtype" in msg
 
 
 class _Evil:

@@ -1,5 +1,6 @@
 """Measure one loading method in this (fresh, child) process: device peak, RSS peak, time, correctness.
 
+The model and checkpoint are in the config's checkpoint dtype (torch_dtype, else float32).
 On CPU the device figure is the exact peak of live tensor storage bytes (the tracker), on CUDA
 max_memory_allocated. The RSS peak is VmHWM reset just before the load, minus the RSS then; the
 anonymous/file split is read right after the load, before verification reads every weight.
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, checkpoint_dtype
 from ..routines.loading import LOADERS, verify_against_checkpoint
 from . import procmem
 from .tracker import LiveBytesTracker
@@ -40,7 +41,7 @@ def _warm_up(cfg: ModelConfig, method: str, device: torch.device) -> None:
 
 def measure_loading(cfg: ModelConfig, method: str, folder: Path, device: str = "cpu") -> dict:
     dev = torch.device(device)
-    result: dict = {"method": method, "device": device}
+    result: dict = {"method": method, "device": device, "dtype": checkpoint_dtype(cfg)}
     _warm_up(cfg, method, dev)
     if dev.type == "cuda":
         before = procmem.read_status().get("VmRSS", 0)

@@ -2,63 +2,65 @@
 
 Each method builds the model for a config and fills it from a checkpoint, as the notebook does, and
 returns the model. Every torch.load uses weights_only=True. Checkpoints are written by
-`write_checkpoints` into a cache folder (reused per config); a load is verified tensor by tensor
-against the mapped file, without holding a second copy of the weights.
+`write_checkpoints` in the config's checkpoint dtype (torch_dtype, else float32) into a cache folder
+(reused per config and dtype), and each method builds the model in that dtype; a load is verified
+tensor by tensor against the mapped file, without holding a second copy of the weights.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 
 from ..accounting import tensor_inventory
-from ..config import ConfigError, LlamaConfig, ModelConfig, config_to_dict
+from ..config import ConfigError, LlamaConfig, ModelConfig, checkpoint_dtype, config_to_dict
+from ..estimate.loading import MANIFEST, cache_key
 from ..models import build_model
 from ..models.llama import rope_inv_freq
 
 METHODS = ("baseline", "sequential", "meta", "mmap", "per-tensor", "safetensors", "safetensors-copy")
-MANIFEST = "manifest.json"
 
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be loaded into the model: missing, corrupt, unsafe, or mismatched."""
 
 
-def config_key(cfg: ModelConfig) -> str:
-    return hashlib.sha256(json.dumps(config_to_dict(cfg), sort_keys=True).encode()).hexdigest()[:16]
+def build_for_checkpoint(cfg: ModelConfig, device) -> torch.nn.Module:
+    """The model in its checkpoint's dtype (a bf16 checkpoint loads into a bf16 model, as HF does)."""
+    return build_model(cfg, device, checkpoint_dtype(cfg))
 
 
 def write_checkpoints(cfg: ModelConfig, cache_dir: Path | None = None, seed: int = 0) -> Path:
     """model.pth (the book's torch.save(model.state_dict())), model_parameters/NAME.pt and
-    model.safetensors for `cfg`, written once per config into the cache and reused."""
+    model.safetensors for `cfg` in its checkpoint dtype, written once per config and dtype and reused."""
     from ..routines_paths import default_cache_dir
 
-    folder = Path(cache_dir or default_cache_dir()) / config_key(cfg)
+    folder = Path(cache_dir or default_cache_dir()) / cache_key(cfg)
     if (folder / MANIFEST).exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = build_model(cfg)
+    model = build_for_checkpoint(cfg, "cpu")
     state = model.state_dict()
     tmp = folder / "model.pth.tmp"
     torch.save(state, tmp)
     tmp.replace(folder / "model.pth")
-    (folder / "model_parameters").mkdir(exist_ok=True)
-    for name, t in state.items():
-        torch.save(t.clone(), folder / "model_parameters" / f"{name}.pt")
-    from safetensors.torch import save_file
-
     unique = {}
     seen = set()
-    for name, t in state.items():  # a tied head shares storage: safetensors stores it once, as HF does
+    for name, t in state.items():  # a tied head shares storage: stored once, as HF does
         key = t.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)
             unique[name] = t.contiguous()
+    (folder / "model_parameters").mkdir(exist_ok=True)
+    for name, t in unique.items():
+        torch.save(t.clone(), folder / "model_parameters" / f"{name}.pt")
+    from safetensors.torch import save_file
+
     save_file(unique, folder / "model.safetensors")
-    manifest = {"config": config_to_dict(cfg), "bytes": sum(t.numel() * t.element_size() for t in unique.values())}
+    manifest = {"config": config_to_dict(cfg), "dtype": checkpoint_dtype(cfg),
+                "bytes": sum(t.numel() * t.element_size() for t in unique.values())}
     (folder / MANIFEST).write_text(json.dumps(manifest))
     return folder
 
@@ -83,8 +85,9 @@ def safe_torch_load(path: Path, **kw):
 
 
 def check_state_dict(model: torch.nn.Module, state: dict, cfg: ModelConfig) -> None:
-    """Keys and shapes must match the model; the first mismatches are named."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """Keys, shapes and the dtype must match the model; the first mismatches are named."""
+    model_state = model.state_dict()
+    expected = {k: tuple(v.shape) for k, v in model_state.items()}
     if getattr(cfg, "tie_word_embeddings", False) and "lm_head.weight" not in state:
         expected.pop("lm_head.weight", None)  # HF stores a tied head once, as embed_tokens
     got = {k: tuple(v.shape) for k, v in state.items()}
@@ -98,13 +101,18 @@ def check_state_dict(model: torch.nn.Module, state: dict, cfg: ModelConfig) -> N
         problems.append(f"unexpected {len(extra)} key(s): {', '.join(extra[:3])}")
     if shapes:
         problems.append(f"{len(shapes)} shape mismatch(es): {'; '.join(shapes[:3])}")
+    dtypes = {str(v.dtype).removeprefix("torch.") for k, v in state.items() if k in model_state
+              and model_state[k].is_floating_point() and v.dtype != model_state[k].dtype}
+    if dtypes:
+        problems.append(f"its tensors are {', '.join(sorted(dtypes))} but the model is built in "
+                        f"{checkpoint_dtype(cfg)}: give the checkpoint's dtype (--dtype)")
     if problems:
         raise CheckpointError("checkpoint does not match the model: " + " | ".join(problems))
 
 
 def empty_model(cfg: ModelConfig, device) -> torch.nn.Module:
     """Meta build + to_empty, re-tying a tied head (to_empty gives it a storage of its own)."""
-    model = build_model(cfg, "meta").to_empty(device=device)
+    model = build_for_checkpoint(cfg, "meta").to_empty(device=device)
     _tie_if_needed(model, cfg)
     return model
 
@@ -117,7 +125,7 @@ def _copy_into(model: torch.nn.Module, state: dict, device) -> None:
 
 
 def load_baseline(cfg, folder: Path, device):
-    model = build_model(cfg, device)
+    model = build_for_checkpoint(cfg, device)
     state = safe_torch_load(folder / "model.pth", map_location=device)
     check_state_dict(model, state, cfg)
     model.load_state_dict(state, strict=False)
@@ -125,7 +133,7 @@ def load_baseline(cfg, folder: Path, device):
 
 
 def load_sequential(cfg, folder: Path, device):
-    model = build_model(cfg, device)
+    model = build_for_checkpoint(cfg, device)
     state = safe_torch_load(folder / "model.pth", map_location="cpu")
     check_state_dict(model, state, cfg)
     _copy_into(model, state, device)
@@ -143,7 +151,7 @@ def load_meta(cfg, folder: Path, device):
 
 def _assign_to_meta_model(cfg, state: dict, device):
     """The state_dict's tensors become the parameters (assign=True): no copy, no second allocation."""
-    model = build_model(cfg, "meta")
+    model = build_for_checkpoint(cfg, "meta")
     check_state_dict(model, state, cfg)
     model.load_state_dict(state, assign=True, strict=False)
     _tie_if_needed(model, cfg)
@@ -204,7 +212,7 @@ def load_safetensors_copy(cfg, folder: Path, device):
     targets = dict(list(model.named_parameters()) + list(model.named_buffers()))
     try:
         with safe_open(folder / "model.safetensors", framework="pt", device="cpu") as f:
-            check_state_dict(model, {k: _Shape(f.get_slice(k).get_shape()) for k in f.keys()}, cfg)
+            check_state_dict(model, {k: _Header(f.get_slice(k)) for k in f.keys()}, cfg)
             with torch.no_grad():
                 for name in f.keys():
                     t = f.get_tensor(name)
@@ -217,9 +225,14 @@ def load_safetensors_copy(cfg, folder: Path, device):
     return model
 
 
-class _Shape:
-    def __init__(self, shape):
-        self.shape = tuple(shape)
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+class _Header:
+    """A tensor's shape and dtype from a safetensors header, for check_state_dict (no data read)."""
+    def __init__(self, tensor_slice):
+        self.shape = tuple(tensor_slice.get_shape())
+        self.dtype = _SAFETENSORS_DTYPES.get(tensor_slice.get_dtype(), tensor_slice.get_dtype())
 
 
 def _tie_if_needed(model, cfg) -> None:
@@ -258,6 +271,10 @@ def checkpoint_info(path: Path) -> dict:
             raise CheckpointError(f"cannot read {path.name}: {exc}") from None
     else:
         state = safe_torch_load(path, map_location="cpu", mmap=True)
-        sizes = {k: v.numel() * v.element_size() for k, v in state.items() if isinstance(v, torch.Tensor)}
+        sizes, seen = {}, set()
+        for k, v in state.items():  # a tied head is one storage under two keys: counted once
+            if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in seen:
+                seen.add(v.untyped_storage().data_ptr())
+                sizes[k] = v.numel() * v.element_size()
     return {"tensors": len(sizes), "bytes": sum(sizes.values()),
             "largest": max(sizes.items(), key=lambda kv: kv[1]) if sizes else None, "file_bytes": path.stat().st_size}

@@ -1,0 +1,44 @@
+"""A stand-in for planner.jobs.Job that replays a child's recorded JSON lines, for page logic tests that
+need no real child. Recordings live in tests/data/recorded/ (each file's command is in RECORDED below).
+"""
+import json
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data" / "recorded"
+# How each recording was made (config: the tiny GPT-2 of tests/test_app.py's TINY):
+RECORDED = {
+    "measure_train_tiny.jsonl": "python -m planner measure train --config tiny.json --batch-size 2 --seq-len 32 "
+                                "--device cpu --json --progress",
+    "measure_load_all_tiny_fp16.jsonl": "python -m planner measure load --config tiny.json --method all --device cpu "
+                                        "--dtype float16 --json --progress",
+}
+
+
+def recorded(name: str) -> list[dict]:
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+
+
+class ReplayJob:
+    """Running (showing the last of `events`' progress lines) until cancel(), or ended with `final`
+    (done | failed | timeout | cancelled), its result the last non-progress line, as Job reports them."""
+
+    def __init__(self, events: list[dict], final: str | None = None, stderr: str = ""):
+        self.events, self.final, self._stderr = events, final, stderr
+
+    def state(self) -> str:
+        return self.final or "running"
+
+    def progress(self) -> tuple[float, str]:
+        prog = [e for e in self.events if e.get("event") == "progress"]
+        return (prog[-1]["fraction"], prog[-1]["stage"]) if prog else (0.0, "starting (importing torch)")
+
+    def cancel(self) -> None:
+        if not self.final:
+            self.final = "cancelled"
+
+    def result(self) -> dict | None:
+        out = [e for e in self.events if e.get("event") != "progress"]
+        return out[-1] if out else None
+
+    def stderr(self) -> str:
+        return self._stderr
