@@ -76,7 +76,8 @@ elif not running and running_pid():
 @st.fragment(run_every=1.0 if running else None)
 def job_panel() -> None:
     job = st.session_state.get("job")
-    if job is None:
+    if job is None:  # the outcome is drawn in here: a last run_every tick can rerun this fragment after the
+        show_result()  # page's rerun, and Streamlit then drops what the page drew after the fragment
         return
     state = job.state()
     fraction, stage = job.progress()
@@ -96,12 +97,14 @@ def job_panel() -> None:
         st.rerun()
 
 
-job_panel()
-
-res = st.session_state.get("train_result")
-if res:
+def show_result() -> None:
+    res = st.session_state.get("train_result")
+    if not res:
+        return
     rec = res["record"]
-    if res["state"] != "done" or "peak_bytes" not in rec:
+    if res["state"] == "cancelled":
+        st.info("Measurement cancelled: every process of the run has ended.")
+    elif res["state"] != "done" or "peak_bytes" not in rec:
         st.error(f"Run {res['state']}: {rec.get('error', 'no result')}"
                  + (f" (phase: {rec['phase']})" if rec.get("phase") else ""))
         if res["stderr"].strip():
@@ -133,3 +136,6 @@ if res:
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
                                      estimate_bytes=e["peak_bytes"]))
             st.caption("Red: the budget. Black: the estimated peak.")
+
+
+job_panel()

@@ -86,7 +86,9 @@ load_panel()
 res = st.session_state.get("load_result")
 if res:
     ok = [r for r in res["results"] if "peak_device_bytes" in r]
-    if not ok:
+    if res["state"] == "cancelled":
+        st.info("Measurement cancelled: every process of the run has ended.")
+    elif not ok:
         st.error(f"Measurement {res['state']}: {res['stderr'][-1500:] or 'no result'}")
     else:
         measured = pd.DataFrame([{"method": r["method"], "source": src, "bytes": v} for r in ok
