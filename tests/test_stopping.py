@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import psutil
 import pytest
 
 from planner import jobs
+from planner.runner import checkpoint_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 # Small enough to start in ~2 s, big enough that its worker is still building the model (~2 s more on 2 cores)
@@ -117,3 +119,21 @@ def test_job_ends_its_tree_before_it_releases_the_lock(tmp, monkeypatch, how):
     assert time.monotonic() - t0 < 2.0 and not alive(tree)
     assert jobs.running_pid() is None and not jobs._lock_path().exists()
     assert not list((tmp / "tmp").iterdir())  # the job's folder and the worker's TMPDIR
+
+
+def test_an_interrupted_checkpoint_write_leaves_no_folder(tmp_path):
+    cache = tmp_path / "cache"
+
+    def kill_the_writer():  # as soon as it has made the model's folder (it then builds the model, ~2 s)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (cache.exists() and any(cache.iterdir())):
+            time.sleep(0.01)
+        for worker in workers_of(os.getpid()):
+            worker.kill()
+
+    killer = threading.Thread(target=kill_the_writer)
+    killer.start()
+    with pytest.raises(RuntimeError, match="SIGKILL"):
+        checkpoint_folder(SLOW, cache)
+    killer.join()
+    assert not list(cache.iterdir())
