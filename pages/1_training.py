@@ -82,7 +82,8 @@ elif not running and running_pid():
 @st.fragment(run_every=1.0 if running else None)
 def job_panel() -> None:
     job = st.session_state.get("job")
-    if job is None:
+    if job is None:  # the outcome is drawn in here: a last run_every tick can rerun this fragment after the
+        show_result()  # page's rerun, and Streamlit then drops what the page drew after the fragment
         return
     state = job.state()
     if state == "running":
@@ -102,13 +103,13 @@ def job_panel() -> None:
         st.rerun()
 
 
-job_panel()
-
-res = st.session_state.get("train_result")
-if res:
+def show_result() -> None:
+    res = st.session_state.get("train_result")
+    if not res:
+        return
     rec = res["record"]
     if res["state"] == "cancelled":
-        st.info("Cancelled before it finished: nothing was measured. The run is listed on the Runs page as cancelled.")
+        st.info("Cancelled before it finished: every process of the run has ended and nothing was measured. The run is listed on the Runs page as cancelled.")
     elif res["state"] != "done":
         st.error(f"{ENDED.get(res['state'], 'Failed')}: {rec.get('error', 'no result')}"
                  + (f" (phase: {rec['phase']})" if rec.get("phase") else ""))
@@ -142,3 +143,6 @@ if res:
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
                                      estimate_bytes=e["peak_bytes"]))
             st.caption("Red: the budget. Black: the estimated peak.")
+
+
+job_panel()

@@ -101,7 +101,7 @@ if res:
     ok = [r for r in res["results"] if "peak_device_bytes" in r]
     failed = [f"{r['method']}: {r['error']}" for r in res["results"] if "error" in r]
     if res["state"] == "cancelled":
-        st.info("Cancelled before every method was measured: nothing was measured. The run is listed on the Runs "
+        st.info("Cancelled before every method was measured: every process of the run has ended. The run is listed on the Runs "
                 "page as cancelled.")
     elif failed or not ok:
         st.error(f"{'Timed out' if res['state'] == 'timeout' else 'Failed'}: "

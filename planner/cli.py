@@ -2,8 +2,8 @@
 
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
-    python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
-    python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json]
+    python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
+    python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
     python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
@@ -12,14 +12,20 @@
            [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
 
 Exit codes: 0 success; 2 invalid input (one line on stderr, no traceback); 3 a measurement that ran
-out of memory or time, or whose process was killed (JSON with an "error" field on stdout).
-Byte figures are integers in bytes.
+out of memory or time, or whose process was killed (JSON with an "error" field on stdout); 130 / 143
+stopped by SIGINT (Ctrl-C) / SIGTERM, after every process of the run has ended (one line on stderr);
+141 stdout closed early by its reader (`| head`), quietly.
+Byte figures are integers in bytes. Progress goes to stderr (one line a step), never into stdout's JSON.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
 from dataclasses import asdict
 
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model, with_dtype
@@ -36,79 +42,130 @@ class UsageError(Exception):
     pass
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM: unwinds the command (run_worker ends its worker on the way) to main's exit 128 + N."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Help(argparse.HelpFormatter):
+    """Each option's default after its help text (none for flags, required options and per-model defaults)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line, exit 2, no usage dump
         raise UsageError(message)
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help=f"preset: {', '.join(PRESETS)}")
-    p.add_argument("--config", help="JSON config file (arch gpt2/llama, or a Hugging Face config.json)")
+    p.add_argument("--model", help=f"a preset: {', '.join(PRESETS)} (give --model or --config)")
+    p.add_argument("--config", help="a JSON config file (arch gpt2 with the book's keys, or a Hugging Face "
+                                    "Llama config.json)")
 
 
 def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_required: bool = True) -> None:
-    p.add_argument("--batch-size", type=int, required=batch_required)
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default")
-    p.add_argument("--checkpointing", action="store_true")
-    p.add_argument("--attention", choices=ATTENTION_KINDS)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--device", required=device_required, default=None if device_required else "cpu")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--batch-size", type=int, required=batch_required,
+                   help="samples per micro-batch" if batch_required else
+                   "samples per micro-batch (default: none, and fit reports the largest batch that fits)")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sample (at most the model's context)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32; fp16-amp / bf16-amp (autocast, fp32 master weights); bf16 (everything in bf16)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer whose states are held")
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
+                   help="PyTorch's optimizer kernel; default is its own pick (for-loop on CPU, foreach on CUDA)")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    p.add_argument("--attention", choices=ATTENTION_KINDS,
+                   help="attention kernel (default: the model's own, as its config says)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
+                   help="cpu, cuda or cuda:N" + (" (required)" if device_required else ""))
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
 
 
 def _add_load(p: argparse.ArgumentParser, measure: bool = False) -> None:
     from .config import CHECKPOINT_DTYPES
     from .estimate.loading import METHODS
 
-    p.add_argument("--method", required=True, choices=METHODS + (("all",) if measure else ()))
-    p.add_argument("--device", required=measure, default=None if measure else "cpu")
+    p.add_argument("--method", required=True, choices=METHODS + ("all",),
+                   help="a loading method of the book's notebook, safetensors, or all of them (required)")
+    p.add_argument("--device", required=measure, default=None if measure else "cpu",
+                   help="where the weights go: cpu, cuda or cuda:N" + (" (required)" if measure else ""))
     p.add_argument("--dtype", choices=CHECKPOINT_DTYPES,
                    help="the checkpoint's dtype (default: the config's torch_dtype, else float32)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object on stdout (bytes as integers); all methods: {\"results\": [...]}")
     if measure:
-        p.add_argument("--progress", action="store_true", help="print JSON progress lines before the result (with --json)")
-        p.add_argument("--checkpoint", help="your own .pth / .safetensors file or HF folder (read, never written)")
-        p.add_argument("--cache", help="folder for the generated checkpoints (default ~/.cache/torch-memory-planner)")
-        p.add_argument("--timeout", type=float, default=600.0)
+        p.add_argument("--checkpoint", help="your own .pth / .safetensors file or HF folder (read, never written); "
+                                            "default: checkpoints generated for the model, cached")
+        p.add_argument("--cache", help="folder for the generated checkpoints (default: ~/.cache/torch-memory-planner, "
+                                       "or $PLANNER_CACHE)")
+        p.add_argument("--timeout", type=float, default=600.0, help="seconds before a method's child is killed (exit 3)")
+        p.add_argument("--progress", action="store_true",
+                       help="with --json: a JSON progress line on stdout before each method, before the result")
 
 
 def build_parser() -> _Parser:
-    parser = _Parser(prog="python -m planner", description="Torch Memory Planner")
-    top = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    est = top.add_parser("estimate").add_subparsers(dest="what", required=True, parser_class=_Parser)
-    p = est.add_parser("train")
+    parser = _Parser(prog="python -m planner", description="Torch Memory Planner: will a PyTorch training run fit "
+                     "in memory, and what to change so it fits.")
+    top = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    def command(group, name: str, text: str) -> _Parser:
+        return group.add_parser(name, help=text, description=text)
+
+    est = command(top, "estimate", "Estimate memory from the model config alone, in microseconds (no torch)."
+                  ).add_subparsers(dest="what", required=True, parser_class=_Parser, metavar="WHAT")
+    p = command(est, "train", "The peak memory of one training step, phase by phase and term by term.")
     _add_model(p)
     _add_run(p)
-    p = est.add_parser("load")
+    p = command(est, "load", "The device and CPU peaks of loading the weights with a method, or every method.")
     _add_model(p)
     _add_load(p)
-    mea = top.add_parser("measure").add_subparsers(dest="what", required=True, parser_class=_Parser)
-    p = mea.add_parser("train")
+    mea = command(top, "measure", "Measure the same quantities on a real run, in a child process."
+                  ).add_subparsers(dest="what", required=True, parser_class=_Parser, metavar="WHAT")
+    p = command(mea, "train", "Run one real training step in a child process; measured against estimated.")
     _add_model(p)
     _add_run(p, device_required=True)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
-    p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller machine")
-    p.add_argument("--progress", action="store_true", help="print JSON progress lines before the result (with --json)")
-    p = mea.add_parser("load")
+    p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller "
+                                          "machine (default: no cap)")
+    p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+    p = command(mea, "load", "Load real checkpoints with a method, or every method, each in a fresh child "
+                             "process; measured against estimated.")
     _add_model(p)
     _add_load(p, measure=True)
-    p = top.add_parser("fit")
+    p = command(top, "fit", "The largest batch (or, with --batch-size, the longest sequence) that fits a memory "
+                            "budget, and what to change so a run fits.")
     _add_model(p)
     _add_run(p, batch_required=False)
     p.add_argument("--budget", help="memory budget: bytes or units (24GiB, 800MB); default: GPU total minus "
                                     "the CUDA context, else the RAM available now")
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
-    b = top.add_parser("bench")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "gpu-doc"))
+    b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "gpu-doc"),
+                   help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
-    b.add_argument("--out", help="write the table as markdown to this file")
-    b.add_argument("--device", default="cpu")
+    b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
+    b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     b.add_argument("--out-json", help="gpu / gpu-doc: the folder of the raw JSON-lines records (default gpu-records)")
     return parser
+
+
+def progress(text: str) -> None:
+    """One progress line on stderr (stdout stays the command's answer)."""
+    print(f"planner: {text}", file=sys.stderr, flush=True)
 
 
 def parse_train(args) -> tuple:
@@ -170,10 +227,16 @@ def cmd_measure_train(args) -> int:
             payload["memory_limit_bytes"] = parse_size(args.memory_limit)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    show_progress = args.json and args.progress
-    outcome = run_worker(payload, timeout_s=args.timeout,
-                         on_event=lambda e: print(json.dumps(e), flush=True) if show_progress
-                         and e.get("event") == "progress" else None)
+
+    def on_event(event: dict) -> None:
+        if event.get("event") != "progress":
+            return
+        if args.json and args.progress:
+            print(json.dumps(event), flush=True)
+        elif not args.json:
+            progress(f"measuring: {event.get('stage')}")
+
+    outcome = run_worker(payload, timeout_s=args.timeout, on_event=on_event)
     if outcome.exit_code == EXIT_INVALID:
         raise ConfigError(outcome.record.get("error", "invalid request"))
     rec = {k: v for k, v in outcome.record.items() if k != "event"}
@@ -196,38 +259,56 @@ def cmd_measure_train(args) -> int:
 LOAD_KEYS = ["peak_device_bytes", "peak_cpu_bytes", "peak_cpu_anon_bytes", "peak_cpu_file_bytes", "checkpoint_bytes"]
 
 
+def _methods(method: str) -> list[str]:
+    from .estimate.loading import METHODS
+
+    return list(METHODS) if method == "all" else [method]
+
+
 def cmd_estimate_load(args) -> int:
     from .estimate.loading import estimate_loading
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
     check_device(args.device)
-    rec = {"model": config_to_dict(cfg), **estimate_loading(cfg, args.method, args.device).to_dict()}
+    recs = [estimate_loading(cfg, m, args.device).to_dict() for m in _methods(args.method)]
     if args.json:
-        print(json.dumps(rec))
+        print(json.dumps({"model": config_to_dict(cfg), **(recs[0] if args.method != "all" else {"results": recs})}))
+    elif args.method != "all":
+        _print_table(recs[0], LOAD_KEYS + ["formula_device", "formula_cpu"])
+        for note in recs[0]["notes"]:
+            print("note:", note)
     else:
-        _print_table(rec, ["dtype"] + LOAD_KEYS + ["formula_device", "formula_cpu"])
-        for note in rec["notes"]:
+        print(f"checkpoint ({recs[0]['dtype']}) {fmt_bytes(recs[0]['checkpoint_bytes'])}, loaded to {args.device}")
+        print(f"{'method':<17} {'device peak':>11} {'CPU peak':>11} {'CPU anon':>11} {'CPU file':>11}  device formula")
+        for r in recs:
+            print(f"{r['method']:<17} " + " ".join(f"{fmt_bytes(r[k]):>11}" for k in LOAD_KEYS[:4])
+                  + f"  {r['formula_device']}")
+        for note in dict.fromkeys(n for r in recs for n in r["notes"]):
             print("note:", note)
     return 0
-
-
-def _json_progress(show: bool, fraction: float, stage: str) -> None:
-    if show:
-        print(json.dumps({"event": "progress", "stage": stage, "fraction": fraction}), flush=True)
 
 
 def cmd_measure_load(args) -> int:
     from pathlib import Path
 
-    from .estimate.loading import METHODS, check_cache_disk, estimate_loading
+    from .estimate.loading import check_cache_disk, estimate_loading
     from .routines_paths import default_cache_dir
     from .runner import checkpoint_folder, measure_load, user_checkpoint_folder
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
-    show = args.json and args.progress
     check_device(args.device)
     cache = Path(args.cache) if args.cache else default_cache_dir()
-    methods = list(METHODS) if args.method == "all" else [args.method]
+    methods = _methods(args.method)
+    total = len(methods) + (0 if args.checkpoint else 1)  # writing the checkpoints, then one step per method
+    done = []
+
+    def step(stage: str) -> None:  # a JSON progress line with --json --progress, else a line on stderr
+        if args.json and args.progress:
+            print(json.dumps({"event": "progress", "stage": stage, "fraction": len(done) / total}), flush=True)
+        elif not args.json:
+            progress(stage)
+        done.append(stage)
+
     info = None
     if args.checkpoint:
         folders = {m: user_checkpoint_folder(Path(args.checkpoint), m, cache) for m in methods}
@@ -242,13 +323,18 @@ def cmd_measure_load(args) -> int:
                 raise ConfigError(f"refused: loading needs up to {fmt_bytes(need)}, more than "
                                   f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
         plan = check_cache_disk(cfg, cache)
-        _json_progress(show, 0.0, "checkpoints cached" if plan["cached"] else
-                       f"writing checkpoints ({fmt_bytes(plan['total_bytes'])} on disk)")
-        folder = checkpoint_folder(config_to_dict(cfg), cache)
+        step("checkpoints cached" if plan["cached"] else f"writing checkpoints ({fmt_bytes(plan['total_bytes'])} on disk)")
+        try:
+            folder = checkpoint_folder(config_to_dict(cfg), cache)
+        except RuntimeError as exc:
+            if args.json:
+                print(json.dumps({"error": str(exc), "phase": "write"}))
+            print(f"planner: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         folders = {m: folder for m in methods}
     records, code = [], 0
-    for i, m in enumerate(methods):
-        _json_progress(show, i / len(methods), f"measuring {m} ({i + 1}/{len(methods)})")
+    for i, m in enumerate(methods, start=1):
+        step(f"measuring {m} ({i}/{len(methods)})")
         outcome = measure_load(config_to_dict(cfg), m, args.device, folders[m], timeout_s=args.timeout)
         if outcome.exit_code == EXIT_INVALID:
             raise ConfigError(outcome.record.get("error", "invalid request"))
@@ -289,18 +375,26 @@ def cmd_fit(args) -> int:
         budget, source = default_budget(args.device)
     if budget <= 0:
         raise ConfigError(f"the budget must be positive, got {args.budget}")
-    costs = measure_costs(cfg, spec) if args.measure_costs else None
+    costs = measure_costs(cfg, spec, on_step=None if args.json else progress) if args.measure_costs else None
     rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
     if args.json:
         print(json.dumps(rec))
         return 0
-    key = "max_seq_len" if batch_given else "max_batch_size"
-    print(f"budget {fmt_bytes(budget)} ({source}): {key} = {rec[key]} ({rec['reason']})")
     r = rec["run"]
-    print(f"run batch {r['batch_size']} x seq {r['seq_len']}: peak {fmt_bytes(rec['peak_bytes'])}, "
-          f"{'fits' if rec['fits'] else 'does not fit'}")
-    for o in rec["advice"][:10]:
-        print(f"  {'FITS ' if o['fits'] else 'no   '} {fmt_bytes(o['peak_bytes']):>11}  {o['cost']}")
+    print(f"budget {fmt_bytes(budget)} ({source})")
+    if batch_given:
+        print(f"longest sequence that fits at batch {r['batch_size']}: {rec['max_seq_len']} ({rec['reason']})")
+        print(f"batch {r['batch_size']} x seq {r['seq_len']}: peak {fmt_bytes(rec['peak_bytes'])}, "
+              + ("fits" if rec["fits"] else f"over the budget by {fmt_bytes(rec['peak_bytes'] - budget)}"))
+    elif rec["max_batch_size"]:
+        print(f"largest batch that fits at seq {r['seq_len']}: {rec['max_batch_size']}, peak "
+              f"{fmt_bytes(rec['peak_bytes'])} ({rec['reason']})")
+    else:
+        print(f"no batch fits at seq {r['seq_len']}: {rec['reason']}")
+    if not rec["fits"]:
+        print(f"options for batch {r['batch_size']} x seq {r['seq_len']}, those that fit first, cheapest first:")
+        for o in rec["advice"][:10]:
+            print(f"  {'FITS ' if o['fits'] else 'no   '} {fmt_bytes(o['peak_bytes']):>11}  {o['cost']}")
     return 0
 
 
@@ -341,17 +435,61 @@ def cmd_bench(args) -> int:
     return bench.main(args.what, quick=args.quick, out=args.out, device=args.device)
 
 
+def _stop(signum: int, frame) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the unwinding (ending the worker) runs once, uninterrupted
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_stop_the_command():
+    """SIGINT and SIGTERM raise Stopped while a command runs (main thread only; a SIGINT the shell set to be
+    ignored stays ignored); the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, _stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _drop_stdout() -> None:
+    """stdout's reader has gone (`| head`): send what is left to /dev/null, so the final flush cannot fail."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        if args.command == "estimate":
-            return cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
-        if args.command == "measure":
-            return cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
-        if args.command == "fit":
-            return cmd_fit(args)
-        return cmd_bench(args)
-    except (UsageError, ConfigError) as exc:
-        print(f"planner: error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    with _signals_stop_the_command():
+        try:
+            args = parser.parse_args(argv)
+            if args.command == "estimate":
+                code = cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
+            elif args.command == "measure":
+                code = cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
+            elif args.command == "fit":
+                code = cmd_fit(args)
+            else:
+                code = cmd_bench(args)
+            sys.stdout.flush()
+            return code
+        except (UsageError, ConfigError) as exc:
+            print(f"planner: error: {exc}", file=sys.stderr)
+            return EXIT_INVALID
+        except (Stopped, KeyboardInterrupt) as exc:
+            signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+            print(f"planner: stopped by {signal.Signals(signum).name}; every process of the run has ended",
+                  file=sys.stderr)
+            return 128 + signum
+        except BrokenPipeError:
+            _drop_stdout()
+            return 128 + signal.SIGPIPE

@@ -13,11 +13,13 @@ import itertools
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Callable
 
 from .accounting import per_config
 from .config import ConfigError, ModelConfig, with_attention
 from .estimate.training import CUDA_CONTEXT_BYTES, estimate_training
 from .spec import TrainSpec
+from .units import fmt_bytes
 
 # Cost rank of each change, cheapest first, and what it costs. The order is this project's judgement:
 # free > same maths but slower > more compute > lower precision > a different optimizer > a different task.
@@ -71,7 +73,8 @@ def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 
         fixed = one.params_bytes + one.buffers_bytes + one.optimizer_bytes + one.grads_bytes
         why = ("the weights, grads and optimizer states alone" if fixed > budget
                else "batch 1 (its activations and transients)")
-        return 0, f"{why} need more than the budget: peak at batch 1 is {one.peak_bytes:,} B > {budget:,} B"
+        return 0, (f"{why} need more than the budget: peak at batch 1 is {fmt_bytes(one.peak_bytes)} > "
+                   f"{fmt_bytes(budget)}")
     lo, hi = 1, 2
     while hi <= limit and at(hi) <= budget:
         lo, hi = hi, hi * 2
@@ -79,7 +82,7 @@ def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
-    return lo, f"batch {lo + 1} would need {at(lo + 1):,} B" if lo < limit else "search limit reached"
+    return lo, f"batch {lo + 1} would need {fmt_bytes(at(lo + 1))}" if lo < limit else "search limit reached"
 
 
 @per_config
@@ -88,14 +91,14 @@ def max_seq_len(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, st
     (spec.seq_len is ignored). Memoised as max_batch_size."""
     at = lambda s: _peak(cfg, dataclasses.replace(spec, seq_len=s))
     if at(1) > budget:
-        return 0, f"even a sequence of 1 needs {at(1):,} B > {budget:,} B"
+        return 0, f"even a sequence of 1 needs {fmt_bytes(at(1))} > {fmt_bytes(budget)}"
     lo, hi = 1, cfg.max_seq_len + 1
     if at(cfg.max_seq_len) <= budget:
         return cfg.max_seq_len, "the model's full context fits"
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
-    return lo, f"seq_len {lo + 1} would need {at(lo + 1):,} B"
+    return lo, f"seq_len {lo + 1} would need {fmt_bytes(at(lo + 1))}"
 
 
 def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
@@ -217,7 +220,8 @@ def tensor_budget(budget: int, device: str) -> int:
     return budget - cuda_context_bytes(device)
 
 
-def measure_costs(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300) -> dict[str, float]:
+def measure_costs(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300,
+                  on_step: Callable[[str], None] | None = None) -> dict[str, float]:
     """Step-time ratios measured here on a 2-block proxy of the model (same widths, the run's batch and
     sequence, scaled down until the proxy's peak is under 2 GiB): checkpointing over plain, and two
     micro-batches of half the batch over one full batch. This machine's costs, not a rule of thumb."""
@@ -234,7 +238,9 @@ def measure_costs(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300) -> 
     if base.batch_size >= 2:
         variants["grad-accum"] = dataclasses.replace(base, batch_size=base.batch_size // 2, grad_accum=2)
     times = {}
-    for name, run in variants.items():
+    for i, (name, run) in enumerate(variants.items(), start=1):
+        if on_step:
+            on_step(f"timing a {name} step on a 2-block proxy ({i}/{len(variants)})")
         out = run_worker({"config": config_to_dict(proxy), "spec": dataclasses.asdict(run)}, timeout_s=timeout_s)
         if out.exit_code:
             return {}
@@ -267,12 +273,14 @@ def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = N
         target = spec
     else:
         rec["max_batch_size"], rec["reason"] = max_batch_size(cfg, spec, budget)
-        # To go bigger: what would double the largest batch (or make batch 1 fit).
-        target = dataclasses.replace(spec, batch_size=max(1, 2 * rec["max_batch_size"]))
+        # No batch was asked for: the run is the answer, the largest batch (or batch 1, when none fits).
+        target = dataclasses.replace(spec, batch_size=max(1, rec["max_batch_size"]))
     rec["run"] = dataclasses.asdict(target)
     rec["peak_bytes"] = estimate_training(cfg, target).peak_bytes
     rec["fits"] = rec["peak_bytes"] <= budget
-    rec["advice"] = [dataclasses.asdict(o) for o in advice(cfg, target, budget, costs)]
+    # Advice is for a run that does not fit, or one the user chose (with no batch given, nothing to change).
+    rec["advice"] = ([] if rec["fits"] and not batch_given else
+                     [dataclasses.asdict(o) for o in advice(cfg, target, budget, costs)])
     if costs:
         rec["measured_costs"] = costs
     return rec

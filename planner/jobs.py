@@ -1,7 +1,8 @@
 """Background measurements for the app: a child `python -m planner measure ...`, polled without blocking.
 
-One run at a time per machine (a lock file holding the child's PID); timeout and cancel kill the child's
-whole process group; the job's temporary folder is removed when it ends. No streamlit, no torch.
+One run at a time per machine (a lock file holding the child's PID). Timeout and cancel end the child and
+every process it started (runner.kill_group: the CLI ends its worker, what is left is killed) and only then
+release the lock and remove the job's temporary folder. No streamlit, no torch.
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ class Job:
 
     def _finish(self, final: str, kill: bool = False) -> None:
         if kill:
-            kill_group(self.proc)
+            kill_group(self.proc)  # returns once the CLI and its worker are gone
         self.proc.wait()
         self._events = self.events()  # reads the file: _events is still None here
         err = self.folder / "err.txt"

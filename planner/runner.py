@@ -1,17 +1,23 @@
 """Run a measurement in a child process and collect its JSON-lines events (no torch here).
 
-The child (planner.measure.worker) is started in its own session, so a timeout or cancel kills its
-whole process group; a child that dies (killed by the kernel's OOM killer, a signal, a crash) becomes
-an error record with exit code 3 rather than an exception in the caller.
+The child (planner.measure.worker) is started in its own session, so Ctrl-C in a terminal reaches only
+the parent, which reports it. How a run's processes end, whatever ends it (timeout, Ctrl-C, SIGTERM, the
+app's Cancel, any exception): the parent ends its worker before it returns or raises (run_worker), the
+worker dies with its parent when the parent is killed outright (worker.die_with_parent), and kill_group
+ends a child with everything it started and returns only once they are all gone. Each worker's temporary
+files live in a folder of its own (its TMPDIR), removed when it ends. A child that dies (the kernel's OOM
+killer, a signal, a crash) becomes an error record with exit code 3 rather than an exception in the caller.
 """
 from __future__ import annotations
 
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +26,7 @@ from typing import Callable
 
 EXIT_OK, EXIT_INVALID, EXIT_FAILED = 0, 2, 3
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PARENT_ENV = "PLANNER_PARENT_PID"  # the worker dies with this process (worker.die_with_parent)
 
 
 @dataclass
@@ -34,37 +41,73 @@ def worker_command(payload: dict) -> list[str]:
     return [sys.executable, "-m", "planner.measure.worker", json.dumps(payload)]
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the child's process group, then SIGKILL what is left after 3 s."""
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+def _alive(procs: list) -> list:
+    """The psutil processes that still run (a zombie holds no memory and counts as gone)."""
+    import psutil
+
+    out = []
+    for p in procs:
         try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # it ended just now
+        pass
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 1.0) -> None:
+    """End a child and every process it started; return once they are all gone.
+
+    SIGTERM goes to the child's process group (a planner CLI then ends its own worker and exits); what is
+    left after `grace_s` gets SIGKILL: the group, and each descendant, wherever its session. The child is
+    only signalled while it is unreaped, so its PID and group cannot belong to another process."""
+    import psutil
+
+    if proc.poll() is not None:
+        return
+    tree = _descendants(proc.pid)
+    _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if proc.poll() is None:
+        tree += _descendants(proc.pid)  # any started meanwhile
+        _signal_group(proc, signal.SIGKILL)
+    for p in _alive(tree):
         try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    deadline = time.monotonic() + 5.0
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
-def child_env(extra: dict | None = None) -> dict:
-    """The environment of every child: unbuffered output, and this project importable from any cwd."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-def run_worker(payload: dict, timeout_s: float | None = None,
-               on_event: Callable[[dict], None] = lambda e: None, env: dict | None = None) -> WorkerOutcome:
-    env = child_env(env)
-    proc = subprocess.Popen(worker_command(payload), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
+def _collect(proc: subprocess.Popen, timeout_s: float | None,
+             on_event: Callable[[dict], None]) -> tuple[list[dict], bool, list[str]]:
+    """Read the worker's JSON lines until it ends or the timeout (then it is killed); wait for its exit."""
     lines: queue.Queue = queue.Queue()
     stderr_chunks: list[str] = []
     threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
-    threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True).start()
-
+    err_reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
+    err_reader.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     events: list[dict] = []
     timed_out = False
@@ -89,7 +132,33 @@ def run_worker(payload: dict, timeout_s: float | None = None,
     if timed_out:
         kill_group(proc)
     proc.wait()
-    time.sleep(0.05)  # let the stderr reader finish
+    err_reader.join(1.0)
+    return events, timed_out, stderr_chunks
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of every child: unbuffered output, and this project importable from any cwd."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_worker(payload: dict, timeout_s: float | None = None,
+               on_event: Callable[[dict], None] = lambda e: None, env: dict | None = None) -> WorkerOutcome:
+    """Run one worker to its end. Whatever stops this call early (the timeout, Ctrl-C, SIGTERM turned into an
+    exception by the CLI, an exception in on_event), the worker is gone and its files removed before it returns."""
+    tmp = tempfile.mkdtemp(prefix="planner-run-")
+    env = child_env({**(env or {}), "TMPDIR": tmp, PARENT_ENV: str(os.getpid())})
+    try:
+        proc = subprocess.Popen(worker_command(payload), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
+        try:
+            events, timed_out, stderr_chunks = _collect(proc, timeout_s, on_event)
+        except BaseException:
+            kill_group(proc)
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     stderr = "".join(stderr_chunks)[-4000:]
     last_phase = next((e.get("stage") for e in reversed(events) if e.get("event") == "progress"), "setup")
 
@@ -122,8 +191,18 @@ USER_FORMATS = {".pth": ("baseline", "sequential", "meta", "mmap"), ".pt": ("bas
 
 
 def checkpoint_folder(cfg_dict: dict, cache_dir: Path, timeout_s: float = 600) -> Path:
-    """Write (or reuse) the cached checkpoints of a config in a child process."""
-    out = run_worker({"kind": "write", "config": cfg_dict, "cache_dir": str(cache_dir)}, timeout_s=timeout_s)
+    """Write (or reuse) the cached checkpoints of a config in a child process; a folder it did not finish
+    writing (a failure, a timeout, Ctrl-C) is removed."""
+    writing: list[str] = []
+    done = False
+    try:
+        out = run_worker({"kind": "write", "config": cfg_dict, "cache_dir": str(cache_dir)}, timeout_s=timeout_s,
+                         on_event=lambda e: writing.append(e["writing"]) if "writing" in e else None)
+        done = out.exit_code == 0
+    finally:
+        if not done:
+            for folder in writing:
+                shutil.rmtree(folder, ignore_errors=True)
     if out.exit_code:
         raise RuntimeError(f"writing checkpoints failed: {out.record.get('error')}")
     return Path(out.record["folder"])

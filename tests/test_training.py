@@ -1,4 +1,8 @@
 """Estimate vs real measured training steps on tiny models: the 2% bar, per phase and per component."""
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from planner.bench import ACCURACY_BAR_PCT, accuracy_grid, run_accuracy
@@ -7,6 +11,7 @@ from planner.estimate.training import estimate_training
 from planner.measure.training import measure_training
 from planner.spec import TrainSpec
 
+ROOT = Path(__file__).resolve().parent.parent
 TINY_GPT = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.1)
 TINY_LLAMA = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
@@ -58,11 +63,33 @@ def test_measurement_reports_timeline_and_rss():
     assert meas["step_time_s"] > 0
 
 
+PURE = """
+import sys
+from planner import cli, config, fit
+from planner.config import PRESETS
+from planner.estimate.loading import estimate_loading
+from planner.estimate.training import estimate_training
+from planner.spec import TrainSpec
+
+est = estimate_training(PRESETS["llama-3-8b"], TrainSpec(8, 8192, "bf16-amp", "adamw", checkpointing=True))
+assert est.peak_bytes > est.params_bytes + est.grads_bytes + est.optimizer_bytes
+assert all({"name", "formula", "bytes"} <= set(t) for t in est.terms)
+assert estimate_loading(PRESETS["gpt2-xl"], "mmap", "cuda").peak_device_bytes > 0
+assert fit.fit_report(PRESETS["gpt2-small"], TrainSpec(1, 512), 2**34, batch_given=False)["max_batch_size"] > 0
+for args in (["estimate", "train", "--model", "llama-3.2-1b", "--batch-size", "2", "--seq-len", "64", "--json"],
+             ["estimate", "load", "--model", "gpt2-small", "--method", "all", "--json"],
+             ["fit", "--model", "gpt2-small", "--seq-len", "256", "--budget", "8GiB", "--json"]):
+    assert cli.main(args) == 0
+print(sorted(m for m in ("torch", "transformers", "streamlit") if m in sys.modules))
+"""
+
+
 def test_estimate_is_pure_arithmetic():
-    from planner.config import PRESETS
-    est = estimate_training(PRESETS["llama-3-8b"], TrainSpec(8, 8192, "bf16-amp", "adamw", checkpointing=True))
-    assert est.peak_bytes > est.params_bytes + est.grads_bytes + est.optimizer_bytes
-    assert all({"name", "formula", "bytes"} <= set(t) for t in est.terms)
+    """The estimate side (config, estimate, fit, the CLI's estimate and fit commands) never imports torch:
+    checked in a fresh interpreter, where nothing else can have imported it first."""
+    r = subprocess.run([sys.executable, "-c", PURE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "[]", r.stdout.splitlines()[-1]
 
 
 def test_cuda_estimate_models_device_differences():

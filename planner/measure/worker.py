@@ -4,11 +4,15 @@ Prints JSON lines on stdout: {"event": "progress", ...} while running, then exac
 {"event": "result", ...} (exit 0) or {"event": "error", "error": ..., "phase": ...} (exit 3 for out
 of memory, exit 2 for a request this machine cannot run, such as a CUDA device it does not have).
 Only this process imports torch; the app and the CLI parent stay light and survive its failures.
+It never outlives the process that started it (die_with_parent), and keeps its temporary files in the
+TMPDIR its parent made for it (and removes).
 """
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import sys
 
 EXIT_INVALID, EXIT_OOM = 2, 3
@@ -16,6 +20,24 @@ EXIT_INVALID, EXIT_OOM = 2, 3
 
 def emit(event: dict) -> None:
     print(json.dumps(event), flush=True)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent ends, however it ends (Linux PR_SET_PDEATHSIG;
+    strictly, when the parent's thread that started it ends: run_worker waits in that thread): a CLI killed
+    outright leaves no measurement running. The parent's PID comes in PLANNER_PARENT_PID; a parent that
+    was gone before the request took effect ends the worker here."""
+    parent = os.environ.get("PLANNER_PARENT_PID")
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux: the parent's kill_group still ends the worker
+        return
+    if parent and os.getppid() != int(parent):
+        os._exit(EXIT_OOM)  # 3: a measurement that did not complete
 
 
 def _limit_memory(extra_bytes: int) -> None:
@@ -37,6 +59,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent()
     payload = json.loads(argv[0])
     import torch
 
@@ -50,9 +73,11 @@ def main(argv: list[str]) -> int:
     if payload.get("kind") == "write":
         from pathlib import Path
 
-        from ..routines.loading import write_checkpoints
+        from ..routines.loading import MANIFEST, config_key, write_checkpoints
 
-        emit({"event": "progress", "stage": "writing checkpoints", "fraction": 0.1})
+        folder = Path(payload["cache_dir"]) / config_key(cfg)
+        writing = {} if (folder / MANIFEST).exists() else {"writing": str(folder)}  # removed if this run ends early
+        emit({"event": "progress", "stage": "writing checkpoints", "fraction": 0.1, **writing})
         emit({"event": "result", "folder": str(write_checkpoints(cfg, Path(payload["cache_dir"])))})
         return 0
     spec = TrainSpec(**payload["spec"])

@@ -185,3 +185,57 @@ def test_a_tiny_measurement_end_to_end(server, page):
     settle(page)
     page.wait_for_timeout(1000)
     page.screenshot(path=SHOTS / "runs.png", full_page=True)
+
+
+def run_processes():
+    """The measurement processes of this module's app server (its `planner measure` child and that child's
+    worker, wherever they were re-parented), told from other sessions' by the server's PLANNER_DATA."""
+    import psutil
+
+    def env(p):
+        try:
+            return p.environ().get("PLANNER_DATA")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    ours = {env(p) for p in psutil.Process().children() if "streamlit" in " ".join(p.cmdline())} - {None}
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        try:
+            if (("planner.measure.worker" in cmd or "-m planner measure" in cmd) and env(p) in ours
+                    and p.status() != psutil.STATUS_ZOMBIE):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_cancel_ends_the_measurement(server, page):
+    """The issue's case: gpt2-small, batch 4, seq 512 (the Planner's defaults) runs for tens of seconds on a
+    CPU; Cancel after ~6 s leaves no process, and says so as information, not as an error."""
+    page.goto(server)
+    settle(page)
+    page.get_by_role("link", name="Training step").click()
+    sync_api.expect(page.get_by_role("heading", name="Training step: measured against estimated")).to_be_visible()
+    settle(page)
+    page.get_by_role("button", name="Run measurement").click()
+    cancel = page.get_by_role("button", name="Cancel")
+    sync_api.expect(cancel).to_be_visible(timeout=60_000)
+    deadline = time.monotonic() + 30
+    while not any("planner.measure.worker" in " ".join(p.cmdline()) for p in run_processes()):
+        assert time.monotonic() < deadline, "the measurement's worker did not start"
+        time.sleep(0.2)
+    page.wait_for_timeout(6000)
+    assert run_processes(), "the measurement ended before it could be cancelled"
+    cancel.click()
+    t0 = time.monotonic()
+    while run_processes() and time.monotonic() - t0 < 3:
+        time.sleep(0.05)
+    assert not run_processes(), "a measurement process outlived Cancel by 3 s"
+    info = page.get_by_test_id("stAlertContentInfo").filter(has_text="cancelled")
+    sync_api.expect(info).to_be_visible(timeout=60_000)
+    settle(page)
+    no_errors(page)
+    sync_api.expect(page.get_by_role("button", name="Run measurement")).to_be_enabled()
+    page.screenshot(path=SHOTS / "training-cancelled.png", full_page=True)
