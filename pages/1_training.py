@@ -109,7 +109,8 @@ def show_result() -> None:
         return
     rec = res["record"]
     if res["state"] == "cancelled":
-        st.info("Cancelled before it finished: every process of the run has ended and nothing was measured. The run is listed on the Runs page as cancelled.")
+        st.info("Cancelled before it finished: every process of the run has ended and nothing was measured. "
+                "The run is listed on the Runs page as cancelled.")
     elif res["state"] != "done":
         st.error(f"{ENDED.get(res['state'], 'Failed')}: {rec.get('error', 'no result')}"
                  + (f" (phase: {rec['phase']})" if rec.get("phase") else ""))
