@@ -73,9 +73,9 @@ def main(argv: list[str]) -> int:
     if payload.get("kind") == "write":
         from pathlib import Path
 
-        from ..routines.loading import MANIFEST, config_key, write_checkpoints
+        from ..routines.loading import MANIFEST, cache_key, write_checkpoints
 
-        folder = Path(payload["cache_dir"]) / config_key(cfg)
+        folder = Path(payload["cache_dir"]) / cache_key(cfg)
         writing = {} if (folder / MANIFEST).exists() else {"writing": str(folder)}  # removed if this run ends early
         emit({"event": "progress", "stage": "writing checkpoints", "fraction": 0.1, **writing})
         emit({"event": "result", "folder": str(write_checkpoints(cfg, Path(payload["cache_dir"])))})
