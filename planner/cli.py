@@ -2,10 +2,11 @@
 
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
+    python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--device ...] [--json] [--timeout S] [--progress]
     python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--checkpoint PATH] [--json]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
+    python -m planner bench accuracy|speed|loading|simulate [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
@@ -91,6 +92,9 @@ def build_parser() -> _Parser:
     p = mea.add_parser("load")
     _add_model(p)
     _add_load(p, measure=True)
+    from .cli_simulate import add_simulate  # simulate train: planner/cli_simulate.py
+
+    add_simulate(top)
     p = top.add_parser("fit")
     _add_model(p)
     _add_run(p, batch_required=False)
@@ -99,7 +103,7 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = top.add_parser("bench")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu"))
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "simulate"))
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file")
     b.add_argument("--device", default="cpu")
@@ -326,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
         if args.command == "measure":
             return cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
+        if args.command == "simulate":
+            from .cli_simulate import cmd_simulate_train
+
+            return cmd_simulate_train(args)
         if args.command == "fit":
             return cmd_fit(args)
         return cmd_bench(args)
