@@ -258,3 +258,14 @@ def test_cli_module_error_through_the_child(modules):
                        cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert r.returncode == 2
     assert r.stderr == "planner: error: returns_int() returned int, not a torch.nn.Module\n"
+
+
+def test_timeline_chart_takes_a_simulated_timeline():
+    import pandas as pd
+
+    from planner.charts import timeline
+
+    points = [{"op": 0, "bytes": 2**20, "phase": "forward"}, {"op": 7, "bytes": 3 * 2**20, "phase": "backward"}]
+    spec = timeline(pd.DataFrame(points)).to_dict()
+    encoding = spec["layer"][0]["encoding"]["x"]
+    assert encoding["field"] == "op" and encoding["title"] == "Op in the step (simulated)"
