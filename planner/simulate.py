@@ -154,8 +154,12 @@ def fake_error_message(exc: BaseException) -> str | None:
 
 
 def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None,
-                      module: tuple[str, str] | None = None, max_timeline_points: int = 600) -> dict:
+                      module: tuple[str, str] | None = None, max_timeline_points: int = 600,
+                      trace: bool = False) -> dict:
     """Simulate the step of `cfg` (or of the user's `module` = (path, function name)) under `spec`.
+
+    With `trace`, the record also has "trace": {"ops": [aten op name], "phases": [...], "bytes": [live bytes
+    after the op]} for every op of the tracked step (planner.whatif fits these).
 
     Raises SimulationError (one line) for what cannot be simulated; its `train_phase` says where.
     """
@@ -164,7 +168,7 @@ def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[
         raise SimulationError(problem)
     holder: dict = {}
     try:
-        return _simulate(cfg, spec, emit, module, max_timeline_points, holder)
+        return _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace)
     except SimulationError as exc:
         exc.train_phase = _phase(holder)
         raise
@@ -187,7 +191,7 @@ def _phase(holder: dict) -> str:
     return step.current_phase if step is not None else "build"
 
 
-def _simulate(cfg, spec, emit, module, max_timeline_points, holder) -> dict:
+def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False) -> dict:
     t_start = time.perf_counter()
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -209,7 +213,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder) -> dict:
 
         emit({"event": "progress", "stage": "tracked step", "fraction": 0.6})
         answers.reads = dict.fromkeys(answers.reads, 0)  # report the tracked step's reads
-        tracker = LiveBytesTracker()
+        tracker = _OpTracker() if trace else LiveBytesTracker()
         tracker.track(step.persistent_tensors())
         tracker.reset_peak()
         persistent = tracker.current
@@ -237,8 +241,28 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder) -> dict:
         "sim_time_s": time.perf_counter() - t_start,
         "sim_peak_rss_bytes": procmem.read_status().get("VmHWM", 0),
     }
+    if trace:
+        result["trace"] = {"ops": tracker.op_names, "phases": tracker.op_phases, "bytes": tracker.op_bytes}
     emit({"event": "progress", "stage": "done", "fraction": 1.0})
     return result
+
+
+class _OpTracker(LiveBytesTracker):
+    """The live-bytes tracker that also keeps, for every op, its name and the live bytes after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.op_names: list[str] = []
+        self.op_phases: list[str] = []
+        self.op_bytes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.recording:
+            self.op_names.append(func.__name__)
+            self.op_phases.append(self.phase)
+            self.op_bytes.append(self.current)
+        return out
 
 
 def _guard(call: Callable[[], object]) -> object:
@@ -255,7 +279,7 @@ def _guard(call: Callable[[], object]) -> object:
 
 def worker_main(payload: dict, emit: Callable[[dict], None]) -> int:
     """planner.measure.worker's "simulate" payload: {"kind": "simulate", "spec": {...}, and "config": {...}
-    or "module": [path, function]}. Exit 0 with a result event; 2 with an error event for what cannot be
+    or "module": [path, function], optionally "trace": true}. Exit 0 with a result event; 2 with an error event for what cannot be
     simulated (the CLI's invalid input); an unexpected failure is a traceback (the runner's exit 3)."""
     from .config import config_from_dict
 
@@ -263,7 +287,7 @@ def worker_main(payload: dict, emit: Callable[[dict], None]) -> int:
     cfg = config_from_dict(payload["config"]) if payload.get("config") else None
     module = tuple(payload["module"]) if payload.get("module") else None
     try:
-        result = simulate_training(cfg, spec, emit=emit, module=module)
+        result = simulate_training(cfg, spec, emit=emit, module=module, trace=bool(payload.get("trace")))
     except SimulationError as exc:
         emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup")})
         return 2

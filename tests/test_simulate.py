@@ -269,3 +269,40 @@ def test_timeline_chart_takes_a_simulated_timeline():
     spec = timeline(pd.DataFrame(points)).to_dict()
     encoding = spec["layer"][0]["encoding"]["x"]
     assert encoding["field"] == "op" and encoding["title"] == "Op in the step (simulated)"
+
+
+def test_whatif_fit_predicts_unseen_points_to_0_1_pct():
+    """Per-op polynomials in (b, s) fitted from simulated points give the simulated peak at unseen points
+    (batch 1 included: the book's GPT-2 runs 6 more ops at batch 1, so it gets its own fit), in under 1 ms."""
+    import time
+
+    from planner.whatif import MisalignedError, WhatIf, fit_whatif
+
+    cfg = GPT2Config(vocab_size=500, context_length=128, emb_dim=48, n_heads=3, n_layers=1, drop_rate=0.1)
+    spec = TrainSpec(2, 16, "bf16-amp", "adamw")
+    traces = {}
+
+    def simulate(cfg, spec, module):
+        traces[(spec.batch_size, spec.seq_len)] = simulate_training(cfg, spec, trace=True)["trace"]
+        return traces[(spec.batch_size, spec.seq_len)]
+
+    points = ((2, 16), (2, 40), (3, 24), (4, 16), (4, 48), (1, 16), (1, 32), (1, 48))
+    what = fit_whatif(cfg, spec, points, simulate=simulate)
+    assert [f.batch_one for f in what.fits] == [False, True]
+    for b, s in [(5, 20), (2, 100), (3, 56), (6, 24), (1, 64)]:
+        t0 = time.perf_counter()
+        predicted = what.peak_bytes(b, s)
+        assert time.perf_counter() - t0 < 1e-3
+        sim = simulate_training(cfg, TrainSpec(b, s, "bf16-amp", "adamw"))
+        assert abs(predicted - sim["peak_bytes"]) <= 1e-3 * sim["peak_bytes"], (b, s)
+        assert what.peak(b, s)[1] == sim["peak_phase"]
+    # Without batch-1 points, batch 1 is refused, not guessed; too few points are refused too.
+    many = WhatIf.fit({p: t for p, t in traces.items() if p[0] >= 2})
+    with pytest.raises(MisalignedError, match="batch 1 is not covered"):
+        many.peak_bytes(1, 64)
+    odd = {p: dict(t) for p, t in traces.items() if p[0] >= 2}
+    odd[(4, 48)]["ops"] = odd[(4, 48)]["ops"][:10] + ["bmm"] + odd[(4, 48)]["ops"][11:]  # a kernel chosen by shape
+    with pytest.raises(MisalignedError, match="the step at b=4 s=48 runs other ops than at b=2 s=16 \\(from op 10"):
+        WhatIf.fit(odd)
+    with pytest.raises(MisalignedError, match="need at least 5 points"):
+        WhatIf.fit({p: t for p, t in traces.items() if p in ((2, 16), (2, 40), (3, 24))})
