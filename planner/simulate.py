@@ -62,6 +62,7 @@ from .routines import training as _training_routine
 from .spec import TrainSpec
 
 _TRAINING_FILE = str(Path(_training_routine.__file__).resolve())
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _aten = torch.ops.aten
 
 
@@ -131,7 +132,6 @@ def _internal(filename: str) -> bool:
             or filename.startswith("<"))
 
 
-_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _FAKE_ERRORS = tuple(getattr(_fake, n) for n in ("DynamicOutputShapeException", "DataDependentOutputException",
                                                    "UnsupportedOperatorException", "UnsupportedFakeTensorException")
                      if hasattr(_fake, n))
