@@ -119,7 +119,7 @@ def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Floating parameters and buffers that are not in `dtype` are cast in place (those made under the default
     dtype already are). Module.to() cannot swap FakeTensor parameters, so each tensor's data is replaced."""
     for module in model.modules():
-        for name, p in module.named_parameters(recurse=False):
+        for p in module.parameters(recurse=False):
             if p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
         for name, b in module.named_buffers(recurse=False):
