@@ -2,6 +2,7 @@
 
     python -m planner bench accuracy [--quick] [--out docs/accuracy.md]
     python -m planner bench speed
+    python -m planner bench simulate [--quick] [--out docs/accuracy.md]   (planner/bench_simulate.py)
 
 Each accuracy row is a real training step measured in a fresh child process (planner.runner), so
 the numbers are the ones `python -m planner measure train` prints.
@@ -69,7 +70,9 @@ def accuracy_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec
     return rows
 
 
-def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=print) -> list[dict]:
+def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=print,
+                 simulate: bool = False) -> list[dict]:
+    """Estimate and measure each row; with `simulate`, also simulate it on fake tensors (planner.simulate)."""
     from .config import config_to_dict
     from .runner import run_worker
 
@@ -93,25 +96,84 @@ def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=p
                "error_pct": err, "estimated_phase": est.peak_phase, "measured_phase": meas["peak_phase"],
                "peak_rss_bytes": meas.get("peak_rss_bytes"), "step_time_s": meas.get("step_time_s"),
                "tracker_overhead": meas.get("tracker_overhead")}
+        if simulate:
+            sim = _simulate_row(label, cfg, spec, in_process)
+            row.update(simulated_bytes=sim["peak_bytes"], simulated_phase=sim["peak_phase"],
+                       sim_vs_measured_pct=100.0 * (sim["peak_bytes"] - meas["peak_bytes"]) / meas["peak_bytes"],
+                       simulated_phase_peak_bytes=sim["phase_peak_bytes"],
+                       measured_phase_peak_bytes=meas["phase_peak_bytes"], sim_time_s=sim["sim_time_s"])
         results.append(row)
-        progress(f"{len(results):3d}/{len(rows)} {err:+7.3f}%  {label}")
+        progress(f"{len(results):3d}/{len(rows)} {err:+7.3f}%  {label}"
+                 + (f"  simulated {row['sim_vs_measured_pct']:+.4f}%" if simulate else ""))
     return results
+
+
+def _simulate_row(label: str, cfg: ModelConfig, spec: TrainSpec, in_process: bool) -> dict:
+    if in_process:
+        from .simulate import simulate_training
+
+        return simulate_training(cfg, spec)
+    from dataclasses import asdict
+
+    from .config import config_to_dict
+    from .runner import run_worker
+
+    outcome = run_worker({"kind": "simulate", "config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=600)
+    if outcome.exit_code:
+        raise RuntimeError(f"{label}: simulation failed: {outcome.record.get('error')}")
+    return outcome.record
 
 
 def accuracy_markdown(results: list[dict], device: str) -> str:
     worst = max(abs(r["error_pct"]) for r in results)
+    simulated = all("simulated_bytes" in r for r in results)
+    summary = f"**{len(results)} configs, worst |error| {worst:.3f}%** (bar: {ACCURACY_BAR_PCT}%)."
+    head, rule = "| config | estimate (B) | measured (B) |", "|---|---:|---:|"
+    if simulated:
+        exact = sum(r["simulated_bytes"] == r["measured_bytes"] for r in results)
+        summary += (f" Simulated on fake tensors (`python -m planner simulate train`, a child per row): "
+                    f"{exact}/{len(results)} equal to the measurement to the byte, worst |difference| "
+                    f"{max(abs(r['sim_vs_measured_pct']) for r in results):.4f}% (bar: 0.01%).")
+        head, rule = head + " simulated (B) |", rule + "---:|"
     lines = [f"# Training-step peak: estimate vs measurement ({device})", "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
              f"Python {platform.python_version()}, torch {_torch_version()}.",
              f"Command: `python -m planner bench accuracy --device {device}`. Measured = exact peak of live tensor "
              "storage bytes in a steady-state step (step 3 of a fresh child process).", "",
-             f"**{len(results)} configs, worst |error| {worst:.3f}%** (bar: {ACCURACY_BAR_PCT}%).", "",
-             "| config | estimate (B) | measured (B) | error % | est. phase | meas. phase |",
-             "|---|---:|---:|---:|---|---|"]
+             summary, "", head + " error % | est. phase | meas. phase |", rule + "---:|---|---|"]
     for r in results:
-        lines.append(f"| {r['config']} | {r['estimate_bytes']:,} | {r['measured_bytes']:,} | {r['error_pct']:+.3f} "
+        sim = f" {r['simulated_bytes']:,} |" if simulated else ""
+        lines.append(f"| {r['config']} | {r['estimate_bytes']:,} | {r['measured_bytes']:,} |{sim} {r['error_pct']:+.3f} "
                      f"| {r['estimated_phase']} | {r['measured_phase']} |")
     return "\n".join(lines) + "\n"
+
+
+def write_section(path, text: str) -> None:
+    """Put `text` (a markdown section whose first line is its `# ` heading) in the file at `path`: it replaces
+    the section with the same heading line, else it is appended; the file's other sections are kept."""
+    from pathlib import Path
+
+    path = Path(path)
+    heading = text.splitlines()[0]
+    old = path.read_text() if path.exists() else ""
+    sections, current = [], []
+    for line in old.splitlines(keepends=True):
+        if line.startswith("# ") and current:
+            sections.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        sections.append("".join(current))
+    body = text if text.endswith("\n") else text + "\n"
+    for i, sec in enumerate(sections):
+        if sec.splitlines()[0] == heading:
+            sections[i] = body + ("\n" if i < len(sections) - 1 else "")
+            break
+    else:
+        if sections and not sections[-1].endswith("\n\n"):
+            sections[-1] += "\n"
+        sections.append(body)
+    path.write_text("".join(sections))
 
 
 def _cpu_count() -> int:
@@ -268,6 +330,13 @@ def loading_markdown(rows: list[dict], device: str) -> str:
 
 
 def main(what: str, quick: bool = False, out: str | None = None, device: str = "cpu") -> int:
+    if what == "simulate":  # formula vs simulation at full size: planner/bench_simulate.py
+        from .bench_simulate import main as simulate_main
+        from .config import ConfigError
+
+        if device != "cpu":
+            raise ConfigError("bench simulate runs on the CPU (simulating CUDA needs a CUDA build; use simulate train)")
+        return simulate_main(quick=quick, out=out)
     if what == "loading":
         rows = run_loading(("gpt2-small",) if quick else ("gpt2-small", "gpt2-medium"), device=device)
         text = loading_markdown(rows, device)
@@ -281,14 +350,12 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         text = speed_report()
         print(text)
     else:
-        results = run_accuracy(accuracy_grid(quick), device=device)
+        results = run_accuracy(accuracy_grid(quick), device=device, simulate=device == "cpu")
         text = accuracy_markdown(results, device)
         print(text)
         worst = max(abs(r["error_pct"]) for r in results)
         bar = ACCURACY_BAR_PCT if device == "cpu" else 3.0
         print(f"worst |error| {worst:.3f}% ({'meets' if worst <= bar else 'MISSES'} the {bar}% bar)")
     if out:
-        from pathlib import Path
-
-        Path(out).write_text(text)
+        write_section(out, text)  # other sections of the file (bench simulate's) are kept
     return 0

@@ -2,10 +2,11 @@
 
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
+    python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--device ...] [--json] [--timeout S] [--progress]
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
+    python -m planner bench accuracy|speed|loading|simulate [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
@@ -145,6 +146,9 @@ def build_parser() -> _Parser:
                              "process; measured against estimated.")
     _add_model(p)
     _add_load(p, measure=True)
+    from .cli_simulate import add_simulate  # simulate train: planner/cli_simulate.py
+
+    add_simulate(top, command)
     p = command(top, "fit", "The largest batch (or, with --batch-size, the longest sequence) that fits a memory "
                             "budget, and what to change so a run fits.")
     _add_model(p)
@@ -154,8 +158,9 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "gpu-doc"),
-                   help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; gpu: the CUDA check (issue #14); gpu-doc: its table")
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "simulate", "gpu", "gpu-doc"),
+                   help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
+                        "simulate: formula vs simulation at full size; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -476,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
                 code = cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
             elif args.command == "measure":
                 code = cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
+            elif args.command == "simulate":
+                from .cli_simulate import cmd_simulate_train
+
+                code = cmd_simulate_train(args)
             elif args.command == "fit":
                 code = cmd_fit(args)
             else:

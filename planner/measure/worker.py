@@ -67,6 +67,10 @@ def main(argv: list[str]) -> int:
     from ..spec import TrainSpec
     from .training import measure_training
 
+    if payload.get("kind") == "simulate":  # planner.simulate: the step on fake tensors
+        from ..simulate import worker_main
+
+        return worker_main(payload, emit)
     cfg = config_from_dict(payload["config"])
     if payload.get("kind") == "load":
         return _load(cfg, payload)

@@ -63,6 +63,10 @@ class TrainingStep:
             return nullcontext()
         return torch.autocast(self.spec.device_type, dtype=TORCH_DTYPES[self.spec.autocast_dtype])
 
+    def compute_loss(self, on_phase: Callable[[str], None]) -> torch.Tensor:
+        """Forward and loss of one micro-batch (planner.routines.user_module trains a user's module and loss)."""
+        return calc_loss_batch(self.inputs, self.targets, self.model, on_phase)
+
     def run(self, on_phase: Callable[[str], None] = lambda phase: None) -> float:
         accum = self.spec.grad_accum
         total = 0.0
@@ -74,7 +78,7 @@ class TrainingStep:
         for _ in range(accum):
             on_phase("forward")
             with self.autocast():
-                loss = calc_loss_batch(self.inputs, self.targets, self.model, on_phase)
+                loss = self.compute_loss(on_phase)
             on_phase("backward")
             loss = loss / accum if accum > 1 else loss
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

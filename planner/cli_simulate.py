@@ -1,0 +1,123 @@
+"""`python -m planner simulate train`: the real training step on fake tensors, in a child process (no torch here).
+
+    python -m planner simulate train (--model PRESET | --config FILE.json | --module FILE.py:FUNCTION) RUN
+                                     [--device cpu|cuda[:N]] [--json] [--timeout S] [--progress]
+
+RUN is measure train's (--batch-size, --seq-len, --precision, --optimizer, ...). The JSON record is the one
+`measure train` prints (peak_bytes, peak_phase, phase_peak_bytes, persistent_bytes, optimizer_bytes, timeline)
+with "kind": "simulate", the simulator's cost (sim_time_s, sim_peak_rss_bytes) and, for a preset or config,
+the "estimate" block and error_pct, so estimate, simulate and measure compare field by field. The timeline's
+x is "op" (the op's index in the step). planner.simulate says how the step's data-dependent reads are answered.
+
+--module runs YOUR code: the file is imported and the function called in the child (planner/routines/
+user_module.py says what the file may define). There is no RAM guard: fake tensors allocate nothing.
+Exit codes as measure: 2 for what cannot be simulated (one line on stderr), 3 for a timeout or a child that died.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .config import ConfigError, config_to_dict
+from .spec import TrainSpec, check_device
+from .units import fmt_bytes
+
+
+def add_simulate(top, command) -> None:
+    """Add `simulate train` to the top-level subparsers of planner.cli.build_parser (`command` adds a
+    subcommand with its sentence of help)."""
+    from .cli import _add_model, _add_run
+
+    sim = command(top, "simulate", "Run the real training step on fake tensors: the exact peak of any model at "
+                                   "full size, with no memory used.")
+    sub = sim.add_subparsers(dest="what", required=True, parser_class=type(sim), metavar="WHAT")
+    p = command(sub, "train", "The training step's peak, phase by phase, simulated in a child process.")
+    _add_model(p)
+    p.add_argument("--module", metavar="FILE.py:FUNCTION",
+                   help="your own model: FUNCTION() returns an nn.Module (this imports and runs your code; "
+                        "default: none, give --model or --config instead)")
+    _add_run(p)
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before the child is killed (exit 3; default: %(default)s)")
+    p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+
+
+def parse_module_ref(text: str) -> tuple[Path, str]:
+    """`path/to/file.py:make_model` -> (absolute path, function name); ConfigError if malformed or missing."""
+    path_text, sep, func = text.rpartition(":")
+    if not sep or not path_text or not func.isidentifier():
+        raise ConfigError(f"--module must be FILE.py:FUNCTION, got {text!r}")
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"module file not found: {path}")
+    return path, func
+
+
+def parse_simulate(args: argparse.Namespace) -> tuple:
+    """(config or None, spec, (path, function) or None) from the parsed arguments."""
+    from .cli import parse_train
+
+    if not (args.module or args.model or args.config):
+        raise ConfigError("give one of --model PRESET, --config FILE.json or --module FILE.py:FUNCTION")
+    if not args.module:
+        cfg, spec = parse_train(args)
+        return cfg, spec, None
+    if args.model or args.config:
+        raise ConfigError("give either --module or --model/--config, not both")
+    if args.checkpointing:
+        raise ConfigError("--checkpointing applies to presets and configs; with --module, apply checkpointing "
+                          "inside your model")
+    if args.attention:
+        raise ConfigError("--attention applies to presets and configs; with --module, choose attention in your model")
+    path, func = parse_module_ref(args.module)
+    check_device(args.device)
+    spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
+                     optimizer=args.optimizer, grad_accum=args.grad_accum, optimizer_impl=args.optimizer_impl,
+                     device=args.device)
+    return None, spec, (str(path), func)
+
+
+def cmd_simulate_train(args: argparse.Namespace) -> int:
+    from .cli import ESTIMATE_KEYS, EXIT_INVALID, _estimate_record
+    from .runner import run_worker
+
+    cfg, spec, module = parse_simulate(args)
+    payload = {"kind": "simulate", "spec": asdict(spec)}
+    if module:
+        payload["module"] = list(module)
+    else:
+        payload["config"] = config_to_dict(cfg)
+    show_progress = args.json and args.progress
+    outcome = run_worker(payload, timeout_s=args.timeout,
+                         on_event=lambda e: print(json.dumps(e), flush=True) if show_progress
+                         and e.get("event") == "progress" else None)
+    if outcome.exit_code == EXIT_INVALID:
+        raise ConfigError(outcome.record.get("error", "invalid request"))
+    rec = {"kind": "simulate", **{k: v for k, v in outcome.record.items() if k != "event"}}
+    est = None
+    if module:
+        rec["module"] = f"{module[0]}:{module[1]}"
+    else:
+        est = _estimate_record(cfg, spec)
+        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
+    if outcome.exit_code == 0 and est is not None:
+        rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
+    elif outcome.exit_code:
+        rec.setdefault("stderr_tail", outcome.stderr[-1500:])
+    if args.json:
+        print(json.dumps(rec))
+    elif outcome.exit_code == 0:
+        line = f"simulated peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}"
+        if est is not None:
+            line += f"; estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%"
+        print(line)
+        print(f"persistent {fmt_bytes(rec['persistent_bytes'])}, optimizer state {fmt_bytes(rec['optimizer_bytes'])}; "
+              f"phase peaks: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+        print(f"{rec['ops']:,} ops simulated in {rec['sim_time_s']:.1f} s; the simulator's peak RSS "
+              f"{fmt_bytes(rec['sim_peak_rss_bytes'])}")
+    else:
+        print(f"simulation failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)
+    return outcome.exit_code

@@ -1,0 +1,295 @@
+"""Simulate one training step on fake tensors: its exact live-tensor peak at any size, without the memory.
+
+Child side (imports torch): `python -m planner simulate train ...` runs this in planner.measure.worker
+(payload kind "simulate"); tests call `simulate_training` in-process.
+
+The step is the one `measure` runs (planner.routines.training.TrainingStep, or ModuleTrainingStep for a
+user's `--module`), built and run inside `torch._subclasses.fake_tensor.FakeTensorMode`: the model's
+parameters, the batch, every activation, gradient and optimizer state are FakeTensors, which carry real
+shapes, dtypes, devices and lifetimes but no data (their storages are on the meta device: nothing is
+allocated). As in planner.measure.training, step 1 warms up (creates the optimizer state) and step 2 runs
+under planner.measure.tracker.LiveBytesTracker, which keys live storages by the storage object (id +
+weakref), so it works on fakes. Fake-tensor kernels choose the same decompositions as the real ones, so
+the live bytes op by op are those of the real step: on the accuracy grid simulated == measured, to the byte.
+
+Data-dependent calls. A fake tensor has no value, so `Tensor.item()` / `bool(t)` (the aten op
+`_local_scalar_dense`) cannot be answered by FakeTensorMode. _Answers, a dispatch mode stacked above
+FakeTensorMode during the steps, answers exactly the reads a training step makes, and nothing else:
+
+- the optimizer's `step` count (Adam/AdamW's for-loop and foreach paths read it through
+  `torch.optim.optimizer._get_value` for the bias corrections): recognised by identity (it is
+  `optimizer.state[p]["step"]`), answered with the number of `optimizer.step()` calls so far (counted by a
+  step pre-hook), i.e. its real value. It only feeds Python-float bias corrections.
+- GradScaler's inf/NaN check (`GradScaler._maybe_opt_step` sums `found_inf.item()` over devices):
+  recognised by identity (the tensors in the scaler's `found_inf_per_device`), answered 0.0, "no overflow",
+  so `optimizer.step()` runs as in every steady-state step of a measurement (an overflow step skips it and
+  holds less).
+- `loss.item()` in TrainingStep.run (recognised by its caller, planner/routines/training.py): answered 0.0;
+  it only feeds the step's returned loss total.
+
+`_local_scalar_dense` produces a Python number, not a tensor, so answering it allocates nothing, and none of
+the answers changes which ops run. Any other data-dependent read (a model that branches on a tensor's value)
+and any op that fake tensors cannot run (nonzero, masked_select, an op with no fake kernel) stops the
+simulation with SimulationError naming the op and the line that called it: the planner does not guess.
+No torch function or class is patched.
+
+The record has measure_training's keys where they exist in a simulation (peak_bytes, tracked_peak_bytes,
+peak_phase, phase_peak_bytes, persistent_bytes, optimizer_bytes, timeline, device), plus "kind":
+"simulate", the simulator's own cost (sim_time_s, sim_peak_rss_bytes: the process's VmHWM, torch
+included) and the answered reads (data_dependent_reads). The timeline's x is "op" (the op's index in the
+step), not time: a fake step's timing says nothing about the real one. There is no step time and no RSS of
+the step. On CUDA (a CUDA build of torch with a GPU) the figure is live tensor bytes as on the CPU, not the
+caching allocator's rounded counter.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch._subclasses import fake_tensor as _fake
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .config import ModelConfig
+from .measure import procmem
+from .measure.tracker import LiveBytesTracker
+from .measure.training import PHASES, _PhaseRecorder, downsample
+from .routines import training as _training_routine
+from .spec import TrainSpec
+
+_TRAINING_FILE = str(Path(_training_routine.__file__).resolve())
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+_aten = torch.ops.aten
+
+
+class SimulationError(ValueError):
+    """The step cannot be simulated on fake tensors (or the user's module is unusable); one line."""
+
+
+def cuda_problem(device: str) -> str | None:
+    """Why `device` cannot be simulated here, or None. A CPU build of torch aborts the whole process when it
+    dispatches some fake CUDA kernels (SDPA: "PyTorch is not linked with support for cuda devices"), so this
+    is checked before any fake CUDA tensor exists."""
+    if not device.startswith("cuda"):
+        return None
+    if not torch.backends.cuda.is_built():
+        return (f"simulate --device cuda needs a CUDA build of torch; this one ({torch.__version__}) is CPU-only "
+                "and aborts on fake CUDA kernels (PyTorch is not linked with support for cuda devices)")
+    if not torch.cuda.is_available():
+        return "simulate --device cuda needs a CUDA device, and none is available on this machine"
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        return f"no CUDA device {index}: this machine has {torch.cuda.device_count()}"
+    return None
+
+
+class _Answers(TorchDispatchMode):
+    """Answers the data-dependent reads of a training step (see the module docstring); refuses the rest."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+        self.optimizer_steps = 0
+        self.reads = {"optimizer_step_count": 0, "gradscaler_found_inf": 0, "loss_item": 0}
+        step.optimizer.register_step_pre_hook(self._count_step)
+
+    def _count_step(self, *_):
+        self.optimizer_steps += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _aten._local_scalar_dense.default:
+            return self._answer(args[0])
+        return func(*args, **(kwargs or {}))
+
+    def _answer(self, t: torch.Tensor):
+        if any(st.get("step") is t for st in self.step.optimizer.state.values()):
+            self.reads["optimizer_step_count"] += 1
+            return float(self.optimizer_steps)
+        scaler = self.step.scaler
+        if scaler is not None and any(v is t for st in scaler._per_optimizer_states.values()
+                                      for v in st.get("found_inf_per_device", {}).values()):
+            self.reads["gradscaler_found_inf"] += 1
+            return 0.0
+        frame = sys._getframe(2)
+        while frame is not None and _internal(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None and str(Path(frame.f_code.co_filename).resolve()) == _TRAINING_FILE:
+            self.reads["loss_item"] += 1
+            return 0.0
+        where = f" at {Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else ""
+        raise SimulationError(f"aten._local_scalar_dense (Tensor.item() or bool(tensor)){where} reads a tensor's "
+                              "value, which fake tensors do not have: the step branches on data and cannot be "
+                              "simulated")
+
+
+def _internal(filename: str) -> bool:
+    """Frames of torch's own Python code and of the simulator/tracker (skipped to find the caller)."""
+    return (filename.startswith(_TORCH_DIR) or filename == __file__ or filename.endswith("measure/tracker.py")
+            or filename.startswith("<"))
+
+
+_FAKE_ERRORS = tuple(getattr(_fake, n) for n in ("DynamicOutputShapeException", "DataDependentOutputException",
+                                                   "UnsupportedOperatorException", "UnsupportedFakeTensorException")
+                     if hasattr(_fake, n))
+
+
+def fake_error_message(exc: BaseException) -> str | None:
+    """One line for an op fake tensors cannot run (naming the op and the calling line), else None."""
+    if not isinstance(exc, _FAKE_ERRORS):
+        return None
+    from .routines.user_module import user_frame
+
+    op = getattr(exc, "func", None)
+    name = str(op) if op is not None else (str(exc).splitlines() or [type(exc).__name__])[0]
+    why = {"DynamicOutputShapeException": "its output's shape depends on tensor values",
+           "DataDependentOutputException": "its result depends on tensor values",
+           "UnsupportedOperatorException": "it has no fake-tensor (meta) kernel"}.get(type(exc).__name__,
+                                                                                     "unsupported on fake tensors")
+    where = user_frame(exc.__traceback__)
+    return f"the op {name} cannot run on fake tensors ({why}){f' at {where}' if where else ''}"
+
+
+def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None,
+                      module: tuple[str, str] | None = None, max_timeline_points: int = 600,
+                      trace: bool = False) -> dict:
+    """Simulate the step of `cfg` (or of the user's `module` = (path, function name)) under `spec`.
+
+    With `trace`, the record also has "trace": {"ops": [aten op name], "phases": [...], "bytes": [live bytes
+    after the op]} for every op of the tracked step (planner.whatif fits these).
+
+    Raises SimulationError (one line) for what cannot be simulated; its `train_phase` says where.
+    """
+    problem = cuda_problem(spec.device)
+    if problem:
+        raise SimulationError(problem)
+    holder: dict = {}
+    try:
+        return _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace)
+    except SimulationError as exc:
+        exc.train_phase = _phase(holder)
+        raise
+    except BaseException as exc:
+        message = fake_error_message(exc)
+        if message is None and module is not None and isinstance(exc, Exception):
+            from .routines.user_module import exception_line
+
+            message = f"the module failed in {_phase(holder)}: {exception_line(exc)}"
+        if message is None:
+            exc.train_phase = _phase(holder)
+            raise
+        err = SimulationError(message)
+        err.train_phase = _phase(holder)
+        raise err from None
+
+
+def _phase(holder: dict) -> str:
+    step = holder.get("step")
+    return step.current_phase if step is not None else "build"
+
+
+def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False) -> dict:
+    t_start = time.perf_counter()
+    emit({"event": "progress", "stage": "build", "fraction": 0.05})
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        if module is not None:
+            from .routines.user_module import ModuleError, ModuleTrainingStep
+
+            try:
+                step = ModuleTrainingStep(Path(module[0]), module[1], spec, guard=_guard)
+            except ModuleError as exc:
+                raise SimulationError(str(exc)) from None
+        else:
+            step = _training_routine.TrainingStep(cfg, spec)
+        holder["step"] = step
+        answers = _Answers(step)
+        emit({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
+        with answers:
+            step.run()
+        gc.collect()
+
+        emit({"event": "progress", "stage": "tracked step", "fraction": 0.6})
+        answers.reads = dict.fromkeys(answers.reads, 0)  # report the tracked step's reads
+        tracker = _OpTracker() if trace else LiveBytesTracker()
+        tracker.track(step.persistent_tensors())
+        tracker.reset_peak()
+        persistent = tracker.current
+        recorder = _PhaseRecorder(tracker, step.device)
+        tracker.recording = True
+        with answers, tracker:
+            step.run(on_phase=recorder)
+        tracker.recording = False
+        optimizer_bytes = step.optimizer_state_bytes()
+    peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
+    peak = max(recorder.phase_peak.values())
+    timeline = downsample([(i, b, phase) for i, (_, b, phase) in enumerate(tracker.samples)], max_timeline_points)
+    result = {
+        "kind": "simulate",
+        "device": str(step.device),
+        "peak_bytes": peak,
+        "tracked_peak_bytes": peak,
+        "peak_phase": peak_phase,
+        "phase_peak_bytes": {p: recorder.phase_peak.get(p, 0) for p in PHASES},
+        "persistent_bytes": persistent,
+        "optimizer_bytes": optimizer_bytes,
+        "timeline": [{"op": int(p["t_s"]), "bytes": p["bytes"], "phase": p["phase"]} for p in timeline],
+        "ops": len(tracker.samples),
+        "data_dependent_reads": dict(answers.reads),
+        "sim_time_s": time.perf_counter() - t_start,
+        "sim_peak_rss_bytes": procmem.read_status().get("VmHWM", 0),
+    }
+    if trace:
+        result["trace"] = {"ops": tracker.op_names, "phases": tracker.op_phases, "bytes": tracker.op_bytes}
+    emit({"event": "progress", "stage": "done", "fraction": 1.0})
+    return result
+
+
+class _OpTracker(LiveBytesTracker):
+    """The live-bytes tracker that also keeps, for every op, its name and the live bytes after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.op_names: list[str] = []
+        self.op_phases: list[str] = []
+        self.op_bytes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.recording:
+            self.op_names.append(func.__name__)
+            self.op_phases.append(self.phase)
+            self.op_bytes.append(self.current)
+        return out
+
+
+def _guard(call: Callable[[], object]) -> object:
+    """Run user code; an op fake tensors cannot run becomes an error naming the op (not "make_model() raised")."""
+    from .routines.user_module import ModuleError
+
+    try:
+        return call()
+    except _FAKE_ERRORS as exc:
+        raise ModuleError(fake_error_message(exc)) from None
+    except SimulationError as exc:
+        raise ModuleError(str(exc)) from None
+
+
+def worker_main(payload: dict, emit: Callable[[dict], None]) -> int:
+    """planner.measure.worker's "simulate" payload: {"kind": "simulate", "spec": {...}, and "config": {...}
+    or "module": [path, function], optionally "trace": true}. Exit 0 with a result event; 2 with an error event for what cannot be
+    simulated (the CLI's invalid input); an unexpected failure is a traceback (the runner's exit 3)."""
+    from .config import config_from_dict
+
+    spec = TrainSpec(**payload["spec"])
+    cfg = config_from_dict(payload["config"]) if payload.get("config") else None
+    module = tuple(payload["module"]) if payload.get("module") else None
+    try:
+        result = simulate_training(cfg, spec, emit=emit, module=module, trace=bool(payload.get("trace")))
+    except SimulationError as exc:
+        emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup")})
+        return 2
+    emit({"event": "result", **result})
+    return 0
