@@ -72,15 +72,9 @@ def timeline(df: pd.DataFrame, budget_bytes: int | None = None, estimate_bytes: 
     data = df.assign(gib=df["bytes"] / size)
     x, title = ("t_s", "Time in the step (s)") if "t_s" in df else ("op", "Op in the step (simulated)")
     line = alt.Chart(data).mark_area(interpolate="step-after", opacity=0.7).encode(
-<<<<<<< HEAD
-        x=alt.X("t_s:Q", title="Time in the step (s)"), y=alt.Y("gib:Q", title=f"Live tensor bytes ({unit})"),
-        color=alt.Color("phase:N", title="phase", scale=alt.Scale(domain=PHASE_ORDER, range=PHASE_COLORS)),
-        tooltip=["phase:N", alt.Tooltip("gib:Q", format=".3f"), "t_s:Q"])
-=======
         x=alt.X(f"{x}:Q", title=title), y=alt.Y("gib:Q", title=f"Live tensor bytes ({unit})"),
-        color=alt.Color("phase:N", title="phase", sort=PHASE_ORDER),
+        color=alt.Color("phase:N", title="phase", scale=alt.Scale(domain=PHASE_ORDER, range=PHASE_COLORS)),
         tooltip=["phase:N", alt.Tooltip("gib:Q", format=".3f"), f"{x}:Q"])
->>>>>>> work-d
     layers = [line]
     if show_budget:
         layers.append(alt.Chart().mark_rule(color=BUDGET_COLOR, strokeDash=[6, 3]).encode(y=alt.datum(budget_bytes / size)))
