@@ -314,13 +314,13 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
             phase[k] += cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES
     peak_phase = max(phase, key=phase.get)
 
-    terms = [asdict(t) for t in blk] + [asdict(t) for t in out]
-    terms += [asdict(Term("log_softmax output + nll total_weight", "b*s*V*e_ce + e_ce", ce_saved))]
+    terms = blk + out + [Term("log_softmax output + nll total_weight", "b*s*V*e_ce + e_ce", ce_saved)]
     if amp_weights:
-        terms.append(asdict(Term("autocast weight copies (saved)", "sum(matmul weights) * 2", amp_weights)))
-    terms += [asdict(Term("transient: logits", "b*s*V*e_m", logits, where="transient")),
-              asdict(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads, where="transient")),
-              asdict(Term("transient: optimizer step", opt_tmp_formula, opt_tmp, where="transient"))]
+        terms.append(Term("autocast weight copies (saved)", "sum(matmul weights) * 2", amp_weights))
+    terms += [Term("transient: logits", "b*s*V*e_m", logits, where="transient"),
+              Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads, where="transient"),
+              Term("transient: optimizer step", opt_tmp_formula, opt_tmp, where="transient")]
+    terms = [dict(vars(t)) for t in terms]  # its fields are plain values: asdict's deep copy is 10x the cost
     notes = []
     if spec.device_type == "cuda":
         notes.append("CUDA: 512-B allocator rounding and one cuBLAS workspace are included; the CUDA context "

@@ -27,27 +27,27 @@ IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 WATCH = """() => {
   window.__rerunDone = false;
   const app = document.querySelector("[data-testid='stApp']");
-  let running = false;
-  const obs = new MutationObserver(() => {
-    const state = app.getAttribute("data-test-script-state");
-    if (state === "running") running = true;
-    if (running && state === "notRunning") { window.__rerunDone = true; obs.disconnect(); }
+  const obs = new MutationObserver(records => {
+    if (records.some(r => r.oldValue === "running") && app.getAttribute("data-test-script-state") !== "running") {
+      window.__rerunDone = true;
+      obs.disconnect();
+    }
   });
-  obs.observe(app, {attributes: true});
+  obs.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"], attributeOldValue: true});
 }"""
 
 
-def children_cpu_s() -> float:
-    """CPU seconds used so far by this process's children: the app's server, chromium and its driver (a
-    figure that other load on the machine does not inflate as much as wall time)."""
-    total = 0.0
+def children_cpu_s(server: int) -> tuple[float, float]:
+    """CPU seconds used so far by the app's server and by chromium with its driver (this process's other
+    children): figures that other load on the machine does not inflate as much as wall time."""
+    used = [0.0, 0.0]
     for child in psutil.Process().children(recursive=True):
         try:
             t = child.cpu_times()
-            total += t.user + t.system
+            used[child.pid != server] += t.user + t.system
         except psutil.Error:
             pass
-    return total
+    return used[0], used[1]
 
 
 def start_server(data: Path) -> tuple[subprocess.Popen, str]:
@@ -89,26 +89,28 @@ def main() -> int:
                 page.wait_for_selector(IDLE, timeout=60_000)
                 page.wait_for_timeout(2000)
                 slider = page.get_by_role("slider").first
-                times, cpu = [], 0.0
+                times, server_cpu, browser_cpu = [], 0.0, 0.0
                 for i in range(args.moves + 2):
                     slider.focus()
                     page.evaluate(WATCH)
-                    c0 = children_cpu_s()
+                    s0, b0 = children_cpu_s(proc.pid)
                     t0 = time.perf_counter()
                     slider.press("ArrowRight")
                     page.wait_for_function("() => window.__rerunDone", polling="raf", timeout=30_000)
                     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
                     if i >= 2:  # the first moves warm caches
                         times.append(time.perf_counter() - t0)
-                        cpu += children_cpu_s() - c0
+                        s1, b1 = children_cpu_s(proc.pid)
+                        server_cpu, browser_cpu = server_cpu + s1 - s0, browser_cpu + b1 - b0
                     page.wait_for_timeout(300)
                 browser.close()
         finally:
             proc.terminate()
             proc.wait(10)
     print(f"Planner page, {args.model}, {len(times)} slider moves in chromium: median {statistics.median(times) * 1e3:.0f} ms, "
-          f"max {max(times) * 1e3:.0f} ms (key press to the rerun finished and painted); CPU time of the server and "
-          f"the browser per move {cpu / len(times) * 1e3:.0f} ms (load average {os.getloadavg()[0]:.1f})")
+          f"max {max(times) * 1e3:.0f} ms (key press to the rerun finished and painted); CPU per move: server "
+          f"{server_cpu / len(times) * 1e3:.0f} ms, browser {browser_cpu / len(times) * 1e3:.0f} ms "
+          f"(load average {os.getloadavg()[0]:.1f})")
     return 0
 
 
