@@ -1,4 +1,5 @@
-"""Training step: run the real step for the planner's settings in a child process; measured vs estimated."""
+"""Training step: run the real step for the planner's settings in a child process (measure), or the same step
+on fake tensors (simulate: any size, no memory used); either against the estimate."""
 import dataclasses
 
 import pandas as pd
@@ -55,14 +56,16 @@ if refused:
              f"machine can give it. The largest batch that fits is {best}; the Planner page lists other changes.")
 
 
-def start() -> None:
-    """Start `python -m planner measure train` for these settings (the job writes and removes the config file)."""
-    args = ["measure", "train", "--batch-size", str(spec.batch_size), "--seq-len",
+def start(kind: str = "measure") -> None:
+    """Start `python -m planner measure|simulate train` for these settings (the job writes and removes the
+    config file)."""
+    args = [kind, "train", "--batch-size", str(spec.batch_size), "--seq-len",
             str(spec.seq_len), "--precision", spec.precision, "--optimizer", spec.optimizer, "--grad-accum",
             str(spec.grad_accum), "--optimizer-impl", spec.optimizer_impl, "--device", spec.device,
             "--json", "--progress", "--timeout", str(TIMEOUT_S)] + (["--checkpointing"] if spec.checkpointing else [])
     try:
         st.session_state["job"] = Job(args, timeout_s=TIMEOUT_S + 30, config=config_to_dict(run_cfg)).start()
+        st.session_state["job_kind"] = kind
         st.session_state.pop("train_result", None)
     except JobBusy as exc:
         st.session_state["job_message"] = str(exc)
@@ -72,7 +75,11 @@ running = "job" in st.session_state
 if st.session_state.pop("autostart", False) and not running and not refused:
     start()
     running = "job" in st.session_state
-st.button("Run measurement", type="primary", disabled=running or refused, on_click=start, key="run")
+b1, b2 = st.columns([1, 4])
+b1.button("Run measurement", type="primary", disabled=running or refused, on_click=start, key="run")
+# Simulation allocates no tensor memory, so it is offered even where a measurement is refused.
+b2.button("Simulate", disabled=running, on_click=start, args=("simulate",), key="simulate",
+          help="the same step on fake tensors: exact live tensor bytes, no memory used (any model size)")
 if msg := st.session_state.pop("job_message", None):
     st.warning(msg)
 elif not running and running_pid():
@@ -95,10 +102,11 @@ def job_panel() -> None:
     if state != "running":
         record = job.result() or {}
         status = "failed" if state == "done" and "peak_bytes" not in record else state
+        kind = st.session_state.pop("job_kind", "measure")
         st.session_state["train_result"] = {"state": status, "record": record, "stderr": job.stderr(),
-                                            "estimate": est.to_dict(), "budget": budget}
+                                            "estimate": est.to_dict(), "budget": budget, "kind": kind}
         RunStore().save("train", name, {**dataclasses.asdict(spec), "attention": run_cfg.attention}, spec.device,
-                        est.peak_bytes, record.get("peak_bytes"), record, status)
+                        est.peak_bytes, record.get("peak_bytes"), {"kind": kind, **record}, status)
         del st.session_state["job"]
         st.rerun()
 
@@ -108,6 +116,8 @@ def show_result() -> None:
     if not res:
         return
     rec = res["record"]
+    simulated = res.get("kind") == "simulate"
+    what = "Simulated" if simulated else "Measured"
     if res["state"] == "cancelled":
         st.info("Cancelled before it finished: every process of the run has ended and nothing was measured. "
                 "The run is listed on the Runs page as cancelled.")
@@ -117,28 +127,36 @@ def show_result() -> None:
         if res["stderr"].strip():
             st.code(res["stderr"][-2000:])
     else:
-        st.progress(1.0, text="Finished: measured in a child process")
+        st.progress(1.0, text="Finished: " + ("simulated on fake tensors" if simulated else "measured") +
+                    " in a child process")
         e = res["estimate"]
         m1, m2, m3, m4 = st.columns(4)
-        m1.metric("Measured peak", fmt_bytes(rec["peak_bytes"]), help="live tensor bytes (CPU) / max_memory_allocated (CUDA)")
+        m1.metric(f"{what} peak", fmt_bytes(rec["peak_bytes"]),
+                  help="live tensor bytes of the step on fake tensors" if simulated
+                  else "live tensor bytes (CPU) / max_memory_allocated (CUDA)")
         m2.metric("Estimated peak", fmt_bytes(e["peak_bytes"]))
         m3.metric("Error", f"{rec['error_pct']:+.2f}%")
-        m4.metric("Peak phase (measured)", rec["peak_phase"], help=f"estimated: {e['peak_phase']}")
-        st.caption(f"Peak RSS of the child {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s"
-                   + (f"; max_memory_reserved {fmt_bytes(rec['peak_reserved_bytes'])}" if "peak_reserved_bytes" in rec else ""))
+        m4.metric(f"Peak phase ({what.lower()})", rec["peak_phase"], help=f"estimated: {e['peak_phase']}")
+        if simulated:
+            st.caption(f"Simulated {rec.get('ops', 0):,} ops in {rec['sim_time_s']:.1f} s; the simulator's own RSS "
+                       f"{fmt_bytes(rec['sim_peak_rss_bytes'])} (fake tensors hold no memory)")
+        else:
+            st.caption(f"Peak RSS of the child {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s"
+                       + (f"; max_memory_reserved {fmt_bytes(rec['peak_reserved_bytes'])}"
+                          if "peak_reserved_bytes" in rec else ""))
         phases = pd.DataFrame([{"phase": p, "source": src, "bytes": val}
                                for p in e["phase_peak_bytes"]
                                for src, val in (("estimate", e["phase_peak_bytes"][p]),
-                                                ("measured", rec["phase_peak_bytes"].get(p, 0)))])
+                                                (what.lower(), rec["phase_peak_bytes"].get(p, 0)))])
         c1, c2 = st.columns(2)
         c1.altair_chart(grouped_bars(phases, "phase", "Peak of each phase", order=PHASE_ORDER))
         comp = pd.DataFrame([{"component": "persistent (weights, batch, optimizer)", "source": "estimate",
                               "bytes": e["params_bytes"] + e["buffers_bytes"] + e["inputs_bytes"] + e["optimizer_bytes"]
                               + e["transients"].get("gradscaler", 0)},
-                             {"component": "persistent (weights, batch, optimizer)", "source": "measured",
+                             {"component": "persistent (weights, batch, optimizer)", "source": what.lower(),
                               "bytes": rec["persistent_bytes"]},
                              {"component": "optimizer state", "source": "estimate", "bytes": e["optimizer_bytes"]},
-                             {"component": "optimizer state", "source": "measured", "bytes": rec["optimizer_bytes"]}])
+                             {"component": "optimizer state", "source": what.lower(), "bytes": rec["optimizer_bytes"]}])
         c2.altair_chart(grouped_bars(comp, "component", "Bytes"))
         if rec.get("timeline"):
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],

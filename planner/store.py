@@ -99,10 +99,16 @@ def runs_table(runs: list[dict]) -> list[dict]:
     return [{"estimate_bytes": r["estimate_bytes"], "estimate": readable(r["estimate_bytes"]),
              "measured_bytes": r["measured_bytes"], "measured": readable(r["measured_bytes"]),
              "error_pct": round(r["error_pct"], 3) if r["error_pct"] is not None else None,
-             "status": r["status"], "kind": r["kind"], "model": r["model"], "device": r["device"],
+             "status": r["status"], "kind": r["kind"], "source": source(r), "model": r["model"], "device": r["device"],
              "settings": ", ".join(f"{k}={v}" for k, v in r["settings"].items()),
              "when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])), "id": r["id"]}
             for r in runs]
+
+
+def source(run: dict) -> str:
+    """How the figure was obtained: "measure" (a real step or load) or "simulate" (the step on fake tensors),
+    as the record the CLI printed says (records from before simulation have no kind: measured)."""
+    return run["record"].get("kind", "measure") if isinstance(run.get("record"), dict) else "measure"
 
 
 def runs_csv(runs: list[dict]) -> str:

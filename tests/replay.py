@@ -11,6 +11,8 @@ RECORDED = {
                                 "--device cpu --json --progress",
     "measure_load_all_tiny_fp16.jsonl": "python -m planner measure load --config tiny.json --method all --device cpu "
                                         "--dtype float16 --json --progress",
+    "simulate_train_tiny.jsonl": "python -m planner simulate train --config tiny.json --batch-size 2 --seq-len 32 "
+                                 "--device cpu --json --progress",
 }
 
 

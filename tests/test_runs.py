@@ -82,14 +82,38 @@ def test_runs_page_lists_every_status_and_charts_completed_runs():
     assert any("1 completed runs; 1 cancelled or failed" in c.value for c in at.caption)
 
 
-def training_page(at_events: list[dict], final: str | None):
-    """The Training step page (opened directly: its default run) for the pasted tiny model, with a replayed job."""
+def training_page(at_events: list[dict], final: str | None, kind: str = "measure"):
+    """The Training step page (opened directly: its default run) for the pasted tiny model, with a replayed job
+    of `kind` (measure or simulate)."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
     at.switch_page("pages/1_training.py").run()
     at.radio(key="source").set_value("Paste a config").run()
     at.text_area(key="config_text").set_value(json.dumps(TINY)).run()
     at.session_state["job"] = ReplayJob(at_events, final)
+    at.session_state["job_kind"] = kind
     return at.run()
+
+
+def test_a_simulation_is_shown_as_simulated_and_stored_with_its_source():
+    events = recorded("simulate_train_tiny.jsonl")
+    at = training_page(events, "done", kind="simulate")
+    assert not at.exception and not at.error
+    assert [p.proto.text for p in at.get("progress")] == ["Finished: simulated on fake tensors in a child process"]
+    assert "Simulated peak" in [m.label for m in at.metric] and any("fake tensors hold no memory" in c.value for c in at.caption)
+    [run] = store().list()
+    assert run["status"] == "done" and run["measured_bytes"] == events[-1]["peak_bytes"]
+    at.switch_page("pages/3_runs.py").run()
+    assert list(at.dataframe[0].value["source"]) == ["simulate"]
+
+
+def test_simulate_is_offered_where_a_measurement_is_refused():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    at.switch_page("pages/1_training.py").run()
+    at.selectbox(key="preset").set_value("llama-3-8b").run()
+    at.session_state["run_settings"] = {"spec": {"batch_size": 8, "seq_len": 8192}, "attention": None, "budget": None}
+    at.run()
+    assert at.button(key="run").disabled and not at.button(key="simulate").disabled
+    assert "Not started" in at.error[0].value
 
 
 def test_training_cancel_is_information_and_the_run_is_kept():
