@@ -139,15 +139,17 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
     st.caption(f"Red dashed line: the budget{' for tensors' if p.cuda_context_bytes else ''} (left out where the "
                "curve stays below a third of it).")
 
-    terms_box = st.expander("Every term and its formula, and each phase's peak")
-    terms = pd.DataFrame(est.terms)
-    terms["bytes (x L if per layer)"] = [t["bytes"] * (cfg.layers if t["per_layer"] else 1) for t in est.terms]
-    terms_box.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]], hide_index=True,
-                        width="stretch")
-    terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
-                                      for k, v in est.phase_peak_bytes.items()]
-                              + [{"phase": f"transient: {k}", "peak": fmt_bytes(v), "bytes": v}
-                                 for k, v in est.transients.items()]), hide_index=True, width="stretch")
+    # Drawn only while open (a slider move then redraws two tables fewer).
+    terms_box = st.expander("Every term and its formula, and each phase's peak", key="terms_open", on_change="rerun")
+    if terms_box.open:
+        terms = pd.DataFrame(est.terms)
+        terms["bytes (x L if per layer)"] = [t["bytes"] * (cfg.layers if t["per_layer"] else 1) for t in est.terms]
+        terms_box.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]],
+                            hide_index=True, width="stretch")
+        terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
+                                          for k, v in est.phase_peak_bytes.items()]
+                                         + [{"phase": f"transient: {k}", "peak": fmt_bytes(v), "bytes": v}
+                                            for k, v in est.transients.items()]), hide_index=True, width="stretch")
 
 
 cfg = frame("Planner")

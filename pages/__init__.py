@@ -9,6 +9,7 @@ drops on a page switch: a pasted config survives every page switch. The model is
 (`?model=gpt2-small`, or `?model=pasted-1a2b3c4d` for a config pasted in this session), so a link opens
 with it; an invalid paste keeps the last valid model (its name says which) and shows the error beside the box.
 """
+import functools
 import hashlib
 import json
 
@@ -26,15 +27,17 @@ DEFAULT_MODEL = "gpt2-small"
 SOURCES = ["Preset", "Paste a config"]
 
 
-@st.cache_data(ttl=60)
+# Machine facts that do not change while the app runs: read once per process (functools, not st.cache_data,
+# whose lookup hashes the function on every call: ~7 ms of each rerun).
+@functools.cache
 def _gpu():
     return gpu_info()
 
 
-@st.cache_data
+@functools.cache
 def machine_budget(device: str) -> tuple[int, str]:
     """The default budget for `device` (planner.fit.default_budget: the GPU's total, else the total RAM),
-    or this machine's RAM with a note when no GPU figure is here. Stable, so cached for the process."""
+    or this machine's RAM with a note when no GPU figure is here."""
     try:
         return default_budget(device)
     except ConfigError:

@@ -190,6 +190,18 @@ def test_optimizer_implementation_is_a_setting_and_fused_is_advised_when_it_help
     assert metric(at, "Peak phase") != "optimizer"
 
 
+def test_every_term_and_its_formula_is_one_click_away():
+    at = app()
+    assert len(at.dataframe) == 1  # the advice; the term tables are drawn only when asked for
+    at.session_state["terms_open"] = True
+    at.run()
+    est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
+    terms = at.dataframe[1].value
+    assert list(terms["formula"]) == [t["formula"] for t in est.terms]
+    assert dict(zip(at.dataframe[2].value["phase"], at.dataframe[2].value["bytes"]))["backward"] == \
+        est.phase_peak_bytes["backward"]
+
+
 def test_parameter_count_and_formulas_are_shown_as_written():
     at = app()
     sidebar = " ".join(c.value for c in at.sidebar.caption)
