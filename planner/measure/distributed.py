@@ -135,14 +135,21 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return best
 
 
-def wrap_model(model: torch.nn.Module, pspec: ParallelSpec, device: torch.device) -> torch.nn.Module:
+def make_mesh(pspec: ParallelSpec, device: torch.device):
+    """The 1-D data-parallel mesh, on the run's device type explicitly (PyTorch issue #132471: the default
+    may pick CUDA). Built outside FakeTensorMode: the mesh computes its coordinates on real tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (pspec.world_size,))
+
+
+def wrap_model(model: torch.nn.Module, pspec: ParallelSpec, device: torch.device, mesh=None) -> torch.nn.Module:
     if pspec.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Defaults: bucket_cap_mb=25 (the first bucket 1 MiB), gradient_as_bucket_view=False.
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                    gradient_as_bucket_view=pspec.gradient_as_bucket_view)
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     from ..models import TORCH_DTYPES
@@ -150,8 +157,7 @@ def wrap_model(model: torch.nn.Module, pspec: ParallelSpec, device: torch.device
     blocks = transformer_blocks(model)
     if not blocks:
         raise WrapError("cannot apply FSDP: the model has no repeated blocks to fully_shard")
-    # Explicit mesh on the run's device type (PyTorch issue #132471: the default may pick CUDA).
-    mesh = init_device_mesh(device.type, (pspec.world_size,))
+    mesh = mesh if mesh is not None else make_mesh(pspec, device)
     mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES.get(pspec.mp_param_dtype),
                               reduce_dtype=TORCH_DTYPES.get(pspec.mp_reduce_dtype))
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if pspec.cpu_offload else OffloadPolicy()
@@ -165,9 +171,10 @@ def wrap_model(model: torch.nn.Module, pspec: ParallelSpec, device: torch.device
     return model
 
 
-def build_step(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, device: torch.device) -> TrainingStep:
+def build_step(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, device: torch.device,
+               mesh=None) -> TrainingStep:
     step = TrainingStep(cfg, spec)
-    step.model = wrap_model(step.model, pspec, device)
+    step.model = wrap_model(step.model, pspec, device, mesh)
     # FSDP replaces the parameters by sharded DTensors: the optimizer must hold those (its first
     # instance has no state yet, so nothing is lost).
     step.optimizer = make_optimizer(step.model.parameters(), spec)
@@ -282,10 +289,12 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, rank: 
     if spec.device_type != "cpu":
         raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
     device = torch.device("cpu")
-    with fake_world(rank, pspec.world_size), FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
-        step = build_step(cfg, spec, pspec, device)
-        result = _run_steps(step, lambda: DistLiveBytesTracker(fake_scalars=True), lambda e: None, rank, False,
-                            device, max_timeline_points)
+    with fake_world(rank, pspec.world_size):
+        mesh = make_mesh(pspec, device) if pspec.parallel == "fsdp" else None
+        with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
+            step = build_step(cfg, spec, pspec, device, mesh)
+            result = _run_steps(step, lambda: DistLiveBytesTracker(fake_scalars=True), lambda e: None, rank, False,
+                                device, max_timeline_points)
     result["simulated"] = True
     return result
 
