@@ -242,9 +242,16 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
 
     # Rank-independent part of each phase (without the optimizer state, added per rank below).
     rest = params_s + buffers + inputs + scaler
-    forward = rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk
+    # Forward high points: the logits, with the root unsharded and the last block's all-gather output still
+    # held (comm_ctx.all_gather_state); and the root's own all-gather at the start (output + copy-out).
+    forward = max(rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk, rest + ag_root + root_c)
     loss = rest + loss_acts + all_unsharded
     back = {"cross-entropy backward": rest + ce_point + all_unsharded}
+    if not keep:
+        # The root's all-gather at its pre-backward, after the cross-entropy backward: its gradient w.r.t.
+        # the logits (b*s*V*e_ce) has replaced the log-softmax output it freed (the same size), so the saved
+        # activations, the all-gather output and the unsharded root are alive at once.
+        back["root all-gather"] = rest + comp.activations_bytes + ag_root + root_c
     for name, v in comp.backward_points.items():
         if name == "final norm" and v == 0:
             continue
@@ -261,10 +268,16 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
             grads_adj = 0
             extras = root_c + (L * blk_c if keep else ag_blk)
         back[f"{name} (+ unsharded root and block{'s' if keep else ''})"] = rest + v + grads_adj + extras
-    # The root's post-backward: every block's sharded gradients, the root's unsharded gradients (compute
-    # dtype) and its reduce-scatter input (reduce dtype); the activations are gone by then.
-    back["root reduce-scatter"] = rest + L * s_blk * e_p + u_root * e_c + rs_root
-
+    # The root's post-backward (_fsdp_collectives.py foreach_reduce), after the activations are gone:
+    # every block's sharded gradients, then (a) the root's unsharded gradients (compute dtype) copied into
+    # its reduce-scatter input (reduce dtype); (b) the gradients freed after the copy-in, except the
+    # first one the backward created (the last root parameter's: the untied head's, else the final
+    # norm's; still referenced there, measured), and the reduce-scatter output (reduce dtype); (c) with
+    # a reduce dtype other than the parameters', that output's cast to e_p.
+    survivor = root[-1].numel * e_c if root else 0
+    rs_base = rest + L * s_blk * e_p + rs_root
+    back["root reduce-scatter: copy-in"] = rs_base + u_root * e_c
+    back["root reduce-scatter: output"] = rs_base + survivor + s_root * e_r + (s_root * e_p if e_r != e_p else 0)
     runs = _rank_runs(params, n)
     groups = []
     for first, last in runs:
