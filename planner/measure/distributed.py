@@ -171,9 +171,48 @@ def wrap_model(model: torch.nn.Module, pspec: ParallelSpec, device: torch.device
     return model
 
 
+class SimulatedReducer:
+    """DDP's gradient buckets on fake tensors, where the C++ Reducer cannot run (it needs real storage).
+
+    The buckets are those the Reducer rebuilds after the first step: parameters in the order their
+    gradients become ready (the reverse of registration, as DDP assumes), grouped by the same C++
+    dist._compute_bucket_assignment_by_size with the default caps (1 MiB first, then 25 MiB), one flat
+    tensor each, alive as long as the model. As the Reducer's autograd hook does (reducer.cpp
+    mark_variable_ready_dense), each gradient is copied into its bucket view when it is ready; with
+    gradient_as_bucket_view the .grad becomes that view. The all-reduce works in place on the bucket,
+    so it adds nothing here; under the fake process group it would do nothing anyway."""
+
+    def __init__(self, model: torch.nn.Module, as_view: bool):
+        import torch.distributed as dist
+
+        self.as_view = as_view
+        order = [p for p in model.parameters() if p.requires_grad][::-1]
+        meta = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p in order]
+        indices, _ = dist._compute_bucket_assignment_by_size(
+            meta, [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 2**20], [False] * len(meta))
+        self.buckets: list[torch.Tensor] = []
+        for idx in indices:
+            params = [order[i] for i in idx]
+            flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            offset = 0
+            for p in params:
+                view = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+                p.register_post_accumulate_grad_hook(lambda param, v=view: self._ready(param, v))
+            self.buckets.append(flat)
+
+    def _ready(self, param: torch.Tensor, view: torch.Tensor) -> None:
+        view.copy_(param.grad)
+        if self.as_view:
+            param.grad = view
+
+
 def build_step(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, device: torch.device,
-               mesh=None) -> TrainingStep:
+               mesh=None, simulated: bool = False) -> TrainingStep:
     step = TrainingStep(cfg, spec)
+    if simulated and pspec.parallel == "ddp":
+        step.reducer = SimulatedReducer(step.model, pspec.gradient_as_bucket_view)
+        return step
     step.model = wrap_model(step.model, pspec, device, mesh)
     # FSDP replaces the parameters by sharded DTensors: the optimizer must hold those (its first
     # instance has no state yet, so nothing is lost).
@@ -292,7 +331,7 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, rank: 
     with fake_world(rank, pspec.world_size):
         mesh = make_mesh(pspec, device) if pspec.parallel == "fsdp" else None
         with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
-            step = build_step(cfg, spec, pspec, device, mesh)
+            step = build_step(cfg, spec, pspec, device, mesh, simulated=True)
             result = _run_steps(step, lambda: DistLiveBytesTracker(fake_scalars=True), lambda e: None, rank, False,
                                 device, max_timeline_points)
     result["simulated"] = True
