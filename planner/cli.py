@@ -2,6 +2,8 @@
 
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
+    python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
+    python -m planner simulate train MODEL RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--json]
     python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--checkpoint PATH] [--json]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
@@ -10,6 +12,8 @@
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
            [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
+    PARALLEL: [--reshard-after-forward true|false] [--mp-param-dtype D] [--mp-reduce-dtype D] [--cpu-offload]
+              [--gradient-as-bucket-view]   (planner/cli_parallel.py)
 
 Exit codes: 0 success; 2 invalid input (one line on stderr, no traceback); 3 a measurement that ran
 out of memory or time, or whose process was killed (JSON with an "error" field on stdout).
@@ -22,6 +26,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from . import cli_parallel
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
 from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
 from .units import fmt_bytes, parse_size
@@ -78,6 +83,7 @@ def build_parser() -> _Parser:
     p = est.add_parser("train")
     _add_model(p)
     _add_run(p)
+    cli_parallel.add_parallel_args(p)
     p = est.add_parser("load")
     _add_model(p)
     _add_load(p)
@@ -88,6 +94,13 @@ def build_parser() -> _Parser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
     p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller machine")
     p.add_argument("--progress", action="store_true", help="print JSON progress lines before the result (with --json)")
+    cli_parallel.add_parallel_args(p)
+    sim = top.add_parser("simulate").add_subparsers(dest="what", required=True, parser_class=_Parser)
+    p = sim.add_parser("train")
+    _add_model(p)
+    _add_run(p)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
+    cli_parallel.add_parallel_args(p)
     p = mea.add_parser("load")
     _add_model(p)
     _add_load(p, measure=True)
@@ -139,6 +152,8 @@ ESTIMATE_KEYS = ["params_bytes", "buffers_bytes", "inputs_bytes", "grads_bytes",
 
 def cmd_estimate_train(args) -> int:
     cfg, spec = parse_train(args)
+    if cli_parallel.parallel_requested(args):
+        return cli_parallel.cmd_estimate(args, cfg, spec)
     rec = _estimate_record(cfg, spec)
     if args.json:
         print(json.dumps(rec))
@@ -152,6 +167,8 @@ def cmd_measure_train(args) -> int:
     from .runner import run_worker
 
     cfg, spec = parse_train(args)
+    if cli_parallel.parallel_requested(args):
+        return cli_parallel.cmd_measure(args, cfg, spec)
     est = _estimate_record(cfg, spec)
     if spec.device_type == "cpu":
         import psutil
@@ -335,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
         if args.command == "measure":
             return cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
+        if args.command == "simulate":
+            cfg, spec = parse_train(args)
+            return cli_parallel.cmd_simulate(args, cfg, spec)
         if args.command == "fit":
             return cmd_fit(args)
         return cmd_bench(args)

@@ -88,19 +88,43 @@ def rank_command(payload: dict) -> list[str]:
 
 def run_ranks(cfg_dict: dict, spec_dict: dict, pspec: ParallelSpec, timeout_s: float | None = None,
               on_event: Callable[[dict], None] = lambda e: None) -> WorkerOutcome:
+    """Measure every rank for real; the outcome's record combines them (combine_ranks)."""
     n = pspec.world_size
     payload = {"config": cfg_dict, "spec": spec_dict, "parallel": asdict(pspec),
                # a rank whose peer died waits in a collective for at most this long (then errors)
                "pg_timeout_s": max(30.0, float(timeout_s or 600))}
     base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n)}
+    children = [(rank_command(payload), {**base_env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(n)]
+    outcome = _run_children(children, timeout_s, on_event, [f"rank {r}" for r in range(n)])
+    if outcome.exit_code == EXIT_OK:
+        outcome.record = combine_ranks(outcome.record["results"])
+    return outcome
+
+
+def run_simulation(cfg_dict: dict, spec_dict: dict, pspec: ParallelSpec | None, timeout_s: float | None = None,
+                   on_event: Callable[[dict], None] = lambda e: None) -> WorkerOutcome:
+    """Simulate the ranks in one child under FakeTensorMode (planner.measure.distributed --simulate)."""
+    payload = {"config": cfg_dict, "spec": spec_dict, "parallel": asdict(pspec) if pspec else None}
+    cmd = [sys.executable, "-m", "planner.measure.distributed", "--simulate", json.dumps(payload)]
+    outcome = _run_children([(cmd, {})], timeout_s, on_event, ["the simulation"])
+    if outcome.exit_code == EXIT_OK:
+        outcome.record = outcome.record["results"][0]
+    return outcome
+
+
+def _run_children(children: list[tuple[list[str], dict]], timeout_s: float | None,
+                  on_event: Callable[[dict], None], names: list[str]) -> WorkerOutcome:
+    """Start the children in one process group (led by the first), read their JSON lines, end them all
+    on timeout or when one fails; the record is {"results": [each child's result event]}."""
+    n = len(children)
     procs: list[subprocess.Popen] = []
     lines: queue.Queue = queue.Queue()
     stderr: dict[int, list[str]] = {}
     try:
-        for rank in range(n):
-            env = child_env({**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
-            group = {"process_group": 0 if rank == 0 else procs[0].pid}  # one group, led by rank 0
-            proc = subprocess.Popen(rank_command(payload), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        for rank, (cmd, extra_env) in enumerate(children):
+            env = child_env(extra_env)
+            group = {"process_group": 0 if rank == 0 else procs[0].pid}  # one group, led by the first child
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     stdin=subprocess.DEVNULL, text=True, env=env, **group)
             procs.append(proc)
             stderr[rank] = []
@@ -122,7 +146,8 @@ def run_ranks(cfg_dict: dict, spec_dict: dict, pspec: ParallelSpec, timeout_s: f
         while len(ended) < n:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                failure = {"error": f"timed out after {timeout_s:g} s; all {n} ranks were killed", "timeout": True}
+                failure = {"error": f"timed out after {timeout_s:g} s; {'all ' + str(n) + ' ranks were' if n > 1 else 'the child was'} killed",
+                           "timeout": True}
                 break
             try:
                 rank, line = lines.get(timeout=remaining)
@@ -132,11 +157,12 @@ def run_ranks(cfg_dict: dict, spec_dict: dict, pspec: ParallelSpec, timeout_s: f
                 ended.add(rank)
                 code = procs[rank].wait()
                 if rank not in results and rank not in errors:
-                    failure = {"error": _death(rank, code, stderr), "killed": code < 0, "failed_rank": rank}
+                    failure = {"error": _death(names[rank], code, "".join(stderr.get(rank, [])), n),
+                               "killed": code < 0, "failed_rank": rank}
                     break
                 if rank in errors:
                     failure = {**errors[rank], "failed_rank": rank}
-                    failure["error"] = f"rank {rank}: {errors[rank].get('error')}"
+                    failure["error"] = f"{names[rank]}: {errors[rank].get('error')}" if n > 1 else errors[rank].get("error")
                     failure["exit_code"] = code
                     break
                 continue
@@ -168,17 +194,18 @@ def run_ranks(cfg_dict: dict, spec_dict: dict, pspec: ParallelSpec, timeout_s: f
         code = EXIT_INVALID if failure.get("exit_code") == EXIT_INVALID else EXIT_FAILED
         failure.pop("exit_code", None)
         return WorkerOutcome(code, {**failure, "phase": failure.get("phase", last_stage), "world_size": n}, [], tail)
-    return WorkerOutcome(EXIT_OK, combine_ranks([results[r] for r in range(n)]), [], tail)
+    return WorkerOutcome(EXIT_OK, {"results": [results[r] for r in range(n)]}, [], tail)
 
 
-def _death(rank: int, code: int, stderr: dict[int, list[str]]) -> str:
+def _death(name: str, code: int, stderr: str, n: int) -> str:
+    others = "; the other ranks were ended" if n > 1 else ""
     if code < 0:
         sig = signal.Signals(-code).name
         why = " (the kernel's OOM killer sends SIGKILL when RAM runs out)" if sig == "SIGKILL" else ""
-        return f"rank {rank} was killed by {sig}{why}; the other ranks were ended"
-    text = "".join(stderr.get(rank, [])).strip()
+        return f"{name} was killed by {sig}{why}{others}"
+    text = stderr.strip()
     last = text.splitlines()[-1] if text else "no output"
-    return f"rank {rank} failed (exit {code}): {last}"
+    return f"{name} failed (exit {code}): {last}{others}"
 
 
 def combine_ranks(ranks: list[dict]) -> dict:

@@ -113,7 +113,7 @@ def padded_shard_numel(params, n: int) -> int:
     return sum(_chunk(p.d0, n) * p.rest for p in params)
 
 
-def _rank_runs(params: list[_Param], n: int) -> list[tuple[int, int]]:
+def rank_runs(params: list[_Param], n: int) -> list[tuple[int, int]]:
     """Contiguous runs of ranks whose local shards have the same shapes, as (first, last)."""
     d0s = sorted({p.d0 for p in params})
     runs: list[tuple[int, int]] = []
@@ -210,7 +210,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     n = pspec.world_size
     root, blocks = _groups(cfg)
     L = len(blocks)
-    params = [p for p in _param_order(cfg)]
+    params = [p for p in param_order(cfg)]
     e_p = DTYPE_BYTES[spec.param_dtype]                       # sharded parameters, gradients, optimizer
     e_c = DTYPE_BYTES[pspec.mp_param_dtype] if pspec.mp_param_dtype else e_p   # unsharded (compute)
     e_r = DTYPE_BYTES[pspec.mp_reduce_dtype] if pspec.mp_reduce_dtype else e_c  # reduce-scatter
@@ -278,7 +278,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     rs_base = rest + L * s_blk * e_p + rs_root
     back["root reduce-scatter: copy-in"] = rs_base + u_root * e_c
     back["root reduce-scatter: output"] = rs_base + survivor + s_root * e_r + (s_root * e_p if e_r != e_p else 0)
-    runs = _rank_runs(params, n)
+    runs = rank_runs(params, n)
     groups = []
     for first, last in runs:
         opt, opt_tmp, opt_formula = _optimizer_local(params, spec, n, first, e_p)
@@ -326,7 +326,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
 
 
 @per_config
-def _param_order(cfg: ModelConfig) -> tuple[_Param, ...]:
+def param_order(cfg: ModelConfig) -> tuple[_Param, ...]:
     return tuple(_Param(t.name, t.shape[0], prod(t.shape[1:])) for t in tensor_inventory(cfg) if t.kind == "param")
 
 

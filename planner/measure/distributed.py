@@ -210,7 +210,7 @@ class SimulatedReducer:
 def build_step(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, device: torch.device,
                mesh=None, simulated: bool = False) -> TrainingStep:
     step = TrainingStep(cfg, spec)
-    if simulated and pspec.parallel == "ddp":
+    if simulated and pspec.parallel == "ddp":  # the C++ Reducer cannot run on fake tensors
         step.reducer = SimulatedReducer(step.model, pspec.gradient_as_bucket_view)
         return step
     step.model = wrap_model(step.model, pspec, device, mesh)
@@ -320,27 +320,74 @@ def fake_world(rank: int, world_size: int):
         dist.destroy_process_group()
 
 
-def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, rank: int = 0,
+def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None, rank: int = 0,
                   max_timeline_points: int = 600) -> dict:
-    """Rank `rank` of `pspec.world_size`, on fake tensors: the same steps and tracker as measure_rank."""
+    """Rank `rank` of `pspec.world_size` on fake tensors: the same steps and tracker as measure_rank.
+    pspec None simulates the run on one device (no process group, no wrapper)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if spec.device_type != "cpu":
         raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
     device = torch.device("cpu")
-    with fake_world(rank, pspec.world_size):
-        mesh = make_mesh(pspec, device) if pspec.parallel == "fsdp" else None
+    world = fake_world(rank, pspec.world_size) if pspec is not None else nullcontext()
+    with world:
+        mesh = make_mesh(pspec, device) if pspec is not None and pspec.parallel == "fsdp" else None
         with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
-            step = build_step(cfg, spec, pspec, device, mesh, simulated=True)
+            step = build_step(cfg, spec, pspec, device, mesh, simulated=True) if pspec else TrainingStep(cfg, spec)
             result = _run_steps(step, lambda: DistLiveBytesTracker(fake_scalars=True), lambda e: None, rank, False,
                                 device, max_timeline_points)
     result["simulated"] = True
     return result
 
 
+def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
+             emit: Callable[[dict], None] = lambda e: None) -> dict:
+    """Every distinct rank of the run, simulated: ranks whose shards have the same shapes hold the same
+    bytes (planner.estimate.distributed rank runs; DDP ranks are all alike), so one of each run is
+    simulated and stands for the run (its "ranks_like_this"). The record has measure's keys."""
+    from ..distributed import combine_ranks
+    from ..estimate.distributed import param_order, rank_runs
+
+    if pspec is None:
+        runs = [(0, 0)]
+    elif pspec.parallel == "ddp":
+        runs = [(0, pspec.world_size - 1)]
+    else:
+        runs = rank_runs(list(param_order(cfg)), pspec.world_size)
+    records = []
+    for i, (first, last) in enumerate(runs):
+        emit({"event": "progress", "stage": f"simulating rank {first}", "fraction": 0.1 + 0.9 * i / len(runs)})
+        rec = simulate_rank(cfg, spec, pspec, first)
+        rec["ranks_like_this"] = [first, last]
+        records.append(rec)
+    out = combine_ranks(records)
+    out["world_size"] = pspec.world_size if pspec else 1
+    out["simulated"] = True
+    return out
+
+
+def _simulate_main(payload: dict) -> int:
+    cfg = config_from_dict(payload["config"])
+    spec = TrainSpec(**payload["spec"])
+    pspec = ParallelSpec(**payload["parallel"]) if payload.get("parallel") else None
+
+    def emit(event: dict) -> None:
+        print(json.dumps(event), flush=True)
+
+    try:
+        result = simulate(cfg, spec, pspec, emit)
+    except WrapError as exc:
+        emit({"event": "error", "error": str(exc), "phase": "setup"})
+        return EXIT_INVALID
+    emit({"event": "result", **result})
+    return 0
+
+
 def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
+    if argv and argv[0] == "--simulate":
+        return _simulate_main(json.loads(argv[1]))
     payload = json.loads(argv[0])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cfg = config_from_dict(payload["config"])
