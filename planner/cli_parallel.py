@@ -153,7 +153,8 @@ def _report(args, outcome, est: dict, verb: str) -> int:
         rec = {**outcome.record, "stderr_tail": outcome.stderr[-1500:]}
         if args.json:
             print(json.dumps(rec))
-        print(f"{verb[:-1]}ing failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)
+        else:
+            print(f"{verb[:-1]}ing failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)
         return outcome.exit_code
     rec = _with_estimate(outcome.record, est)
     if args.json:

@@ -33,7 +33,8 @@ from ..accounting import DTYPE_BYTES, per_config, tensor_inventory
 from ..config import ConfigError, ModelConfig
 from ..parallel import ParallelSpec, block_prefixes, check_parallel_run, check_wrappable
 from ..spec import TrainSpec
-from .training import TrainEstimate, estimate_training
+from .activations import Widths, block_terms, outside_terms
+from .training import TrainEstimate, _grad_numels, autocast_weight_bytes, estimate_training
 
 # DDP's bucket caps (torch/nn/parallel/distributed.py: bucket_cap_mb=25 by default; the first bucket
 # is capped at dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB so that the first all-reduce starts early).
@@ -268,6 +269,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
             grads_adj = 0
             extras = root_c + (L * blk_c if keep else ag_blk)
         back[f"{name} (+ unsharded root and block{'s' if keep else ''})"] = rest + v + grads_adj + extras
+    if L > 1:
+        # Block 0's copy-out at its pre-backward, before it computes: its all-gather output and unsharded
+        # parameters, block 1's reduce-scatter input still held, and what is saved for blocks <= 0.
+        back["first block all-gather"] = (rest + _first_block_start(cfg, cspec) + _head_grad_numel(cfg) * e_c
+                                          + (L - 1) * s_blk * e_p + root_c + blk_c + ag_blk + rs_blk)
     # The root's post-backward (_fsdp_collectives.py foreach_reduce), after the activations are gone:
     # every block's sharded gradients, then (a) the root's unsharded gradients (compute dtype) copied into
     # its reduce-scatter input (reduce dtype); (b) the gradients freed after the copy-in, except the
@@ -325,6 +331,27 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         single_device=_single(single), reference=reference_formulas(cfg, spec, pspec), terms=terms, notes=notes)
 
 
+def _first_block_start(cfg: ModelConfig, spec: TrainSpec) -> int:
+    """Live activation bytes when the backward reaches the first block, before it computes (the same
+    accounting as planner.estimate.training's backward sweep): what the embeddings saved, the first
+    block's saved set (under checkpointing only its stashed input), and the gradient arriving at its
+    output (b*s*h*e_r)."""
+    w = Widths.of(spec)
+    bsh = spec.batch_size * spec.seq_len * cfg.hidden
+    embed = sum(t.bytes for t in outside_terms(cfg, spec, w) if t.where == "embed")
+    if spec.checkpointing:
+        saved = bsh * w.e_r
+    else:
+        saved = (sum(t.bytes for t in block_terms(cfg, spec, w))
+                 + autocast_weight_bytes(cfg, spec, blocks_only=True) // cfg.layers)
+    return embed + saved + bsh * w.e_r
+
+
+def _head_grad_numel(cfg: ModelConfig) -> int:
+    """Root gradients that exist during the blocks' backward: the output head and final norm."""
+    return _grad_numels(cfg)[0]
+
+
 @per_config
 def param_order(cfg: ModelConfig) -> tuple[_Param, ...]:
     return tuple(_Param(t.name, t.shape[0], prod(t.shape[1:])) for t in tensor_inventory(cfg) if t.kind == "param")
@@ -348,33 +375,38 @@ def largest_layer_params(cfg: ModelConfig) -> int:
     return max(per_module.values())
 
 
+def zero_paper_bytes(psi: int, n: int, k: int = ZERO_K) -> dict[str, int]:
+    """Model-state bytes per device in the ZeRO paper (arXiv:1910.02054 section 3 and Figure 1): fp16
+    weights and gradients (2 + 2 bytes) and K bytes of optimizer state per parameter, partitioned by
+    stage over N devices."""
+    return {"DP": (2 + 2 + k) * psi, "ZeRO-1": 4 * psi + k * psi // n,
+            "ZeRO-2": 2 * psi + (2 + k) * psi // n, "ZeRO-3": (2 + 2 + k) * psi // n}
+
+
+def deepspeed_bytes(psi: int, largest_layer: int, n: int, cpu_offload: bool) -> dict[str, int]:
+    """The GPU figure of DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
+    estimate_zero2_model_states_mem_needs: 2P + 18P/N since PR #5099, 2P with offload; stage3.py
+    estimate_zero3_model_states_mem_needs: 4 * largest layer + 18P/N, the largest layer alone with
+    parameters and optimizer offloaded). DeepSpeed has no ZeRO-1 estimator (its issue #5102)."""
+    return {"ZeRO-2": 2 * psi if cpu_offload else 2 * psi + int(18 * psi / n),
+            "ZeRO-3": 4 * largest_layer if cpu_offload else 4 * largest_layer + int(18 * psi / n)}
+
+
 def reference_formulas(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec) -> dict:
-    """Model-state formulas as their authors state them (no activations, no buffers): the figures users
-    compare against. psi = parameter count, N = world size."""
+    """Model-state formulas as their authors state them (no activations, no buffers, no communication
+    buffers): the figures users compare against. psi = parameter count, N = world size."""
     from ..accounting import param_count
 
-    psi, n, k = param_count(cfg), pspec.world_size, ZERO_K
+    psi, n = param_count(cfg), pspec.world_size
     ll = largest_layer_params(cfg)
-    offload = pspec.cpu_offload
-    ds2_gpu = 2 * psi if offload else 2 * psi + int(18 * psi / n)
-    ds3_gpu = 4 * ll if offload else 4 * ll + int(18 * psi / n)
     analog = ("DP" if pspec.parallel == "ddp" else "ZeRO-3" if pspec.reshard_after_forward else "ZeRO-2")
     return {
         "closest": analog,
-        "zero_paper": {  # arXiv:1910.02054 Figure 1 / section 5: mixed-precision Adam, K = 12
-            "source": "ZeRO paper (Rajbhandari et al., arXiv:1910.02054), mixed-precision Adam, K=12, model states only",
-            "DP": (2 + 2 + k) * psi,
-            "ZeRO-1": 4 * psi + k * psi // n,
-            "ZeRO-2": 2 * psi + (2 + k) * psi // n,
-            "ZeRO-3": (2 + 2 + k) * psi // n,
-        },
-        "deepspeed": {  # deepspeed/runtime/zero/stage_1_and_2.py and stage3.py estimate_*_model_states_mem_needs
-            "source": "DeepSpeed estimate_zero2/zero3_model_states_mem_needs (GPU figure), model states only",
-            "ZeRO-2": ds2_gpu,
-            "ZeRO-3": ds3_gpu,
-            "largest_layer_params": ll,
-            "cpu_offload": offload,
-        },
+        "zero_paper": {"source": "ZeRO paper (Rajbhandari et al., arXiv:1910.02054), mixed-precision Adam, K=12, "
+                                 "model states only", **zero_paper_bytes(psi, n)},
+        "deepspeed": {"source": "DeepSpeed estimate_zero2/zero3_model_states_mem_needs (GPU figure), model states only",
+                      **deepspeed_bytes(psi, ll, n, pspec.cpu_offload), "largest_layer_params": ll,
+                      "cpu_offload": pspec.cpu_offload},
     }
 
 
