@@ -16,7 +16,8 @@ FSDP2 (torch/distributed/fsdp/_fully_shard/, every block and the root fully_shar
   rank (_fsdp_param.py, _sharded_param_data), the optimizer state follows the unpadded local rows
   (rank r: clamp(d0 - r*ceil(d0/N), 0, ceil(d0/N)) rows). A group (a block, or the root's embeddings,
   final norm and head) is all-gathered into one flat buffer of N * padded-shard elements in the compute
-  dtype, copied out into its unsharded parameters (storage resized from 0), and freed again
+  dtype, copied out into its unsharded parameters (per-parameter buffers of N padded shards, resized
+  from 0; the parameter is a view of its buffer), and freed again
   (_fsdp_param_group.py wait_for_unshard: in forward the buffer lives until the next group's copy-out,
   the last one until the root's post-forward; in backward it is freed at once, and the next group in
   reverse order is prefetched). Unsharded gradients (compute dtype) are copied into a reduce-scatter
@@ -228,8 +229,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     buffers = single.buffers_bytes         # buffers are not sharded (fully_shard leaves them replicated)
     inputs = single.inputs_bytes
     scaler = single.transients.get("gradscaler", 0)
-    root_c, blk_c = u_root * e_c, u_blk * e_c                  # unsharded parameters of a group
-    ag_blk, ag_root = n * s_blk * e_c, n * s_root * e_c        # all-gather outputs
+    ag_blk, ag_root = n * s_blk * e_c, n * s_root * e_c        # a group's flat all-gather output
+    # The unsharded parameters are views into per-parameter all-gather buffers of N padded shards each
+    # (_fsdp_param.py init_all_gather_outputs / init_unsharded_param: as_strided over the padded buffer),
+    # so a group unsharded holds N * padded_shard elements, not its unpadded numel.
+    root_c, blk_c = ag_root, ag_blk
     rs_root, rs_blk = n * s_root * e_r, n * s_blk * e_r       # reduce-scatter inputs
     keep = not pspec.reshard_after_forward
     all_unsharded = root_c + L * blk_c if keep else 0          # no reshard: held from forward to backward
@@ -315,8 +319,9 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         {"name": "sharded gradients (flat reduce-scatter outputs)", "formula": "sum_p ceil(d0/N)*rest * e_p", "bytes": grads_s},
         {"name": "optimizer state on the local rows (peak rank)", "formula": "single-device formula on clamp(d0 - r*ceil(d0/N), 0, ceil(d0/N)) rows",
          "bytes": top["optimizer_bytes"]},
-        {"name": "unsharded root (embeddings, final norm, head)", "formula": "P_root * e_c", "bytes": root_c},
-        {"name": "unsharded block", "formula": "P_block * e_c", "bytes": blk_c},
+        {"name": "unsharded root (embeddings, final norm, head)", "formula": "N * padded_shard(root) * e_c",
+         "bytes": root_c},
+        {"name": "unsharded block", "formula": "N * padded_shard(block) * e_c", "bytes": blk_c},
         {"name": "all-gather output of a block", "formula": "N * padded_shard(block) * e_c", "bytes": ag_blk},
         {"name": "all-gather output of the root", "formula": "N * padded_shard(root) * e_c", "bytes": ag_root},
         {"name": "reduce-scatter input of the root", "formula": "N * padded_shard(root) * e_r", "bytes": rs_root},
