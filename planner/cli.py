@@ -7,7 +7,7 @@
     python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--checkpoint PATH] [--json]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
+    python -m planner bench accuracy|speed|loading|distributed [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
@@ -112,7 +112,7 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = top.add_parser("bench")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "gpu-doc"))
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "gpu-doc", "distributed"))
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file")
     b.add_argument("--device", default="cpu")
@@ -328,6 +328,10 @@ def cmd_bench(args) -> int:
     from . import bench
 
     check_device(args.device)
+    if args.what == "distributed":
+        from .bench_distributed import main as bench_distributed
+
+        return bench_distributed(quick=args.quick, out=args.out)
     if args.what in ("gpu", "gpu-doc"):
         from .bench_gpu import gpu_markdown, run_gpu
 
