@@ -249,7 +249,15 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     rest = params_s + buffers + inputs + scaler
     # Forward high points: the logits, with the root unsharded and the last block's all-gather output still
     # held (comm_ctx.all_gather_state); and the root's own all-gather at the start (output + copy-out).
-    forward = max(rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk, rest + ag_root + root_c)
+    # Then each block's copy-out: the previous group's all-gather output is still held, so two outputs,
+    # the new block's parameters and the root's are alive over the activations saved so far (the last
+    # block's is the largest; with reshard_after_forward=False the earlier blocks stay gathered too).
+    fwd = {"logits": rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk,
+           "root all-gather": rest + ag_root + root_c}
+    prev_ag = ag_blk if L > 1 else ag_root
+    fwd["last block all-gather"] = (rest + _saved_before(cfg, cspec, L - 1) + root_c + prev_ag + ag_blk + blk_c
+                                    + ((L - 1) * blk_c if keep else 0))
+    forward = max(fwd.values())
     loss = rest + loss_acts + all_unsharded
     back = {"cross-entropy backward": rest + ce_point + all_unsharded}
     if not keep:
@@ -276,8 +284,16 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     if L > 1:
         # Block 0's copy-out at its pre-backward, before it computes: its all-gather output and unsharded
         # parameters, block 1's reduce-scatter input still held, and what is saved for blocks <= 0.
-        back["first block all-gather"] = (rest + _first_block_start(cfg, cspec) + _head_grad_numel(cfg) * e_c
+        head_g = _head_grad_numel(cfg) * e_c
+        back["first block all-gather"] = (rest + _saved_before(cfg, cspec, 1) + _grad_in(cfg, cspec) + head_g
                                           + (L - 1) * s_blk * e_p + root_c + blk_c + ag_blk + rs_blk)
+        # A block's post-backward (block i = L-1, and i = 1): its unsharded gradients copied into its
+        # reduce-scatter input while block i-1 is already gathered (its pre-backward ran first), over the
+        # activations saved for blocks < i and the sharded gradients of blocks > i.
+        for i in sorted({L - 1, 1}):
+            back[f"block {i} reduce-scatter"] = (rest + _saved_before(cfg, cspec, i) + _grad_in(cfg, cspec) + head_g
+                                                 + (L - 1 - i) * s_blk * e_p + u_blk * e_c + rs_blk + root_c
+                                                 + (i if keep else 1) * blk_c)
     # The root's post-backward (_fsdp_collectives.py foreach_reduce), after the activations are gone:
     # every block's sharded gradients, then (a) the root's unsharded gradients (compute dtype) copied into
     # its reduce-scatter input (reduce dtype); (b) the gradients freed after the copy-in, except the
@@ -336,20 +352,23 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         single_device=_single(single), reference=reference_formulas(cfg, spec, pspec), terms=terms, notes=notes)
 
 
-def _first_block_start(cfg: ModelConfig, spec: TrainSpec) -> int:
-    """Live activation bytes when the backward reaches the first block, before it computes (the same
-    accounting as planner.estimate.training's backward sweep): what the embeddings saved, the first
-    block's saved set (under checkpointing only its stashed input), and the gradient arriving at its
-    output (b*s*h*e_r)."""
+def _saved_before(cfg: ModelConfig, spec: TrainSpec, blocks: int) -> int:
+    """Activation bytes saved by the embeddings and the first `blocks` blocks (the accounting of
+    planner.estimate.training's sweep; under checkpointing a block keeps only its stashed input)."""
     w = Widths.of(spec)
     bsh = spec.batch_size * spec.seq_len * cfg.hidden
     embed = sum(t.bytes for t in outside_terms(cfg, spec, w) if t.where == "embed")
     if spec.checkpointing:
-        saved = bsh * w.e_r
+        per_block = bsh * w.e_r
     else:
-        saved = (sum(t.bytes for t in block_terms(cfg, spec, w))
-                 + autocast_weight_bytes(cfg, spec, blocks_only=True) // cfg.layers)
-    return embed + saved + bsh * w.e_r
+        per_block = (sum(t.bytes for t in block_terms(cfg, spec, w))
+                     + autocast_weight_bytes(cfg, spec, blocks_only=True) // cfg.layers)
+    return embed + blocks * per_block
+
+
+def _grad_in(cfg: ModelConfig, spec: TrainSpec) -> int:
+    """The gradient arriving at a block's output in backward (b*s*h*e_r)."""
+    return spec.batch_size * spec.seq_len * cfg.hidden * Widths.of(spec).e_r
 
 
 def _head_grad_numel(cfg: ModelConfig) -> int:

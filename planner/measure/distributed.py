@@ -9,10 +9,11 @@ so any world size runs on one CPU and allocates nothing.
 Each rank runs the project's TrainingStep with its model wrapped (DDP around the model; FSDP2
 `fully_shard` on every block, then on the root) and measures, as planner.measure.training does, the
 exact peak of live tensor storage bytes, its phase, per-phase peaks and the timeline:
-  step 1 warm-up (optimizer state; DDP builds its buckets), step 2 timed and untracked (DDP rebuilds its
-  buckets in this step's forward: gradients only become bucket views from here on), step 3 tracked to
-  discover the storages that outlive a step without being parameters or optimizer state (DDP's buckets,
-  held by the C++ reducer), step 4 tracked and reported.
+  steps 1-2 warm up (optimizer state; DDP builds its buckets, and rebuilds them in step 2's forward in
+  the order the gradients came: gradients only become bucket views from then on), step 3 is timed and
+  untracked (RSS high-water mark; on CUDA max_memory_allocated, the headline there), step 4 is tracked
+  to discover the storages that outlive a step without being parameters or optimizer state (DDP's
+  buckets, held by the C++ reducer), step 5 is tracked and reported. A simulation skips step 3.
 Events are JSON lines on stdout, as planner.measure.worker prints them, each with the rank.
 """
 from __future__ import annotations
@@ -224,8 +225,9 @@ def _run_steps(step: TrainingStep, tracker_factory: Callable[[], DistLiveBytesTr
                timed: bool, device: torch.device, max_timeline_points: int) -> dict:
     result: dict = {"rank": rank, "device": str(device)}
     say = emit if rank == 0 else (lambda e: None)
-    say({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
+    say({"event": "progress", "stage": "warm-up steps", "fraction": 0.2})
     step.run()
+    step.run()  # DDP rebuilds its buckets in this step's forward (both sets alive for a moment)
     gc.collect()
     if timed:
         say({"event": "progress", "stage": "timed step", "fraction": 0.4})
@@ -244,14 +246,12 @@ def _run_steps(step: TrainingStep, tracker_factory: Callable[[], DistLiveBytesTr
         if device.type == "cuda":
             result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
             result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
-    else:
-        step.run()  # the second step: DDP rebuilds its buckets here
     gc.collect()
 
     say({"event": "progress", "stage": "tracked steps", "fraction": 0.6})
     tracker = tracker_factory()
     tracker.track(step.persistent_tensors())
-    with tracker:  # step 3: finds what outlives a step (DDP's buckets)
+    with tracker:  # finds what outlives a step (DDP's buckets)
         step.run()
     gc.collect()
     discovered = tracker.current - _bytes_of(step.persistent_tensors())
