@@ -294,6 +294,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
             back[f"block {i} reduce-scatter"] = (rest + _saved_before(cfg, cspec, i) + _grad_in(cfg, cspec) + head_g
                                                  + (L - 1 - i) * s_blk * e_p + u_blk * e_c + rs_blk + root_c
                                                  + (i if keep else 1) * blk_c)
+    # The end of the backward, the embedding's: the root still gathered, every root gradient at once, block
+    # 0's reduce-scatter input still held. A tied head's gradient is accumulated out of place there
+    # (AccumulateGrad: head part + embedding part -> their sum), two more V*h gradients for a moment.
+    tied = 2 * cfg.vocab_size * cfg.hidden * e_c if getattr(cfg, "tie_word_embeddings", False) else 0
+    back["embedding backward"] = rest + L * s_blk * e_p + rs_blk + root_c + u_root * e_c + tied
     # The root's post-backward (_fsdp_collectives.py foreach_reduce), after the activations are gone:
     # every block's sharded gradients, then (a) the root's unsharded gradients (compute dtype) copied into
     # its reduce-scatter input (reduce dtype); (b) the gradients freed after the copy-in, except the
