@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .accounting import per_config, tensor_inventory
 from .config import ConfigError, ModelConfig
 
 PARALLEL_MODES = ("ddp", "fsdp")
@@ -88,17 +89,20 @@ def check_parallel_run(spec, pspec: ParallelSpec) -> None:
 _BLOCK_RE = re.compile(r"^(.*?)\.(\d+)\.")
 
 
-def block_prefixes(cfg: ModelConfig) -> list[str]:
+def block_prefixes(cfg: ModelConfig) -> tuple[str, ...]:
     """The repeated blocks FSDP wraps one by one ("trf_blocks.0", "model.layers.3", ...), from the
-    inventory's parameter names; an empty list means the model has no blocks to wrap."""
-    from .accounting import tensor_inventory
+    inventory's parameter names; empty when the model has no blocks to wrap."""
+    return _block_prefixes(cfg)
 
+
+@per_config
+def _block_prefixes(cfg: ModelConfig) -> tuple[str, ...]:
     seen: dict[str, None] = {}
     for t in tensor_inventory(cfg):
         m = _BLOCK_RE.match(t.name)
         if t.kind == "param" and m:
             seen[f"{m.group(1)}.{m.group(2)}"] = None
-    return list(seen)
+    return tuple(seen)
 
 
 def check_wrappable(cfg: ModelConfig, pspec: ParallelSpec) -> None:

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 GPT = GPT2Config(vocab_size=97, context_length=50, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1)
 LLAMA = LlamaConfig(vocab_size=301, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
                     num_key_value_heads=2, max_position_embeddings=64)
+TIED = LlamaConfig(vocab_size=2000, hidden_size=64, intermediate_size=172, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=1, max_position_embeddings=64, attention="eager", tie_word_embeddings=True)
 BAR_PCT = 2.0
 
 
@@ -87,6 +89,15 @@ def test_invalid_parallel_specs(pspec, spec, message):
         estimate_distributed(GPT, spec, ParallelSpec(**pspec))
 
 
+def test_model_without_blocks_is_refused(monkeypatch):
+    import planner.parallel
+
+    monkeypatch.setattr(planner.parallel, "block_prefixes", lambda cfg: [])
+    with pytest.raises(ConfigError, match="no repeated blocks"):
+        estimate_distributed(GPT, TrainSpec(1, 8), ParallelSpec(2, "fsdp"))
+    estimate_distributed(GPT, TrainSpec(1, 8), ParallelSpec(2, "ddp"))  # DDP wraps the whole model
+
+
 def test_unwrappable_model_is_refused():
     import torch
 
@@ -104,7 +115,8 @@ def test_unwrappable_model_is_refused():
     (LLAMA, TrainSpec(2, 16, "fp32", "sgd", checkpointing=True), ParallelSpec(2, "fsdp", reshard_after_forward=False)),
     (LLAMA, TrainSpec(2, 16, "fp32", "adamw"), ParallelSpec(2, "fsdp", mp_param_dtype="bfloat16",
                                                                mp_reduce_dtype="float32")),
-], ids=["gpt-fsdp4", "llama-noreshard-ckpt-sgd", "llama-mp-bf16"])
+    (TIED, TrainSpec(1, 16, "fp32", "sgd-momentum", checkpointing=True), ParallelSpec(4, "fsdp")),
+], ids=["gpt-fsdp4", "llama-noreshard-ckpt-sgd", "llama-mp-bf16", "llama-tied-ckpt"])
 def test_estimate_matches_simulation_per_rank(cfg, spec, pspec):
     from planner.measure.distributed import simulate
 

@@ -130,19 +130,30 @@ def rank_runs(params: list[_Param], n: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _optimizer_local(params: list[_Param], spec: TrainSpec, n: int, rank: int, e_p: int) -> tuple[int, int, str]:
+@per_config
+def _rank_runs_of(cfg: ModelConfig, n: int) -> list[tuple[int, int]]:
+    return rank_runs(list(param_order(cfg)), n)
+
+
+def _optimizer_local(cfg: ModelConfig, spec: TrainSpec, n: int, rank: int, e_p: int) -> tuple[int, int, str]:
+    return _optimizer_local_cached(cfg, spec.optimizer, spec.resolved_optimizer_impl, n, rank, e_p)
+
+
+@per_config
+def _optimizer_local_cached(cfg: ModelConfig, optimizer: str, impl: str, n: int, rank: int,
+                            e_p: int) -> tuple[int, int, str]:
     """(state bytes, step temporaries, formula) on one rank's local shards: the single-device formulas of
     planner.estimate.training applied to the unpadded local rows (Adam's zeros_like(p) of a DTensor)."""
+    params = param_order(cfg)
     local = [_local_rows(p.d0, n, rank) * p.rest for p in params]
     total = sum(local)
-    if spec.optimizer in ("adam", "adamw"):
+    if optimizer in ("adam", "adamw"):
         state = 2 * total * e_p + 4 * len(params)  # exp_avg, exp_avg_sq + a 0-d fp32 step per tensor
-    elif spec.optimizer == "sgd-momentum":
+    elif optimizer == "sgd-momentum":
         state = total * e_p
     else:
         state = 0
-    impl = spec.resolved_optimizer_impl
-    if spec.optimizer not in ("adam", "adamw") or impl == "fused":
+    if optimizer not in ("adam", "adamw") or impl == "fused":
         return state, 0, "0 (in-place update)"
     if impl == "foreach":
         return state, total * e_p, "sum(local) * e_p (foreach sqrt copy of every local shard)"
@@ -212,7 +223,6 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     n = pspec.world_size
     root, blocks = _groups(cfg)
     L = len(blocks)
-    params = [p for p in param_order(cfg)]
     e_p = DTYPE_BYTES[spec.param_dtype]                       # sharded parameters, gradients, optimizer
     e_c = DTYPE_BYTES[pspec.mp_param_dtype] if pspec.mp_param_dtype else e_p   # unsharded (compute)
     e_r = DTYPE_BYTES[pspec.mp_reduce_dtype] if pspec.mp_reduce_dtype else e_c  # reduce-scatter
@@ -309,10 +319,10 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     rs_base = rest + L * s_blk * e_p + rs_root
     back["root reduce-scatter: copy-in"] = rs_base + u_root * e_c
     back["root reduce-scatter: output"] = rs_base + survivor + s_root * e_r + (s_root * e_p if e_r != e_p else 0)
-    runs = rank_runs(params, n)
+    runs = _rank_runs_of(cfg, n)
     groups = []
     for first, last in runs:
-        opt, opt_tmp, opt_formula = _optimizer_local(params, spec, n, first, e_p)
+        opt, opt_tmp, opt_formula = _optimizer_local(cfg, spec, n, first, e_p)
         phase = {"forward": forward + opt, "loss": loss + opt, "backward": max(back.values()) + opt,
                  "optimizer": rest + grads_s + opt + opt_tmp, "zero_grad": rest + grads_s + opt}
         pk = max(phase, key=phase.get)
