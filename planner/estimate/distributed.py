@@ -284,9 +284,22 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
             # next group's reduce-scatter starts).
             grads_adj = (L - 1) * (s_blk * e_p - u_blk * e_c)
             extras = root_c + blk_c + (rs_blk if L > 1 else 0)
+            if L > 2:
+                # Block 1, one block earlier in the sweep: one more block's saved set, one sharded gradient
+                # less, and block 0 being prefetched (or, without resharding, still gathered).
+                per_block = _saved_before(cfg, cspec, 1) - _saved_before(cfg, cspec, 0)
+                back[f"second{name[5:]} (+ block 0 prefetched)"] = (
+                    rest + v + grads_adj + extras + per_block - s_blk * e_p + (blk_c if keep else ag_blk))
         elif name.startswith("last block"):
             grads_adj = 0
             extras = root_c + L * blk_c if keep else root_c + blk_c + (ag_blk if L > 1 else 0)
+            if L > 2:
+                # Block L-2, one block further: one block's saved set less, block L-1's gradients sharded,
+                # and its reduce-scatter input still held while block L-2 computes (freed at the next
+                # reduce-scatter); with reshard_after_forward=False block L-1 is no longer gathered.
+                per_block = _saved_before(cfg, cspec, 1) - _saved_before(cfg, cspec, 0)
+                back[f"second-last{name[4:]} (+ block L-1's reduce-scatter input)"] = (
+                    rest + v - per_block + s_blk * e_p + rs_blk + extras - (blk_c if keep else 0))
         else:  # before the blocks (Llama's final RMSNorm backward): block L-1 is being prefetched
             grads_adj = 0
             extras = root_c + (L * blk_c if keep else ag_blk)
