@@ -25,6 +25,8 @@ LLAMA = LlamaConfig(vocab_size=301, hidden_size=48, intermediate_size=96, num_hi
                     num_key_value_heads=2, max_position_embeddings=64)
 TIED = LlamaConfig(vocab_size=2000, hidden_size=64, intermediate_size=172, num_hidden_layers=3, num_attention_heads=4,
                    num_key_value_heads=1, max_position_embeddings=64, attention="eager", tie_word_embeddings=True)
+WIDE = LlamaConfig(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                   num_key_value_heads=8, max_position_embeddings=2048)
 BAR_PCT = 2.0
 
 
@@ -116,7 +118,13 @@ def test_unwrappable_model_is_refused():
     (LLAMA, TrainSpec(2, 16, "fp32", "adamw"), ParallelSpec(2, "fsdp", mp_param_dtype="bfloat16",
                                                                mp_reduce_dtype="float32")),
     (TIED, TrainSpec(1, 16, "fp32", "sgd-momentum", checkpointing=True), ParallelSpec(4, "fsdp")),
-], ids=["gpt-fsdp4", "llama-noreshard-ckpt-sgd", "llama-mp-bf16", "llama-tied-ckpt"])
+    # Blocks heavy against activations (as in 8B-70B models): the high point moves to the second block
+    # (block 0 prefetched) at 8 ranks, to the second-last (block L-1's reduce-scatter input held) at 64.
+    (WIDE, TrainSpec(1, 1024, "fp32", "adamw", checkpointing=True),
+     ParallelSpec(8, "fsdp", mp_param_dtype="bfloat16", mp_reduce_dtype="float32")),
+    (WIDE, TrainSpec(1, 256, "fp32", "adamw", checkpointing=True),
+     ParallelSpec(64, "fsdp", mp_param_dtype="bfloat16", mp_reduce_dtype="float32")),
+], ids=["gpt-fsdp4", "llama-noreshard-ckpt-sgd", "llama-mp-bf16", "llama-tied-ckpt", "wide-x8", "wide-x64"])
 def test_estimate_matches_simulation_per_rank(cfg, spec, pspec):
     from planner.measure.distributed import simulate
 

@@ -246,6 +246,10 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     root_c, blk_c = ag_root, ag_blk
     rs_root, rs_blk = n * s_root * e_r, n * s_blk * e_r       # reduce-scatter inputs
     keep = not pspec.reshard_after_forward
+    # gloo (the CPU backend) reduce-scatters a flat copy of the input (ProcessGroupGloo _reduce_scatter_base
+    # -> reduce_scatter flattens its inputs), alive from the collective until its result is copied out;
+    # nccl works in place.
+    gloo_copy = 1 if spec.device_type == "cpu" else 0
     all_unsharded = root_c + L * blk_c if keep else 0          # no reshard: held from forward to backward
 
     # The compute-precision run's own base (its weights, buffers, inputs, optimizer state in e_c).
@@ -313,10 +317,12 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         # A block's post-backward (block i = L-1, and i = 1): its unsharded gradients copied into its
         # reduce-scatter input while block i-1 is already gathered (its pre-backward ran first), over the
         # activations saved for blocks < i and the sharded gradients of blocks > i.
+        # Then its output (the unsharded gradients freed), and on gloo the copy of the input it reduces.
         for i in sorted({L - 1, 1}):
-            back[f"block {i} reduce-scatter"] = (rest + _saved_before(cfg, cspec, i) + _grad_in(cfg, cspec) + head_g
-                                                 + (L - 1 - i) * s_blk * e_p + u_blk * e_c + rs_blk + root_c
-                                                 + (i if keep else 1) * blk_c)
+            base_i = (rest + _saved_before(cfg, cspec, i) + _grad_in(cfg, cspec) + head_g + (L - 1 - i) * s_blk * e_p
+                      + rs_blk + root_c + (i if keep else 1) * blk_c)
+            back[f"block {i} reduce-scatter"] = base_i + u_blk * e_c
+            back[f"block {i} reduce-scatter: output"] = base_i + s_blk * e_r + gloo_copy * rs_blk
     # The end of the backward, the embedding's: the root still gathered, every root gradient at once, block
     # 0's reduce-scatter input still held. A tied head's gradient is accumulated out of place there
     # (AccumulateGrad: head part + embedding part -> their sum), two more V*h gradients for a moment.
@@ -331,7 +337,8 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     survivor = root[-1].numel * e_c if root else 0
     rs_base = rest + L * s_blk * e_p + rs_root
     back["root reduce-scatter: copy-in"] = rs_base + u_root * e_c
-    back["root reduce-scatter: output"] = rs_base + survivor + s_root * e_r + (s_root * e_p if e_r != e_p else 0)
+    back["root reduce-scatter: output"] = (rs_base + survivor + s_root * e_r + gloo_copy * rs_root
+                                           + (s_root * e_p if e_r != e_p else 0))
     runs = _rank_runs_of(cfg, n)
     groups = []
     for first, last in runs:

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from functools import wraps
 from typing import Callable
@@ -73,7 +74,7 @@ class DistLiveBytesTracker(LiveBytesTracker):
         key = id(storage)
         entry = self.live.get(key)
         if entry is None:
-            self.live[key] = (__import__("weakref").ref(storage, lambda _r, k=key: self._forget(k)), nbytes)
+            self.live[key] = (weakref.ref(storage, lambda _r, k=key: self._forget(k)), nbytes)
             self.current += nbytes
         else:
             self.live[key] = (entry[0], nbytes)
@@ -103,7 +104,16 @@ class DistLiveBytesTracker(LiveBytesTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
             return _fake_scalar(args[0])
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.fake_scalars and func is torch.ops.c10d._reduce_scatter_base_.default:
+            # The simulation stands for gloo ranks: gloo reduce-scatters a flat copy of the input
+            # (ProcessGroupGloo::_reduce_scatter_base -> reduce_scatter flattens its inputs), which the
+            # real measurement sees until the result is copied out; the fake process group allocates
+            # nothing, so the copy is added here, for that moment.
+            copy = torch.empty_like(args[1])
+            self.track(copy)
+            del copy
+        return out
 
 
 def _fake_scalar(t: torch.Tensor):
