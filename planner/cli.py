@@ -10,6 +10,7 @@
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
            [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
+           [--loss default|labels|cross-entropy]
 
 Exit codes: 0 success; 2 invalid input (one line on stderr, no traceback); 3 a measurement that ran
 out of memory or time, or whose process was killed (JSON with an "error" field on stdout).
@@ -23,7 +24,7 @@ import sys
 from dataclasses import asdict
 
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
-from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
+from .spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
 from .units import fmt_bytes, parse_size
 
 EXIT_INVALID, EXIT_FAILED = 2, 3
@@ -43,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help=f"preset: {', '.join(PRESETS)}")
-    p.add_argument("--config", help="JSON config file (arch gpt2/llama, or a Hugging Face config.json)")
+    p.add_argument("--config", help="JSON config file: the planner's own ({\"arch\": ...}) or a Hugging Face "
+                                    "config.json (model_type llama, mistral, qwen2, ...)")
 
 
 def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_required: bool = True) -> None:
@@ -55,6 +57,10 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--attention", choices=ATTENTION_KINDS)
     p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--loss", choices=LOSSES, default="default",
+                   help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
+                        "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
+                        "returned logits")
     p.add_argument("--device", required=device_required, default=None if device_required else "cpu")
     p.add_argument("--json", action="store_true")
 
@@ -112,7 +118,7 @@ def parse_train(args) -> tuple:
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
                      optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
-                     optimizer_impl=args.optimizer_impl, device=args.device)
+                     optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss)
     return prepare(cfg, spec, args.attention), spec
 
 
