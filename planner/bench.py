@@ -69,6 +69,34 @@ def accuracy_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec
     return rows
 
 
+FAMILY_BAR_PCT = 1.0  # issue #10: every family within 1% of transformers' measured model
+
+
+def family_grid(family: str, quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
+    """One family's tiny configs (planner/arch/<family>.py grid_configs) x the four precisions x its
+    attention kernels x checkpointing off/on, alternating AdamW and SGD (every 7th with two micro-batches).
+    quick: one row per shape and precision, for the tests."""
+    from .arch import families
+
+    fam = families()[family]
+    rows = []
+    i = 0
+    for shape_i, (label, cfg, b, s) in enumerate(fam.grid_configs()):
+        kernels = [k for k in ("eager", "sdpa") if k in fam.attention_kinds(cfg)]
+        for prec_i, precision in enumerate(PRECISIONS):
+            combos = list(itertools.product(kernels, (False, True)))
+            for combo_i, (attention, ckpt) in enumerate(combos):
+                i += 1
+                if quick and combo_i != (shape_i + prec_i) % len(combos):
+                    continue
+                optimizer = ("adamw", "sgd")[i % 2]
+                spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer,
+                                 checkpointing=ckpt, grad_accum=2 if i % 7 == 0 else 1)
+                rows.append((f"{family} {label} {attention} {precision}{' ckpt' if ckpt else ''} {optimizer}"
+                             f"{' accum2' if spec.grad_accum > 1 else ''}", replace(cfg, attention=attention), spec))
+    return rows
+
+
 def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=print) -> list[dict]:
     from .config import config_to_dict
     from .runner import run_worker

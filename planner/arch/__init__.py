@@ -12,7 +12,7 @@ import pkgutil
 from ..config import ConfigError
 from .base import Family
 
-_SKIP = {"base", "parts"}
+_SKIP = {"base", "parts", "decoder"}
 
 
 @functools.lru_cache(maxsize=1)

@@ -83,6 +83,16 @@ class Family:
         out.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init})
         return out
 
+    def grid_configs(self) -> list[tuple[str, Any, int, int]]:
+        """(label, config, batch, seq) of tiny configs of this family for the accuracy grid
+        (planner/bench.py): grouped and plain heads, tied and untied heads, the family's own options,
+        and one shape whose backward peaks inside a block (few tokens, a small vocabulary)."""
+        return []
+
+    def attention_kinds(self, cfg) -> tuple[str, ...]:
+        """The attention kernels this family runs (transformers refuses some: Gemma 2's softcapping)."""
+        return ("eager", "sdpa")
+
     def tiny(self, cfg) -> Any:
         """A tiny config of the same family and options (warms up library code before a measurement)."""
         raise NotImplementedError

@@ -45,12 +45,22 @@ def rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where: str =
             Term(f"RMSNorm rsqrt ({label})", "4*b*s", 4 * b * s, per_layer, where, part)]
 
 
-def projection_inputs(label: str, n: int, b: int, s: int, h: int, w, where: str = "block") -> Term:
+def gemma_rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where: str = "block",
+                   per_layer: bool = True) -> list[Term]:
+    """GemmaRMSNorm (models/gemma/modeling_gemma.py): x.float(), x * rsqrt(mean(x^2) + eps), times
+    (1 + weight.float()), then type_as(x). All in fp32: saved are the fp32 input (a copy below fp32,
+    else the input itself), the normed x (fp32), the fp32 (1 + weight) and rsqrt."""
+    return [Term(f"GemmaRMSNorm fp32 input and normed x ({label})", "8*b*s*h", 8 * b * s * h, per_layer, where, part),
+            Term(f"GemmaRMSNorm rsqrt and 1 + weight ({label})", "4*b*s + 4*h", 4 * b * s + 4 * h, per_layer, where,
+                 part)]
+
+
+def projection_inputs(label: str, n: int, b: int, s: int, h: int, w, where: str = "block", part: str = "") -> Term:
     """n Linear layers reading one input save its 2-D view once; under autocast each casts the input
     itself (only leaf weights are cached: autocast_mode.cpp cached_cast), so n low-precision copies."""
     k = n if w.amp else 1
     return Term(f"{label} input" + (f" ({n} autocast copies)" if w.amp and n > 1 else ""), f"{k}*b*s*h*e_m",
-                k * b * s * h * w.e_m, True, where)
+                k * b * s * h * w.e_m, True, where, part)
 
 
 def glu_mlp(x: Shape, b: int, s: int, w, fused: bool = False) -> list[Term]:
@@ -96,23 +106,36 @@ def attention(x: Shape, b: int, s: int, w, masked: bool = False) -> list[Term]:
                  b * a * s * s * (4 + (w.e_m if w.e_m < 4 else 0)), True)]
 
 
+def head_rms_norms(x: Shape, b: int, s: int, w) -> list[Term]:
+    """Qwen 3's q_norm and k_norm (RMSNorm over head_dim on the projections' (b, s, heads, d) outputs,
+    models/qwen3/modeling_qwen3.py): each saves its fp32 input (the projection output itself in fp32,
+    else a copy), the normed x in the projection output's dtype (e_m) and an fp32 rsqrt per head."""
+    hd = (x.a + x.kv) * x.d
+    return [Term("q_norm/k_norm fp32 input and normed x", "(4 + e_m)*b*s*(a + kv)*d", (4 + w.e_m) * b * s * hd,
+                 True),
+            Term("q_norm/k_norm rsqrt", "4*b*s*(a + kv)", 4 * b * s * (x.a + x.kv), True)]
+
+
 def rope(b: int, s: int, rope_dim: int, w) -> Term:
     """cos and sin (1, s, rope_dim) in the residual dtype (RotaryEmbedding.forward: cos.to(x.dtype)),
     saved by RoPE's multiplications in every layer (one storage each)."""
-    return Term("RoPE cos, sin (shared by all layers)", "2*s*d_rope*e_r", 2 * s * rope_dim * w.e_r, where="embed")
+    return Term("RoPE cos, sin (shared by all layers)", "2*s*d_rope*e_r", 2 * s * rope_dim * w.e_r, where="embed",
+                part="shared")
 
 
-def checkpoint_inputs(x: Shape, b: int, s: int, spec, w, masked: bool) -> list[Term]:
+def checkpoint_inputs(x: Shape, b: int, s: int, spec, w, masked: bool, mask_bytes: int = 0) -> list[Term]:
     """With non-reentrant checkpointing each layer's recompute closure holds its keyword inputs
     (modeling_layers.GradientCheckpointingLayer: partial(forward, **kwargs)), so these live through
     backward: position_ids (1, s) int64 and, when there is one, the (b, 1, s, s) additive float mask in
-    the embeddings' dtype (masking_utils.py eager/sdpa masks). Without checkpointing they die after
-    the forward (nothing saves them)."""
+    the embeddings' dtype (masking_utils.py eager_mask), or SDPA's bool mask for a sliding window.
+    Without checkpointing they die after the forward (nothing saves them)."""
     if not spec.checkpointing:
         return []
     terms = [Term("position_ids (checkpoint input)", "8*s (int64)", 8 * s, where="kept")]
     if masked:
-        terms.append(Term("additive causal mask (checkpoint input)", "b*s^2*e_r", b * s * s * w.e_r, where="kept"))
+        eager = x.attention == "eager"
+        terms.append(Term("additive causal mask (checkpoint input)" if eager else "attention mask (checkpoint input)",
+                          "b*s^2*e_r" if eager else "s^2 * 1 B", mask_bytes or b * s * s * w.e_r, where="kept"))
     return terms
 
 

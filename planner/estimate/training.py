@@ -10,6 +10,7 @@ The peak is the largest of these phase candidates; its phase is reported with it
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, per_config, tensor_inventory
@@ -154,7 +155,9 @@ def _grad_numels(cfg: ModelConfig) -> dict[str, int]:
             "down": sum(t.numel for t in blk if t.role == "mlp.out"),
             "mlp_weight": max((t.numel for t in mlp if not t.is_bias), default=0),
             "mlp_weights": sum(t.numel for t in mlp if not t.is_bias),
-            "attn_done": sum(t.numel for t in blk if t.role in ("attn.out", "norm.mlp"))}
+            "attn_done": sum(t.numel for t in blk if t.role in ("attn.out", "norm.mlp")),
+            "norm_attn": sum(t.numel for t in blk if t.role == "norm.attn"),
+            "mlp_in_weight": max((t.numel for t in blk if t.role == "mlp.in" and not t.is_bias), default=0)}
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,9 @@ class SweepContext:
     `norm_mlp_saved` the parts its MLP and pre-MLP norm saved; `casts_mlp` the MLP's weight copies;
     `g` bytes per parameter of the grads this backward creates (0 when they exist already: a later
     micro-batch); `pending` one MLP weight's grad computed before it is added in place (that case);
-    counts of parameters (`*_n`) by role; after the loss: `saved_after_loss`, `casts_head`, `grads_last`."""
+    counts of parameters (`*_n`) by role; `norm_attn_saved` / `attn_in_saved` what the block's input
+    norm and its attention input projections saved; after the loss: `saved_after_loss`, `casts_head`,
+    `grads_last`."""
     b: int
     s: int
     h: int
@@ -183,6 +188,13 @@ class SweepContext:
     saved_after_loss: int
     casts_head: int
     grads_last: int
+    block_n: int
+    norm_attn_n: int
+    norm_attn_saved: int
+    attn_in_saved: int
+    mlp_in_weight: int
+    first: bool = False      # the first block (the last one backward reaches): shared inputs die in it
+    rope_bytes: int = 0      # saved tensors shared by all blocks (RoPE's cos/sin), freed by the first block
 
 
 def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term], out: list[Term], e_p: int,
@@ -222,11 +234,16 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
     ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=g, pending=pending, current=current,
                        mlp_saved=mlp_saved, norm_mlp_saved=norm_mlp_saved, casts_mlp=casts_mlp, mlp_n=n["mlp"],
                        down_n=n["down"], attn_n=n["attn_done"], saved_after_loss=saved_after_loss,
-                       casts_head=casts_head, grads_last=grads_last)
+                       casts_head=casts_head, grads_last=grads_last, block_n=n["block"], norm_attn_n=n["norm_attn"],
+                       norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
+                       attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
+                       mlp_in_weight=n["mlp_in_weight"],
+                       rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
     grads_first = 0 if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
     out_ = {"final norm": family.head_point(cfg, spec, w, ctx)}
     for name, value in family.block_points(cfg, spec, w, ctx).items():
         out_[f"last block {name}"] = others_last + grads_last + value
+    for name, value in family.block_points(cfg, spec, w, dataclasses.replace(ctx, first=True)).items():
         out_[f"first block {name}"] = others_first + grads_first + value
     return out_
 
