@@ -5,7 +5,7 @@
     python -m planner estimate load  MODEL --method METHOD [--device cpu|cuda[:N]] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--checkpoint PATH] [--json]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading [--quick] [--out FILE]
+    python -m planner bench accuracy|speed|loading|families [--quick] [--out FILE] [--family NAME]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
@@ -105,7 +105,8 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = top.add_parser("bench")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu"))
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "gpu", "families"))
+    b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file")
     b.add_argument("--device", default="cpu")
@@ -321,7 +322,14 @@ def cmd_bench(args) -> int:
         from .bench_gpu import run_gpu
 
         return run_gpu(args.out_json or "gpu-records", quick=args.quick)
-    return bench.main(args.what, quick=args.quick, out=args.out, device=args.device)
+    if args.family and args.what != "families":
+        raise ConfigError("--family goes with bench families")
+    if args.family:
+        from .arch import families
+
+        if args.family not in families():
+            raise ConfigError(f"unknown family {args.family!r}; choose one of: {', '.join(families())}")
+    return bench.main(args.what, quick=args.quick, out=args.out, device=args.device, family=args.family)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -237,7 +237,7 @@ class RMSDecoder(HFCausalLM):
             # so there the down projection's backward (its grad computed beside dY and d(product)) is the top
             "ffn": x.current + x.bsh * w.e_r + b * s * f * w.e_m - (2 * f * h if w.amp else 0)
             + (x.down_n * x.e_p + b * s * f * w.e_m if x.g else max(x.down_n * x.e_p, b * s * f * w.e_m)),
-            "mlp_done": after_mlp + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
+            "mlp_done": after_mlp + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m + self.mlp_done_extra(c, spec, w),
             "norm": after_mlp + x.bsh * w.e_r + 16 * x.bsh,
             "attn_in": (x.block_n - x.norm_attn_n) * x.g + x.norm_attn_saved + x.attn_in_saved
             + 3 * x.bsh * w.e_m + b * s * sh.a * sh.d * w.e_m - rope_gone,
@@ -250,6 +250,10 @@ class RMSDecoder(HFCausalLM):
             points["attention"] = (after_mlp - x.norm_mlp_saved - x.bsh * w.e_m + x.attn_n * x.g + x.bsh * w.e_r
                                    + (8 - (w.e_m if w.e_m < 4 else 0)) * b * sh.a * s * s)
         return points
+
+    def mlp_done_extra(self, c, spec, w) -> int:
+        """Bytes a family's block holds at the end of its MLP backward beyond Llama's (0 here)."""
+        return 0
 
     def head_point(self, c, spec, w, x) -> int:
         """The final RMSNorm's backward runs in fp32 and holds four fp32 b*s*h temporaries at once

@@ -145,6 +145,12 @@ class Gemma2(Gemma):
                               b * s * s * w.e_r, where="kept"))
         return terms
 
+    def mlp_done_extra(self, c, spec, w) -> int:
+        """The gate projection's input grad is made while the up projection's is still held apart, its sum
+        with the residual's grad not yet formed (the post-feedforward norm sits between them): one more
+        b*s*h*e_m at the end of the MLP's backward (measured, GemmaRMSNorm blocks)."""
+        return spec.batch_size * spec.seq_len * c.hidden_size * w.e_m
+
     @staticmethod
     def layer_types(c: Gemma2Config) -> list[str]:
         """Gemma2Config.__post_init__: even layers slide, odd ones attend fully; Gemma2Model builds both

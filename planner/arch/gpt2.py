@@ -153,7 +153,8 @@ class HFGPT2(HFCausalLM):
             Term("c_attn input" + (" (autocast copy)" if w.amp else ""), "b*s*h*e_m", bsh * w.e_m, True,
                  part="attn.in")]
         terms += self.attention_terms(c, spec, w)
-        terms += [Term("c_proj input (attention output, transposed copy)", "b*s*h*e_m", bsh * w.e_m, True)]
+        if not self._flash(c, spec):  # the CPU flash kernel's output is laid out as c_proj's input already
+            terms += [Term("c_proj input (attention output, transposed copy)", "b*s*h*e_m", bsh * w.e_m, True)]
         if c.resid_pdrop > 0:
             terms.append(Term("attention residual dropout noise", "b*s*h*e_k", bsh * e_k, True))
         terms += ln("ln_2", "norm.mlp")
@@ -183,9 +184,10 @@ class HFGPT2(HFCausalLM):
                     Term("SDPA math kernel probabilities, dropout noise, dropout output (fp32)", "3*b*a*s^2*4",
                          3 * bas2 * 4, True)]
         if c.attention == "sdpa":
-            # The CPU flash kernel: q is a view of c_attn's output (b*s*3h, all of it kept), k and v the cache's.
+            # The CPU flash kernel: q is a view of c_attn's output (b*s*3h, all of it kept), k and v the
+            # cache's; its output, laid out (b, s, a, d), is c_proj's input as is.
             return [Term("c_attn output (q is a view of it)", "3*b*s*h*e_m", 3 * bsh * w.e_m, True),
-                    Term("SDPA k, v (cache copies), output", "3*b*s*h*e_m", 3 * bsh * w.e_m, True),
+                    Term("SDPA k, v (cache copies), output (= c_proj input)", "3*b*s*h*e_m", 3 * bsh * w.e_m, True),
                     Term("SDPA logsumexp", "4*b*a*s (fp32)", 4 * b * a * s, True)]
         e_soft = 4 if w.amp else w.e_m
         terms = [Term("attention q copy, cached k and v", "3*b*s*h*e_m", 3 * bsh * w.e_m, True),
@@ -228,6 +230,11 @@ class HFGPT2(HFCausalLM):
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
         return points
+
+    @staticmethod
+    def _flash(c: HFGPT2Config, spec) -> bool:
+        """SDPA takes its flash kernel (no dropout, or a CUDA device); with dropout on the CPU, the math one."""
+        return c.attention == "sdpa" and not (c.attn_pdrop > 0 and spec.device_type == "cpu")
 
     def outside_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
         b, s, h = spec.batch_size, spec.seq_len, c.n_embd

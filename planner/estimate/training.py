@@ -248,6 +248,17 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
     return out_
 
 
+def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
+    """The backward's last step with a tied head: the embedding's own grad (V*h) is added to the grad the
+    head's backward already made, out of place (AccumulateGrad), so every grad plus two V*h tensors are
+    alive at once (measured). Untied: the embedding's grad is one more new grad (the `grads` level)."""
+    if not family_of(cfg).tied(cfg):
+        return 0
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    embed = sum(t.numel for t in tensor_inventory(cfg) if t.role == "embed")
+    return (param_count(cfg) + 2 * embed) * e_p
+
+
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
@@ -315,7 +326,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
         # nll_loss's backward has run (and released its saved target) when log_softmax's backward
         # allocates its output: the shifted labels are gone at that high point.
-        "backward": base + max(accum_grads + activations - shifted_labels + ce_grads, sweep, grads),
+        "backward": base + max(accum_grads + activations - shifted_labels + ce_grads, sweep, grads,
+                               tied_embedding_accumulation(cfg, spec)),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
