@@ -27,10 +27,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..accounting import TensorSpec
-from ..config import ConfigError, _check_positive
-
-LOSSES = ("default", "labels", "cross-entropy")
-
+from ..config import ConfigError
 
 def linear(name: str, n_in: int, n_out: int, bias: bool, block: int | None, role: str,
            conv1d: bool = False) -> list[TensorSpec]:
@@ -221,13 +218,3 @@ class HFCausalLM(Family):
         logits = model(input_ids=inputs).logits
         on_phase("loss")
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
-def check_positive(cfg, names: tuple[str, ...]) -> None:
-    _check_positive(cfg, names)
-
-
-def check_attention(cfg, allowed: tuple[str, ...], why: str = "") -> None:
-    if cfg.attention not in allowed:
-        raise ConfigError(f"attention must be one of {', '.join(allowed)}, got {cfg.attention!r}"
-                          + (f" ({why})" if why else ""))
