@@ -220,7 +220,7 @@ class HFGPT2(HFCausalLM):
         ffn: the GELU's backward, with the MLP c_proj's grad, its input grad (b*s*h*e_r) and two b*s*f
              gradients alive; autocast's MLP weight copies freed.
         mlp_done: the MLP's backward finished.
-        attention: the softmax backward (eager; SDPA's math kernel with dropout on the CPU)."""
+        mlp_cast (autocast): the MLP c_proj's weight grad in bf16 and in fp32 at once."""
         b, s, h, f = spec.batch_size, spec.seq_len, c.n_embd, c.inner
         resid = b * s * h * (1 if spec.device_type == "cuda" else w.e_m) if c.resid_pdrop > 0 else 0
         points = {
@@ -229,6 +229,11 @@ class HFGPT2(HFCausalLM):
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if w.amp:
+            # The MLP c_proj's weight grad is made in bf16, then copied to fp32 (ToCopyBackward of autocast's
+            # cast): both copies exist while the GELU's input grads have not started yet (measured: one
+            # b*s*f*e_m above the GELU point).
+            points["mlp_cast"] = points["ffn"] + b * s * f * w.e_m
         return points
 
     @staticmethod
