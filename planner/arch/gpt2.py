@@ -220,7 +220,8 @@ class HFGPT2(HFCausalLM):
         ffn: the GELU's backward, with the MLP c_proj's grad, its input grad (b*s*h*e_r) and two b*s*f
              gradients alive; autocast's MLP weight copies freed.
         mlp_done: the MLP's backward finished.
-        mlp_cast (autocast): the MLP c_proj's weight grad in bf16 and in fp32 at once."""
+        mlp_cast (autocast): the MLP c_proj's weight grad in bf16 and in fp32 at once.
+        attention (eager; SDPA's math kernel): see _attention_backward_bytes."""
         b, s, h, f = spec.batch_size, spec.seq_len, c.n_embd, c.inner
         resid = b * s * h * (1 if spec.device_type == "cuda" else w.e_m) if c.resid_pdrop > 0 else 0
         points = {
@@ -229,12 +230,35 @@ class HFGPT2(HFCausalLM):
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if c.attention == "eager" or not self._flash(c, spec):
+            points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid
+                                   - x.bsh * w.e_m  # c_proj's input copy, freed by its backward
+                                   + (x.mlp_n + x.attn_n) * x.g + x.bsh * w.e_r
+                                   + self._attention_backward_bytes(c, spec, w))
         if w.amp:
             # The MLP c_proj's weight grad is made in bf16, then copied to fp32 (ToCopyBackward of autocast's
             # cast): both copies exist while the GELU's input grads have not started yet (measured: one
             # b*s*f*e_m above the GELU point).
             points["mlp_cast"] = points["ffn"] + b * s * f * w.e_m
         return points
+
+    @staticmethod
+    def _attention_backward_bytes(c: HFGPT2Config, spec, w) -> int:
+        """What the attention's backward holds at its high point beyond the block's saved set (measured on
+        the op timeline at s = 256, where it is the step's peak):
+        eager without dropout, the softmax backward: the probabilities' grad and the softmax backward's
+          output, (e_soft + e_m) per b*a*s^2 (softmax in fp32 under autocast, then cast to v's dtype);
+        eager with dropout: the dropout's backward (its output is freed, its grad and the new one alive):
+          e_m per b*a*s^2; under autocast the grad's fp32 copy for the fp32 softmax wins: 4;
+        SDPA's math kernel (dropout on the CPU), all in fp32: 4 per b*a*s^2 and two fp32 b*s*h grads."""
+        b, s, a, h = spec.batch_size, spec.seq_len, c.n_head, c.n_embd
+        bas2 = b * a * s * s
+        if c.attention == "sdpa":
+            return 4 * bas2 + 2 * 4 * b * s * h
+        e_soft = 4 if w.amp else w.e_m
+        if c.attn_pdrop == 0:
+            return (e_soft + w.e_m) * bas2
+        return (4 if w.amp else w.e_m) * bas2
 
     @staticmethod
     def _flash(c: HFGPT2Config, spec) -> bool:

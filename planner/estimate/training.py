@@ -154,7 +154,6 @@ def _grad_numels(cfg: ModelConfig) -> dict[str, int]:
     return {"head": head, "block": sum(t.numel for t in blk), "mlp": sum(t.numel for t in mlp),
             "down": sum(t.numel for t in blk if t.role == "mlp.out"),
             "mlp_weight": max((t.numel for t in mlp if not t.is_bias), default=0),
-            "mlp_weights": sum(t.numel for t in mlp if not t.is_bias),
             "attn_done": sum(t.numel for t in blk if t.role in ("attn.out", "norm.mlp")),
             "norm_attn": sum(t.numel for t in blk if t.role == "norm.attn"),
             "mlp_in_weight": max((t.numel for t in blk if t.role == "mlp.in" and not t.is_bias), default=0)}
