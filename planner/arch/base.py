@@ -83,7 +83,8 @@ class Family:
     def grid_configs(self) -> list[tuple[str, Any, int, int]]:
         """(label, config, batch, seq) of tiny configs of this family for the accuracy grid
         (planner/bench.py): grouped and plain heads, tied and untied heads, the family's own options,
-        and one shape whose backward peaks inside a block (few tokens, a small vocabulary)."""
+        one shape whose backward peaks inside a block (few tokens, a small vocabulary) and one whose
+        attention's s^2 tensors decide it (a long sequence)."""
         return []
 
     def attention_kinds(self, cfg) -> tuple[str, ...]:

@@ -108,8 +108,11 @@ class RMSDecoder(HFCausalLM):
             ("V97 h96 a3 kv1 untied b4 s8", dict(vocab_size=97, hidden_size=96, intermediate_size=256,
                                                  num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
                                                  tie_word_embeddings=False), 4, 8),
+            ("V97 h32 a4 kv2 tied b2 s256", dict(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 tie_word_embeddings=True), 2, 256),
         ]
-        return [(label, self.config_cls(**{**kw, "max_position_embeddings": 256, **self.grid_options}), b, s)
+        return [(label, self.config_cls(**{**kw, "max_position_embeddings": 512, **self.grid_options}), b, s)
                 for label, kw, b, s in shapes]
 
     def tiny(self, cfg):

@@ -119,7 +119,7 @@ class Gemma2(Gemma):
         return (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
                 + [parts.projection_inputs("q/k/v projection", 3, b, s, h, w, part="attn.in")]
                 + self.attention_terms(c, spec, w)
-                + self.norm_terms("post_attention_layernorm", b, s, h, w)
+                + self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.post_attn")
                 + self.norm_terms("pre_feedforward_layernorm", b, s, h, w, part="norm.mlp")
                 + [parts.projection_inputs("MLP", 2, b, s, h, w, where="mlp")]
                 + parts.glu_mlp(x, b, s, w)
@@ -144,6 +144,15 @@ class Gemma2(Gemma):
             terms.append(Term("second (sliding-window) additive mask (checkpoint input)", "b*s^2*e_r",
                               b * s * s * w.e_r, where="kept"))
         return terms
+
+    def block_points(self, c, spec, w, x) -> dict[str, int]:
+        """Llama's points; at the attention's backward the post-attention norm (which normalises the
+        attention's output, so its backward runs first) has freed its saved tensors too."""
+        points = super().block_points(c, spec, w, x)
+        if "attention" in points:
+            b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+            points["attention"] -= sum(t.bytes for t in self.norm_terms("post_attention_layernorm", b, s, h, w))
+        return points
 
     def mlp_done_extra(self, c, spec, w) -> int:
         """The gate projection's input grad is made while the up projection's is still held apart, its sum

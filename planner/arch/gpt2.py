@@ -103,6 +103,8 @@ class HFGPT2(HFCausalLM):
                                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), 2, 48),
             ("V97 h96 a3 p0.1 b4 s8", HFGPT2Config(vocab_size=97, n_positions=128, n_embd=96, n_layer=2, n_head=3),
              4, 8),
+            ("V97 h32 a4 p0 b2 s256", HFGPT2Config(vocab_size=97, n_positions=512, n_embd=32, n_layer=2, n_head=4,
+                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), 2, 256),
         ]
 
     def tied(self, cfg) -> bool:

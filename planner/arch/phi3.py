@@ -76,6 +76,17 @@ class Phi3(RMSDecoder):
                               b * s * c.num_attention_heads * c.head_dim * w.e_m, True))
         return terms
 
+    def block_points(self, c, spec, w, x) -> dict[str, int]:
+        """Llama's points, but the one input projection is fused: q, k and v's grads each come back as a
+        full (b, s, (a + 2 kv) * d) tensor (SliceBackward pads its slice with zeros) and are summed, so at
+        qkv_proj's backward four such tensors are alive (measured), not Llama's three input grads."""
+        points = super().block_points(c, spec, w, x)
+        b, s = spec.batch_size, spec.seq_len
+        op = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+        points["attn_in"] = ((x.block_n - x.norm_attn_n) * x.g + x.norm_attn_saved + x.attn_in_saved
+                             + 4 * b * s * op * w.e_m - (x.rope_bytes if x.first else 0))
+        return points
+
     def presets(self) -> dict:
         # tests/data/Phi-3-mini-4k-instruct.config.json; 3,821,079,552 parameters.
         return {"phi-3-mini-4k": Phi3Config(vocab_size=32064, hidden_size=3072, intermediate_size=8192,
