@@ -7,11 +7,12 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|simulate|distributed|gpu|gpu-doc [--quick] [--out FILE]
+    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc [--quick] [--out FILE] [--family NAME]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
            [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
+           [--loss default|labels|cross-entropy]
     PARALLEL: [--reshard-after-forward true|false] [--mp-param-dtype D] [--mp-reduce-dtype D] [--cpu-offload]
               [--gradient-as-bucket-view]   (planner/cli_parallel.py)
 
@@ -34,7 +35,7 @@ from dataclasses import asdict
 
 from . import cli_parallel
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model, with_dtype
-from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
+from .spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
 from .units import fmt_bytes, parse_size
 
 EXIT_INVALID, EXIT_FAILED = 2, 3
@@ -76,8 +77,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help=f"a preset: {', '.join(PRESETS)} (give --model or --config)")
-    p.add_argument("--config", help="a JSON config file (arch gpt2 with the book's keys, or a Hugging Face "
-                                    "Llama config.json)")
+    p.add_argument("--config", help="a JSON config file: the planner's own ({\"arch\": ...}, e.g. the book's "
+                                    "GPT-2 keys) or a Hugging Face config.json (model_type llama, mistral, qwen2, ...)")
 
 
 def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_required: bool = True) -> None:
@@ -94,6 +95,10 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--attention", choices=ATTENTION_KINDS,
                    help="attention kernel (default: the model's own, as its config says)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--loss", choices=LOSSES, default="default",
+                   help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
+                        "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
+                        "returned logits")
     p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
                    help="cpu, cuda or cuda:N" + (" (required)" if device_required else ""))
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
@@ -164,9 +169,10 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "simulate", "distributed", "gpu", "gpu-doc"),
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
+                        "families: every Hugging Face family's grid; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
+    b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -184,7 +190,7 @@ def parse_train(args) -> tuple:
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
                      optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
-                     optimizer_impl=args.optimizer_impl, device=args.device)
+                     optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss)
     return prepare(cfg, spec, args.attention), spec
 
 
@@ -451,7 +457,14 @@ def cmd_bench(args) -> int:
 
             Path(args.out).write_text(text)
         return 0
-    return bench.main(args.what, quick=args.quick, out=args.out, device=args.device)
+    if args.family and args.what != "families":
+        raise ConfigError("--family goes with bench families")
+    if args.family:
+        from .arch import families
+
+        if args.family not in families():
+            raise ConfigError(f"unknown family {args.family!r}; choose one of: {', '.join(families())}")
+    return bench.main(args.what, quick=args.quick, out=args.out, device=args.device, family=args.family)
 
 
 def _stop(signum: int, frame) -> None:

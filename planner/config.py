@@ -9,6 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Union
 
 # A model with more parameters than this is refused: 1e13 parameters is ~20x the largest dense model
@@ -47,8 +48,7 @@ class GPT2Config:
             raise ConfigError(f"emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}")
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"drop_rate must be in [0, 1), got {self.drop_rate}")
-        if self.attention not in ATTENTION_KINDS:
-            raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
+        check_attention_kind(self.attention)
 
     @property
     def max_seq_len(self) -> int:
@@ -87,6 +87,7 @@ class LlamaConfig:
     attention: str = "sdpa"                 # sdpa (HF's default kernel) or eager (manual softmax attention)
     torch_dtype: str | None = None          # the published checkpoint's dtype (HF key); None: float32
     name: str | None = None                 # optional display name (runs are stored under it)
+    hidden_act: str = "silu"                # the gated MLP's activation (transformers' ACT2FN name)
     arch: str = dataclasses.field(default="llama", init=False)
 
     def __post_init__(self) -> None:
@@ -108,8 +109,8 @@ class LlamaConfig:
                               f"num_attention_heads {self.num_attention_heads}")
         if not self.rms_norm_eps > 0:
             raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
-        if self.attention not in ATTENTION_KINDS:
-            raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
+        check_attention_kind(self.attention)
+        check_activation(self.hidden_act)
 
     @property
     def max_seq_len(self) -> int:
@@ -128,8 +129,40 @@ class LlamaConfig:
         return self.num_attention_heads
 
 
-ModelConfig = Union[GPT2Config, LlamaConfig]
-CONFIG_TYPES = {"gpt2": GPT2Config, "llama": LlamaConfig}
+# Any family's config (planner/arch/<family>.py defines the others); kept as a name for type hints.
+ModelConfig = Union[GPT2Config, LlamaConfig, Any]
+
+# Attention kernels transformers offers that need a CUDA GPU and an extra package: refused with the reason.
+GPU_ONLY_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention")
+
+# transformers 5.23's ACT2FN names (activations.py); the planner models the ones in ACTIVATION_SAVED.
+HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh",
+                  "gelu_python_tanh", "gelu_accurate", "hardswish", "laplace", "leaky_relu", "linear", "mish",
+                  "quick_gelu", "relu", "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh",
+                  "prelu", "xielu")
+# Tensors of the activation's input size that its autograd nodes save, besides its output (which the
+# next op saves): one fused kernel saves its input (silu, gelu, gelu tanh: aten derivatives.yaml) or its
+# output (relu: threshold_backward(result)); transformers' Python tanh-GELUs (NewGELUActivation,
+# GELUTanh(use_gelu_tanh_python)) save x, 0.5x, tanh(.) and 1 + tanh(.) (measured, saved-tensor hooks).
+ACTIVATION_SAVED = {"silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "relu": 0, "gelu_new": 4,
+                    "gelu_python_tanh": 4}
+
+
+def check_attention_kind(attention: str) -> None:
+    if attention in GPU_ONLY_ATTENTION:
+        raise ConfigError(f"attention {attention!r} needs a CUDA GPU and its kernel package; the planner "
+                          f"measures on this machine's CPU with one of: {', '.join(ATTENTION_KINDS)}")
+    if attention not in ATTENTION_KINDS:
+        raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+
+
+def check_activation(act: str) -> None:
+    if act not in HF_ACTIVATIONS:
+        raise ConfigError(f"hidden_act {act!r} is not an activation transformers knows; it accepts: "
+                          f"{', '.join(HF_ACTIVATIONS)}")
+    if act not in ACTIVATION_SAVED:
+        raise ConfigError(f"hidden_act {act!r} is valid in transformers but its memory is not modelled yet; "
+                          f"supported: {', '.join(ACTIVATION_SAVED)}")
 
 
 def _check_optional(cfg: Any) -> None:
@@ -148,37 +181,26 @@ def _check_positive(cfg: Any, names: tuple[str, ...]) -> None:
             raise ConfigError(f"{name} must be positive, got {value}")
 
 
-# The book's BASE_CONFIG (ch05/08 notebook): context 1024, qkv_bias True, drop_rate 0.0, untied head.
-_GPT2_BASE = dict(vocab_size=50257, context_length=1024, drop_rate=0.0, qkv_bias=True)
+class _Presets(Mapping):
+    """Every family's presets (planner/arch/<family>.py), by name; read on first use, as the families
+    import this module."""
 
-# Llama shapes copied from each model's published config.json (the parameter count in the comment is
-# the model card's, and tests hold the accounting to it).
-PRESETS: dict[str, ModelConfig] = {
-    "gpt2-small": GPT2Config(**_GPT2_BASE, emb_dim=768, n_layers=12, n_heads=12),     # 124M (163,037,184 untied)
-    "gpt2-medium": GPT2Config(**_GPT2_BASE, emb_dim=1024, n_layers=24, n_heads=16),   # 355M
-    "gpt2-large": GPT2Config(**_GPT2_BASE, emb_dim=1280, n_layers=36, n_heads=20),    # 774M
-    "gpt2-xl": GPT2Config(**_GPT2_BASE, emb_dim=1600, n_layers=48, n_heads=25),       # 1558M (1,638,022,400 untied)
-    "tinyllama-1.1b": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                                  num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
-                                  max_position_embeddings=2048, rms_norm_eps=1e-5,
-                                  torch_dtype="bfloat16"),  # 1,100,048,384
-    "llama-3.2-1b": LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                                num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                                head_dim=64, max_position_embeddings=131072, tie_word_embeddings=True,
-                                rms_norm_eps=1e-5, rope_theta=500000.0,
-                                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                              "high_freq_factor": 4.0,
-                                              "original_max_position_embeddings": 8192},
-                                torch_dtype="bfloat16"),  # 1,235,814,400
-    "llama-2-7b": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-                              max_position_embeddings=4096, rms_norm_eps=1e-5,
-                              torch_dtype="float16"),  # 6,738,415,616
-    "llama-3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                              max_position_embeddings=8192, rms_norm_eps=1e-5,
-                              rope_theta=500000.0, torch_dtype="bfloat16"),  # 8,030,261,248
-}
+    def _all(self) -> dict:
+        from .arch import all_presets
+
+        return all_presets()
+
+    def __getitem__(self, name: str):
+        return self._all()[name]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+PRESETS: Mapping[str, ModelConfig] = _Presets()
 
 
 def preset(name: str) -> ModelConfig:
@@ -189,41 +211,20 @@ def preset(name: str) -> ModelConfig:
 
 
 def config_from_dict(data: Any) -> ModelConfig:
-    """Build a config from a JSON object: {"arch": "gpt2"|"llama", ...} or an HF config.json.
+    """Build a config from a JSON object: {"arch": ...} (the form config_to_dict writes) or a Hugging Face
+    config.json ({"model_type": ...}); each family (planner/arch) reads its own keys.
 
     Unknown keys are ignored (HF files carry many: bos_token_id, use_cache, ...); missing required
     keys are named in the error.
     """
+    from .arch import family_for_dict
+
     if not isinstance(data, dict):
         raise ConfigError(f"a model config must be a JSON object, got {type(data).__name__}")
-    arch = data.get("arch") or data.get("model_type")
-    if arch is None:
-        raise ConfigError('config has no "arch" (or "model_type") key; use "gpt2" or "llama"')
-    if arch not in CONFIG_TYPES:
-        raise ConfigError(f"unsupported arch {arch!r}; supported: {', '.join(CONFIG_TYPES)}")
-    cls = CONFIG_TYPES[arch]
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    required = _REQUIRED[arch]
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise ConfigError(f"{arch} config is missing key(s): {', '.join(missing)}")
-    kwargs = {k: v for k, v in data.items() if k in fields}
-    if "torch_dtype" not in data and "dtype" in data:  # newer HF config.json files name it "dtype"
-        kwargs["torch_dtype"] = data["dtype"]
-    if "hidden_act" in data and data["hidden_act"] != "silu":
-        raise ConfigError(f"only hidden_act 'silu' (SwiGLU) is supported, got {data['hidden_act']!r}")
-    try:
-        cfg = cls(**kwargs)
-    except TypeError as exc:  # e.g. a list where a number belongs
-        raise ConfigError(f"invalid {arch} config: {exc}") from None
+    family = family_for_dict(data)
+    cfg = family.from_dict(data)
     _check_size(cfg)
     return cfg
-
-
-_REQUIRED = {
-    "gpt2": ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"),
-    "llama": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
-}
 
 
 def _check_size(cfg: ModelConfig) -> None:
@@ -296,6 +297,6 @@ def model_label(cfg: ModelConfig, preset_name: str | None = None) -> str:
 
 def config_to_dict(cfg: ModelConfig) -> dict:
     """JSON form that config_from_dict reads back (round-trips)."""
-    out = {"arch": cfg.arch}
-    out.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init})
-    return out
+    from .arch import family_of
+
+    return family_of(cfg).to_dict(cfg)

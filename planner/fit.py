@@ -225,11 +225,11 @@ def measure_costs(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300,
     """Step-time ratios measured here on a 2-block proxy of the model (same widths, the run's batch and
     sequence, scaled down until the proxy's peak is under 2 GiB): checkpointing over plain, and two
     micro-batches of half the batch over one full batch. This machine's costs, not a rule of thumb."""
-    from .config import GPT2Config, config_to_dict
+    from .arch import family_of
+    from .config import config_to_dict
     from .runner import run_worker
 
-    proxy = (dataclasses.replace(cfg, n_layers=2) if isinstance(cfg, GPT2Config)
-             else dataclasses.replace(cfg, num_hidden_layers=2))
+    proxy = family_of(cfg).with_layers(cfg, 2)
     base = dataclasses.replace(spec, grad_accum=1, device="cpu")
     while _peak(proxy, base) > 2 * 2**30 and (base.batch_size > 1 or base.seq_len > 64):
         base = (dataclasses.replace(base, batch_size=base.batch_size // 2) if base.batch_size > 1

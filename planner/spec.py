@@ -9,6 +9,9 @@ from .config import ConfigError, ModelConfig, with_attention
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "for-loop", "fused")
+# default: as the model's users train it (transformers: model(input_ids=x, labels=y).loss; the book's
+# GPT-2: cross-entropy over its logits); labels / cross-entropy force one.
+LOSSES = ("default", "labels", "cross-entropy")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -28,6 +31,7 @@ class TrainSpec:
     grad_accum: int = 1             # micro-batches of batch_size per optimizer step
     optimizer_impl: str = "default"  # default = PyTorch's pick: for-loop on CPU, foreach on CUDA
     device: str = "cpu"
+    loss: str = "default"           # one of LOSSES
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "grad_accum"):
@@ -45,6 +49,8 @@ class TrainSpec:
                               f"choose one of: {', '.join(OPTIMIZER_IMPLS)}")
         if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
             raise ConfigError(f"fused is not available for {self.optimizer}")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"unknown loss {self.loss!r}; choose one of: {', '.join(LOSSES)}")
         check_device(self.device)
 
     @property
@@ -72,6 +78,12 @@ class TrainSpec:
 def check_fits_model(cfg: ModelConfig, spec: TrainSpec) -> None:
     if spec.seq_len > cfg.max_seq_len:
         raise ConfigError(f"seq_len {spec.seq_len} is longer than the model's context of {cfg.max_seq_len}")
+    from .arch import family_of
+
+    family = family_of(cfg)
+    if spec.loss == "labels" and family.default_loss != "labels":
+        raise ConfigError(f"the {family.arch} model has no labels= loss; use --loss cross-entropy (or default)")
+    family.check_run(cfg, spec)
 
 
 def prepare(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None) -> ModelConfig:

@@ -69,9 +69,10 @@ def test_weights_table_bytes():
     assert rows["float32"]["params_bytes"] == 4 * 163_037_184
     assert rows["bfloat16"]["total_bytes"] * 2 == rows["float32"]["total_bytes"]
     llama = {r["dtype"]: r for r in weights_table(PRESETS["tinyllama-1.1b"])}
-    assert llama["bfloat16"]["buffers_bytes"] == llama["float32"]["buffers_bytes"] == 32 * 4  # fp32 inv_freq
+    # transformers keeps two fp32 copies of RoPE's inverse frequencies (inv_freq, original_inv_freq)
+    assert llama["bfloat16"]["buffers_bytes"] == llama["float32"]["buffers_bytes"] == 2 * 32 * 4
     m = build_model(PRESETS["tinyllama-1.1b"], "meta", dtype="bfloat16")
-    assert sum(b.numel() * b.element_size() for b in m.buffers()) == 32 * 4
+    assert sum(b.numel() * b.element_size() for b in m.buffers()) == 2 * 32 * 4
 
 
 @pytest.mark.parametrize("data, message", [

@@ -2,6 +2,7 @@
 import torch
 
 from book_gpt import GPTModel as BookGPTModel
+from planner.arch import family_of
 from planner.config import GPT2Config, LlamaConfig
 from planner.models import build_model
 
@@ -47,13 +48,24 @@ def test_checkpointing_gives_identical_gradients():
     plain = build_model(cfg)
     ckpt = build_model(cfg)
     ckpt.load_state_dict(plain.state_dict())
-    ckpt.gradient_checkpointing = True
+    family_of(cfg).enable_checkpointing(ckpt)
+    assert all(layer.gradient_checkpointing for layer in ckpt.model.layers)
     x = torch.randint(0, 50, (2, 8))
     for m in (plain, ckpt):
         m.train()
-        m(x).float().pow(2).mean().backward()
+        m(input_ids=x, labels=x).loss.backward()
     for (n, p), (_, q) in zip(plain.named_parameters(), ckpt.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+def test_llama_is_transformers_own_model():
+    from transformers import LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, attention="eager")
+    m = build_model(cfg)
+    assert type(m) is LlamaForCausalLM
+    assert m.config._attn_implementation == "eager" and m.config.num_key_value_heads == 2
 
 
 def test_tied_llama_shares_the_embedding_and_bf16_build():
@@ -62,4 +74,4 @@ def test_tied_llama_shares_the_embedding_and_bf16_build():
     m = build_model(cfg, dtype="bfloat16")
     assert m.lm_head.weight is m.model.embed_tokens.weight
     assert all(p.dtype == torch.bfloat16 for p in m.parameters())
-    assert m(torch.randint(0, 50, (1, 5))).shape == (1, 5, 50)
+    assert m(input_ids=torch.randint(0, 50, (1, 5))).logits.shape == (1, 5, 50)

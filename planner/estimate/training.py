@@ -10,10 +10,13 @@ The peak is the largest of these phase candidates; its phase is reported with it
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, per_config, tensor_inventory
-from ..config import GPT2Config, LlamaConfig, ModelConfig
+from ..arch import family_of
+from ..arch.base import resolved_loss
+from ..config import ModelConfig
 from ..spec import TrainSpec
 from .activations import Term, Widths, block_terms, outside_terms
 
@@ -90,17 +93,15 @@ def autocast_weight_bytes(cfg: ModelConfig, spec: TrainSpec, blocks_only: bool =
 def _autocast_weight_bytes(cfg: ModelConfig, amp: bool, blocks_only: bool) -> int:
     """Low-precision copies of the fp32 matmul weights that autocast caches and Linear saves for backward
     (aten autocast_mode.cpp cached_cast: fp32 leaf tensors that require grad). Embeddings are not cast;
-    biases are cast but not saved. A tied lm_head casts the embedding matrix."""
+    biases are cast but not saved. A tied output head casts the embedding matrix."""
     if not amp:
         return 0
     total = 0
     for t in tensor_inventory(cfg):
-        if t.autocast and t.name.endswith("weight"):
-            in_block = t.name.startswith(("trf_blocks.", "model.layers."))
-            if in_block or not blocks_only:
-                total += t.numel
-    if getattr(cfg, "tie_word_embeddings", False):
-        total += cfg.vocab_size * cfg.hidden_size
+        if t.autocast and not t.is_bias and t.trainable and (t.block is not None or not blocks_only):
+            total += t.numel
+    if not blocks_only and family_of(cfg).tied(cfg):
+        total += sum(t.numel for t in tensor_inventory(cfg) if t.role == "embed")
     return total * 2
 
 
@@ -142,117 +143,128 @@ def _persistent_rounding_bytes(cfg: ModelConfig, optimizer: str, param_dtype: st
 
 
 @per_config
-def _grad_numels(cfg: ModelConfig) -> tuple[int, int, int, int]:
-    """(head: output projection + final norm, one block, a block's FFN down-projection) parameter counts:
-    the grads that exist when the backward sweep reaches the first / last block's FFN."""
-    inv = tensor_inventory(cfg)
-    head = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("out_head", "final_norm",
-                                                                                 "lm_head", "model.norm")))
-    if getattr(cfg, "tie_word_embeddings", False):
-        head += cfg.vocab_size * cfg.hidden_size  # the tied head's grad is created at lm_head backward
-    block = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("trf_blocks.0.", "model.layers.0.")))
-    down = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("trf_blocks.0.ff.layers.2",
-                                                                                 "model.layers.0.mlp.down_proj")))
-    mlp = sum(t.numel for t in inv if t.kind == "param" and t.name.startswith(("trf_blocks.0.ff.",
-                                                                                "model.layers.0.mlp.")))
-    return head, block, down, mlp
+def _grad_numels(cfg: ModelConfig) -> dict[str, int]:
+    """Parameter counts by role, for the grads that exist at each point of the backward sweep:
+    head (output projection + final norm; a tied head's grad is made at the head's backward), one block
+    (block 0), its MLP, its MLP output projection, its largest MLP weight, and what exists at the
+    attention's backward besides the MLP's (the attention output projection and the pre-MLP norm)."""
+    inv = [t for t in tensor_inventory(cfg) if t.kind == "param" and t.trainable]
+    head = sum(t.numel for t in inv if t.role in ("head", "norm.final"))
+    if family_of(cfg).tied(cfg):
+        head += sum(t.numel for t in inv if t.role == "embed")
+    blk = [t for t in inv if t.block == 0]
+    mlp = [t for t in blk if t.role in ("mlp.in", "mlp.out")]
+    return {"head": head, "block": sum(t.numel for t in blk), "mlp": sum(t.numel for t in mlp),
+            "down": sum(t.numel for t in blk if t.role == "mlp.out"),
+            "mlp_weight": max((t.numel for t in mlp if not t.is_bias), default=0),
+            "attn_done": sum(t.numel for t in blk if t.role in ("attn.out", "norm.mlp")),
+            "norm_attn": sum(t.numel for t in blk if t.role == "norm.attn"),
+            "mlp_in_weight": max((t.numel for t in blk if t.role == "mlp.in" and not t.is_bias), default=0)}
 
 
-def _ffn_width(cfg: ModelConfig) -> int:
-    return 4 * cfg.emb_dim if isinstance(cfg, GPT2Config) else cfg.intermediate_size
-
-
-def attention_backward_s2_bytes(cfg: ModelConfig, w: Widths) -> int:
-    """Net bytes per b*a*s^2 that an eager/math attention backward adds on top of the block's saved set,
-    read off the op-by-op timeline (planner.measure.tracker) at its high point, _softmax_backward_data:
-    - softmax without dropout (Llama eager; GPT eager with p=0): the probabilities' gradient and the
-      softmax backward's output, fp32 in Llama (softmax(dtype=float32)), where below fp32 the freed bf16
-      copy of the probabilities offsets 2 B: 8 - e_m; in GPT both are e_m wide: 2*e_m.
-    - with dropout (GPT): the dropout output and keep-mask die before the softmax backward runs, which
-      offsets the two gradients: 0 (measured +0.1..0.35 B, within the bar). SDPA's math fallback below
-      fp32 peaks earlier, at the matmul backward, where the probabilities' fp32 gradient (4 B) joins
-      the saved set (fp32 itself: ~0, as eager).
-    """
-    if isinstance(cfg, LlamaConfig):
-        return 8 - (w.e_m if w.e_m < 4 else 0)
-    if cfg.drop_rate == 0:
-        return 2 * w.e_m
-    return 4 if (cfg.attention == "sdpa" and w.e_m < 4) else 0
+@dataclass(frozen=True)
+class SweepContext:
+    """What the backward sweep knows at a block, for the family's in-block high points (bytes unless
+    said): `current` the block's saved set and its autocast weight copies; `mlp_saved` and
+    `norm_mlp_saved` the parts its MLP and pre-MLP norm saved; `casts_mlp` the MLP's weight copies;
+    `g` bytes per parameter of the grads this backward creates (0 when they exist already: a later
+    micro-batch); `pending` one MLP weight's grad computed before it is added in place (that case);
+    counts of parameters (`*_n`) by role; `norm_attn_saved` / `attn_in_saved` what the block's input
+    norm and its attention input projections saved; after the loss: `saved_after_loss`, `casts_head`,
+    `grads_last`."""
+    b: int
+    s: int
+    h: int
+    L: int
+    bsh: int
+    e_p: int
+    g: int
+    pending: int
+    current: int
+    mlp_saved: int
+    norm_mlp_saved: int
+    casts_mlp: int
+    mlp_n: int
+    down_n: int
+    attn_n: int
+    saved_after_loss: int
+    casts_head: int
+    grads_last: int
+    block_n: int
+    norm_attn_n: int
+    norm_attn_saved: int
+    attn_in_saved: int
+    mlp_in_weight: int
+    first: bool = False      # the first block (the last one backward reaches): shared inputs die in it
+    rope_bytes: int = 0      # saved tensors shared by all blocks (RoPE's cos/sin), freed by the first block
 
 
 def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term], out: list[Term], e_p: int,
                     saved_after_loss: int, amp_weights: int, grads_exist: bool = False) -> dict[str, int]:
     """Live bytes (without the persistent base) at the in-block high points of the first and last block.
 
+    Each block frees its saved tensors and adds its weight grads, so the total is linear in the block
+    index and its maximum is at the first or the last block; inside a block the family names its high
+    points (planner/arch/<family>.py block_points), and one before the blocks (head_point).
     grads_exist: a later micro-batch of gradient accumulation, where every .grad already exists (and is
     counted by the caller); new grads are then only transients added in place, so the grads "made so
     far" by the sweep are not counted again."""
+    family = family_of(cfg)
     b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
-    f, bsh = _ffn_width(cfg), b * s * cfg.hidden
-    head_n, block_n, down_n, mlp_n = _grad_numels(cfg)
+    bsh = b * s * h
+    n = _grad_numels(cfg)
     blk_bytes = sum(t.bytes for t in blk)
     head_bytes = sum(t.bytes for t in out if t.where == "head")
-    embed_bytes = sum(t.bytes for t in out if t.where == "embed")
+    embed_bytes = sum(t.bytes for t in out if t.where in ("embed", "kept"))
     mlp_saved = sum(t.bytes for t in blk if t.where == "mlp")
-    norm2_saved = sum(t.bytes for t in blk if t.name.startswith(("LayerNorm", "RMSNorm"))) // 2
+    norm_mlp_saved = sum(t.bytes for t in blk if t.part == "norm.mlp")
     casts_blk = autocast_weight_bytes(cfg, spec, blocks_only=True) // L     # one block's bf16 weight copies
     casts_head = amp_weights - (0 if spec.checkpointing else L * casts_blk)  # the output head's copy
-    casts_mlp = 2 * mlp_n if w.amp else 0                                     # ~ the MLP's weight copies
-    # At the softmax backward only the output projection's and the post-attention norm's grads exist.
-    out_proj_n = (cfg.emb_dim * cfg.emb_dim + cfg.emb_dim if isinstance(cfg, GPT2Config)
-                  else cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size * (1 + cfg.attention_bias))
-    attn_n = out_proj_n + _norm_numel(cfg)
+    casts_mlp = 2 * n["mlp"] if w.amp else 0                                  # ~ the MLP's weight copies
 
     g = 0 if grads_exist else e_p  # bytes per parameter of grads the sweep itself creates
-    # With grads already there, a new weight grad is computed in full, then added in place: one FFN
+    # With grads already there, a new weight grad is computed in full, then added in place: one MLP
     # weight's grad is the transient at the MLP's points.
-    pending = f * h * e_p if grads_exist else 0
+    pending = n["mlp_weight"] * e_p if grads_exist else 0
     if spec.checkpointing:  # the others keep only their stashed input; the current block is recomputed
-        others_last = embed_bytes + (L - 1) * b * s * h * w.e_r
+        others_last = embed_bytes + (L - 1) * bsh * w.e_r
     else:
         others_last = saved_after_loss - head_bytes - blk_bytes - casts_blk - casts_head
     others_first = embed_bytes
-    current = blk_bytes + casts_blk
-    if spec.checkpointing and isinstance(cfg, LlamaConfig) and w.e_r < 4:
-        # The stashed block input is its own tensor here: bf16 RMSNorm saves an fp32 copy, not the input.
-        current += bsh * w.e_r
-
-    resid_mask = bsh * (1 if spec.device_type == "cuda" else w.e_m) if (
-        isinstance(cfg, GPT2Config) and cfg.drop_rate > 0) else 0
-    ffn = current + down_n * e_p + bsh * w.e_r + 2 * b * s * f * w.e_m - resid_mask - (2 * f * h if w.amp else 0)
-    mlp_done = current - mlp_saved - casts_mlp + mlp_n * g + pending + bsh * (w.e_r + w.e_m) + b * s * f * w.e_m
-    points = {"ffn": ffn, "mlp_done": mlp_done}
-    if isinstance(cfg, LlamaConfig):  # the post-attention RMSNorm's fp32 backward, as the final norm's
-        points["norm"] = current - mlp_saved - casts_mlp + mlp_n * g + pending + bsh * w.e_r + 16 * bsh
-    if cfg.attention == "eager" or (cfg.attention == "sdpa" and isinstance(cfg, GPT2Config) and cfg.drop_rate > 0
-                                    and spec.device_type == "cpu"):
-        s2 = b * cfg.heads * s * s
-        points["attention"] = (current - mlp_saved - casts_mlp - norm2_saved - resid_mask
-                               - bsh * w.e_m  # the output projection's input copy, freed by its backward
-                               + (mlp_n + attn_n) * g + bsh * w.e_r + attention_backward_s2_bytes(cfg, w) * s2)
-    grads_last = 0 if grads_exist else head_n * e_p
-    if isinstance(cfg, LlamaConfig):
-        # The final RMSNorm's backward runs in fp32 (HF's RMSNorm upcasts) and holds four fp32 b*s*h
-        # temporaries at once (measured), after the lm_head's backward has freed its input.
-        lm_head_input = bsh * w.e_m
-        points_head = saved_after_loss - lm_head_input - casts_head + grads_last + bsh * w.e_m + 16 * bsh
-    else:
-        points_head = 0
-    grads_first = 0 if grads_exist else (head_n + (L - 1) * block_n) * e_p
-    out_ = {"final norm": points_head}
-    for name, value in points.items():
+    current = blk_bytes + casts_blk + (family.stash_extra(cfg, spec, w) if spec.checkpointing else 0)
+    grads_last = 0 if grads_exist else n["head"] * e_p
+    ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=g, pending=pending, current=current,
+                       mlp_saved=mlp_saved, norm_mlp_saved=norm_mlp_saved, casts_mlp=casts_mlp, mlp_n=n["mlp"],
+                       down_n=n["down"], attn_n=n["attn_done"], saved_after_loss=saved_after_loss,
+                       casts_head=casts_head, grads_last=grads_last, block_n=n["block"], norm_attn_n=n["norm_attn"],
+                       norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
+                       attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
+                       mlp_in_weight=n["mlp_in_weight"],
+                       rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+    grads_first = 0 if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
+    out_ = {"final norm": family.head_point(cfg, spec, w, ctx)}
+    for name, value in family.block_points(cfg, spec, w, ctx).items():
         out_[f"last block {name}"] = others_last + grads_last + value
+    for name, value in family.block_points(cfg, spec, w, dataclasses.replace(ctx, first=True)).items():
         out_[f"first block {name}"] = others_first + grads_first + value
     return out_
 
 
-def _norm_numel(cfg: ModelConfig) -> int:
-    """Parameters of one norm: LayerNorm scale + shift, RMSNorm weight."""
-    return 2 * cfg.hidden if isinstance(cfg, GPT2Config) else cfg.hidden
+def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
+    """The backward's last step with a tied head: the embedding's own grad (V*h) is added to the grad the
+    head's backward already made, out of place (AccumulateGrad), so every grad plus two V*h tensors are
+    alive at once (measured). Untied: the embedding's grad is one more new grad (the `grads` level)."""
+    if not family_of(cfg).tied(cfg):
+        return 0
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    embed = sum(t.numel for t in tensor_inventory(cfg) if t.role == "embed")
+    return (param_count(cfg) + 2 * embed) * e_p
 
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
-    w = Widths.of(spec)
+    family = family_of(cfg)
+    loss_kind = resolved_loss(family, spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
     e_p = DTYPE_BYTES[spec.param_dtype]
     b, s, V, L = spec.batch_size, spec.seq_len, cfg.vocab_size, cfg.layers
     bsV = b * s * V
@@ -268,7 +280,10 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     out = outside_terms(cfg, spec, w)
     blk_bytes = sum(t.bytes for t in blk)
     out_bytes = sum(t.bytes for t in out)
-    ce_saved = bsV * w.e_ce + w.e_ce  # log_softmax output, nll_loss's 0-d total_weight
+    # log_softmax output and nll_loss's 0-d total_weight; transformers' ForCausalLMLoss also saves its
+    # shifted labels (pad(labels, (0, 1))[..., 1:].contiguous(): an int64 b*s copy) as nll_loss's target.
+    shifted_labels = 8 * b * s if loss_kind == "labels" else 0
+    ce_saved = bsV * w.e_ce + w.e_ce + shifted_labels
     if spec.checkpointing:
         # Non-reentrant checkpoint saves only each block's input; everything else is recomputed.
         ckpt_input = b * s * cfg.hidden * w.e_r
@@ -280,7 +295,9 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     activations = saved_blocks + out_bytes + amp_weights + ce_saved
 
     logits = bsV * w.e_m
-    logits_fp32_copy = bsV * 4 if w.amp else 0
+    # The loss's fp32 copy of low-precision logits: autocast's cast for cross_entropy (fp32 list), or
+    # ForCausalLMLoss's logits.float() (transformers/loss/loss_utils.py), which pure bf16 pays too.
+    logits_fp32_copy = bsV * 4 if (w.amp or (loss_kind == "labels" and w.e_m < 4)) else 0
     ce_grads = 2 * bsV * w.e_ce  # nll_loss_backward output and _log_softmax_backward_data output
     opt_tmp, opt_tmp_formula = optimizer_temporary_bytes(cfg, spec)
 
@@ -302,10 +319,18 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # low-precision weight copy until the autocast region (forward + loss) exits.
     cached_casts = autocast_weight_bytes(cfg, spec, blocks_only=True) if spec.checkpointing else 0
     a_before_loss += cached_casts
+    # Alive at the end of the forward but not saved (transformers' KV cache, ...): with a loss computed
+    # inside the model (labels=) they last through it; padded labels (8*b*(s+1)) live during it too.
+    fwd = family.forward_terms(cfg, spec, w)
+    fwd_bytes = sum(t.bytes for t in fwd)
+    in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     phase = {
-        "forward": base + accum_grads + a_before_loss + logits,
-        "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + bsV * w.e_ce,
-        "backward": base + max(accum_grads + activations + ce_grads, sweep, grads),
+        "forward": base + accum_grads + a_before_loss + logits + fwd_bytes,
+        "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        # nll_loss's backward has run (and released its saved target) when log_softmax's backward
+        # allocates its output: the shifted labels are gone at that high point.
+        "backward": base + max(accum_grads + activations - shifted_labels + ce_grads, sweep, grads,
+                               tied_embedding_accumulation(cfg, spec)),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
@@ -318,7 +343,12 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
             phase[k] += cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES
     peak_phase = max(phase, key=phase.get)
 
-    terms = blk + out + [Term("log_softmax output + nll total_weight", "b*s*V*e_ce + e_ce", ce_saved)]
+    terms = blk + out + fwd
+    if loss_kind == "labels":
+        terms.append(Term("log_softmax output (fp32: ForCausalLMLoss upcasts the logits) + nll total_weight"
+                          " + shifted labels", "4*b*s*V + 4 + 8*b*s", ce_saved))
+    else:
+        terms.append(Term("log_softmax output + nll total_weight", "b*s*V*e_ce + e_ce", ce_saved))
     if amp_weights:
         terms.append(Term("autocast weight copies (saved)", "sum(matmul weights) * 2", amp_weights))
     terms += [Term("transient: logits", "b*s*V*e_m", logits, where="transient"),

@@ -22,16 +22,12 @@ def _warm_up(cfg: ModelConfig, method: str, device: torch.device) -> None:
     """Run the same method once on a tiny model of the same architecture, so that the library code it
     pages in on first use (torch.load's unpickler and zip reader, safetensors, module construction)
     is resident before the baseline RSS is read: the figure is then the method's, not first-use costs."""
-    import dataclasses
     import tempfile
 
-    from ..config import GPT2Config
+    from ..arch import family_of
     from ..routines.loading import write_checkpoints
 
-    tiny = (dataclasses.replace(cfg, vocab_size=64, context_length=16, emb_dim=16, n_heads=2, n_layers=1)
-            if isinstance(cfg, GPT2Config) else
-            dataclasses.replace(cfg, vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    tiny = family_of(cfg).tiny(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_checkpoints(tiny, Path(tmp))
         model = LOADERS[method](tiny, folder, device)

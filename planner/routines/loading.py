@@ -14,10 +14,9 @@ from pathlib import Path
 import torch
 
 from ..accounting import tensor_inventory
-from ..config import ConfigError, LlamaConfig, ModelConfig, checkpoint_dtype, config_to_dict
+from ..config import ConfigError, ModelConfig, checkpoint_dtype, config_to_dict
 from ..estimate.loading import MANIFEST, cache_key
 from ..models import build_model
-from ..models.llama import rope_inv_freq
 
 METHODS = ("baseline", "sequential", "meta", "mmap", "per-tensor", "safetensors", "safetensors-copy")
 
@@ -66,9 +65,11 @@ def write_checkpoints(cfg: ModelConfig, cache_dir: Path | None = None, seed: int
 
 
 def _restore_nonpersistent(model: torch.nn.Module, cfg: ModelConfig, device) -> None:
-    """Buffers that are not in a checkpoint (Llama's RoPE inv_freq) are recomputed after a meta build."""
-    if isinstance(cfg, LlamaConfig):
-        model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)
+    """Buffers that are not in a checkpoint (RoPE's inv_freq) are recomputed after a meta build, as the
+    config's architecture file says (planner/arch)."""
+    from ..arch import family_of
+
+    family_of(cfg).restore_buffers(model, cfg, device)
 
 
 def safe_torch_load(path: Path, **kw):

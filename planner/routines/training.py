@@ -1,7 +1,10 @@
 """The real training step the planner measures (runs in a child process).
 
-One step = for each micro-batch: forward + loss (as the book's `calc_loss_batch`, so the logits die
-before backward) and backward; then optimizer.step() and zero_grad() (set_to_none, PyTorch's default).
+One step = for each micro-batch: forward + loss and backward; then optimizer.step() and zero_grad()
+(set_to_none, PyTorch's default). The loss is the model's users' (planner/arch/<family>.py `loss`):
+transformers' models `model(input_ids=x, labels=y).loss`, or with `loss="cross-entropy"` the book's
+cross-entropy over the returned logits; the book's GPT-2 its `calc_loss_batch`. Either way the logits
+die before backward.
 Precision modes: fp32; fp16-amp (autocast fp16 + GradScaler); bf16-amp (autocast bf16); bf16
 (weights, grads and optimizer states all bf16).
 """
@@ -13,6 +16,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..arch import family_of
+from ..arch.base import resolved_loss
 from ..config import ModelConfig
 from ..models import TORCH_DTYPES, build_model
 from ..spec import TrainSpec
@@ -49,9 +54,12 @@ class TrainingStep:
         torch.manual_seed(seed)
         self.cfg, self.spec = cfg, spec
         self.device = torch.device(spec.device)
+        self.family = family_of(cfg)
+        self.loss_kind = resolved_loss(self.family, spec)
         self.model = build_model(cfg, self.device, spec.param_dtype)
         self.model.train()
-        self.model.gradient_checkpointing = spec.checkpointing
+        if spec.checkpointing:
+            self.family.enable_checkpointing(self.model)
         self.optimizer = make_optimizer(self.model.parameters(), spec)
         self.scaler = torch.amp.GradScaler(spec.device_type) if spec.precision == "fp16-amp" else None
         self.inputs = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
@@ -65,7 +73,7 @@ class TrainingStep:
 
     def compute_loss(self, on_phase: Callable[[str], None]) -> torch.Tensor:
         """Forward and loss of one micro-batch (planner.routines.user_module trains a user's module and loss)."""
-        return calc_loss_batch(self.inputs, self.targets, self.model, on_phase)
+        return self.family.loss(self.model, self.inputs, self.targets, self.loss_kind, on_phase)
 
     def run(self, on_phase: Callable[[str], None] = lambda phase: None) -> float:
         accum = self.spec.grad_accum

@@ -1,0 +1,224 @@
+"""What one architecture file provides, and the defaults most Hugging Face decoders share (no torch).
+
+A family is a subclass of `Family` in `planner/arch/<family>.py` with a module-level `FAMILY` instance;
+`planner.arch` discovers them. It holds, for its configs:
+  - the config class, the keys a published config.json must have, validation and presets;
+  - the parameter/buffer inventory with roles (block index, role, trainable): the estimator sums roles,
+    never parameter names;
+  - the forward's saved-tensor terms and the backward's high points, each a named formula;
+  - how to build the real model, enable checkpointing and compute the loss (torch is imported only
+    inside those methods, which run in the measuring child).
+
+Roles used by the estimator (TensorSpec.role):
+  embed, pos_embed        token / position embeddings (before the blocks)
+  norm.attn, norm.mlp     a block's norm before attention / before the MLP (their parameters)
+  norm.other              other block norms (Gemma 2's post-norms, Qwen 3's q/k norms)
+  attn.in                 projections that read the block's normed input (q, k, v or fused qkv)
+  attn.out                the attention output projection
+  mlp.in                  projections that read the MLP's input (gate, up or fused gate_up, fc)
+  mlp.out                 the MLP's down projection
+  norm.final, head        the final norm and the output projection (after the blocks)
+  buffer                  any buffer
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, ClassVar
+
+from ..accounting import TensorSpec
+from ..config import ConfigError
+
+def linear(name: str, n_in: int, n_out: int, bias: bool, block: int | None, role: str,
+           conv1d: bool = False) -> list[TensorSpec]:
+    """An nn.Linear (weight (out, in)) or transformers' Conv1D (weight (in, out)); autocast casts both
+    (linear / addmm are on the lower-precision list)."""
+    shape = (n_in, n_out) if conv1d else (n_out, n_in)
+    specs = [TensorSpec(f"{name}.weight", shape, "param", autocast=True, block=block, role=role)]
+    if bias:
+        specs.append(TensorSpec(f"{name}.bias", (n_out,), "param", autocast=True, block=block, role=role,
+                                is_bias=True))
+    return specs
+
+
+class Family:
+    """One architecture. Subclasses set the class attributes and implement the abstract methods."""
+
+    arch: ClassVar[str]                      # the "arch" key config_to_dict writes and config_from_dict reads
+    model_types: ClassVar[tuple[str, ...]] = ()  # Hugging Face `model_type` values this family reads
+    config_cls: ClassVar[type]
+    required: ClassVar[tuple[str, ...]] = ()  # keys a config must carry (the rest have transformers' defaults)
+    source: ClassVar[str] = "transformers"   # "transformers": the model measured is transformers' own
+    default_loss: ClassVar[str] = "labels"   # what "--loss default" means for this family
+    description: ClassVar[str] = ""
+
+    # ---- configs -------------------------------------------------------------------------------------
+    def presets(self) -> dict[str, Any]:
+        return {}
+
+    def from_dict(self, data: dict) -> Any:
+        """Build the config from a JSON object; unknown keys are ignored (published files carry many)."""
+        missing = [k for k in self.required if k not in data]
+        if missing:
+            raise ConfigError(f"{self.arch} config is missing key(s): {', '.join(missing)}")
+        fields = {f.name for f in dataclasses.fields(self.config_cls) if f.init}
+        data = self.normalise(dict(data))
+        if "torch_dtype" not in data and "dtype" in data:  # newer HF config.json files name it "dtype"
+            data["torch_dtype"] = data["dtype"]
+        kwargs = {k: v for k, v in data.items() if k in fields}
+        try:
+            return self.config_cls(**kwargs)
+        except TypeError as exc:  # e.g. a list where a number belongs
+            raise ConfigError(f"invalid {self.arch} config: {exc}") from None
+
+    def normalise(self, data: dict) -> dict:
+        """Map a published config.json's legacy spellings onto the config's fields (override per family)."""
+        return data
+
+    def check_run(self, cfg, spec) -> None:
+        """Refuse a run this family cannot estimate or transformers cannot run (ConfigError, one line)."""
+
+    def to_dict(self, cfg) -> dict:
+        out = {"arch": self.arch}
+        out.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init})
+        return out
+
+    def grid_configs(self) -> list[tuple[str, Any, int, int]]:
+        """(label, config, batch, seq) of tiny configs of this family for the accuracy grid
+        (planner/bench.py): grouped and plain heads, tied and untied heads, the family's own options,
+        one shape whose backward peaks inside a block (few tokens, a small vocabulary) and one whose
+        attention's s^2 tensors decide it (a long sequence)."""
+        return []
+
+    def attention_kinds(self, cfg) -> tuple[str, ...]:
+        """The attention kernels this family runs (transformers refuses some: Gemma 2's softcapping)."""
+        return ("eager", "sdpa")
+
+    def tiny(self, cfg) -> Any:
+        """A tiny config of the same family and options (warms up library code before a measurement)."""
+        raise NotImplementedError
+
+    def with_layers(self, cfg, n: int) -> Any:
+        """The same model with n blocks (a proxy for timing)."""
+        raise NotImplementedError
+
+    # ---- accounting ----------------------------------------------------------------------------------
+    def inventory(self, cfg) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    def tied(self, cfg) -> bool:
+        """True when the output head shares the token embedding's weight."""
+        return bool(getattr(cfg, "tie_word_embeddings", False))
+
+    # ---- estimate ------------------------------------------------------------------------------------
+    def block_terms(self, cfg, spec, w) -> list:
+        """Tensors one block saves for backward (Term objects, per_layer=True)."""
+        raise NotImplementedError
+
+    def outside_terms(self, cfg, spec, w) -> list:
+        """Tensors saved outside the blocks (embeddings, final norm, head input), and what a checkpointed
+        forward keeps alive besides the block inputs."""
+        raise NotImplementedError
+
+    def forward_terms(self, cfg, spec, w) -> list:
+        """Tensors alive at the end of the forward (and through a loss computed inside the model) that
+        backward does not need: they add to the forward and loss phases only (where="forward")."""
+        return []
+
+    def stash_extra(self, cfg, spec, w) -> int:
+        """Bytes a recomputed block holds on top of its saved set (its stashed input when that is not
+        one of the saved tensors)."""
+        return 0
+
+    def block_points(self, cfg, spec, w, ctx) -> dict[str, int]:
+        """The backward's high points inside one block: name -> live bytes on top of what the sweep
+        holds outside the block (ctx: planner.estimate.training.SweepContext)."""
+        raise NotImplementedError
+
+    def head_point(self, cfg, spec, w, ctx) -> int:
+        """Live bytes at the backward's high point after the loss and before the blocks (0: none)."""
+        return 0
+
+    def loss_upcast(self, cfg, spec) -> bool:
+        """True when the loss runs on an fp32 copy of the logits whatever their dtype."""
+        return resolved_loss(self, spec) == "labels"
+
+    # ---- the real model (torch, in the child only) ---------------------------------------------------
+    def build(self, cfg, device, dtype: str):
+        raise NotImplementedError
+
+    def enable_checkpointing(self, model) -> None:
+        raise NotImplementedError
+
+    def restore_buffers(self, model, cfg, device) -> None:
+        """Recompute the non-persistent buffers (not in a checkpoint) of a model built on meta and then
+        materialised with to_empty. Default: it has none."""
+
+    def loss(self, model, inputs, targets, loss_kind: str, on_phase):
+        raise NotImplementedError
+
+
+def resolved_loss(family: Family, spec) -> str:
+    loss = getattr(spec, "loss", "default")
+    return family.default_loss if loss == "default" else loss
+
+
+class HFCausalLM(Family):
+    """A decoder from transformers built with AutoModelForCausalLM.from_config (never downloaded)."""
+
+    model_type: ClassVar[str]  # transformers' config class to build (AutoConfig.for_model)
+
+    def hf_kwargs(self, cfg) -> dict:
+        """The config as transformers' config class takes it (a deep copy: transformers edits the
+        rope dicts it is given in place)."""
+        data = copy.deepcopy(self.to_dict(cfg))
+        data.pop("arch")
+        data.pop("attention", None)
+        return data
+
+    def build(self, cfg, device, dtype: str):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # from_config's notices are not the user's business here
+        hf_cfg = AutoConfig.for_model(self.model_type, **self.hf_kwargs(cfg))
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=cfg.attention, dtype=torch_dtype)
+        return model
+
+    def restore_buffers(self, model, cfg, device) -> None:
+        """RoPE's inv_freq and original_inv_freq: the rotary module is rebuilt on the device from the
+        model's own config (its __init__ computes them) and its buffers taken over."""
+        import torch
+
+        rotary = model.model.rotary_emb
+        with torch.device(device):
+            fresh = type(rotary)(config=model.config)
+        for name, buf in fresh.named_buffers(recurse=False):
+            setattr(rotary, name, buf)
+
+    def enable_checkpointing(self, model) -> None:
+        # transformers 5.23: gradient_checkpointing_enable is a deprecated alias of this method (same effect).
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+    def loss(self, model, inputs, targets, loss_kind: str, on_phase):
+        """labels: as transformers' users train (ForCausalLMLoss: fp32 logits, shifted labels);
+        cross-entropy: the book's loss over the returned logits (the output object dies at once)."""
+        import torch.nn.functional as F
+
+        if loss_kind == "labels":
+            # The loss runs inside the model's forward: the output head's forward hook marks where it starts.
+            hook = model.get_output_embeddings().register_forward_hook(lambda *_: on_phase("loss"))
+            try:
+                return model(input_ids=inputs, labels=targets).loss
+            finally:
+                hook.remove()
+        logits = model(input_ids=inputs).logits
+        on_phase("loss")
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())

@@ -1,0 +1,302 @@
+"""What transformers' Llama-style decoders share (no torch): pre-norm blocks of RMSNorm, RoPE attention
+with grouped K/V heads and a gated MLP, an untied or tied head. A family file (llama, mistral, qwen2,
+qwen3, phi3) subclasses RMSDecoder with its config class, presets, parameter names and the options it
+has (q/k/v biases, q/k norms, fused projections, sliding windows); the terms and the backward's high
+points here follow what those options change.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ..accounting import TensorSpec
+from ..config import ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
+from ..estimate.activations import Term
+from . import parts
+from .base import HFCausalLM, linear
+
+
+class DecoderConfigMixin:
+    """Properties the planner reads from every config, and the checks transformers' decoders share."""
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def hidden(self) -> int:
+        return self.hidden_size
+
+    @property
+    def layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def heads(self) -> int:
+        return self.num_attention_heads
+
+    def _validate(self) -> None:
+        _check_optional(self)
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        _check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
+                                  f"num_attention_heads {self.num_attention_heads}")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        _check_positive(self, ("head_dim",))
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"num_key_value_heads {self.num_key_value_heads} does not divide "
+                              f"num_attention_heads {self.num_attention_heads}")
+        if not self.rms_norm_eps > 0:
+            raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
+        sw = getattr(self, "sliding_window", None)
+        if sw is not None:
+            _check_positive(self, ("sliding_window",))
+        check_attention_kind(self.attention)
+        check_activation(self.hidden_act)
+
+
+class RMSDecoder(HFCausalLM):
+    """A transformers decoder of Llama's shape. Subclasses set the names and options below."""
+
+    q_bias: ClassVar[bool | None] = None   # None: the config's attention_bias decides (Llama, Qwen 3)
+    o_bias: ClassVar[bool | None] = None
+    mlp_bias_key: ClassVar[str | None] = None  # the config key for MLP biases (Llama's mlp_bias)
+    qk_norm: ClassVar[bool] = False        # Qwen 3: RMSNorm over head_dim on q and k
+    fused_qkv: ClassVar[bool] = False      # Phi-3: one qkv_proj
+    fused_gate_up: ClassVar[bool] = False  # Phi-3: one gate_up_proj
+
+    # ---- options read from the config ------------------------------------------------------------
+    def biases(self, c) -> tuple[bool, bool, bool]:
+        """(q/k/v bias, o bias, MLP bias)."""
+        qkv = self.q_bias if self.q_bias is not None else bool(getattr(c, "attention_bias", False))
+        o = self.o_bias if self.o_bias is not None else bool(getattr(c, "attention_bias", False))
+        mlp = bool(getattr(c, self.mlp_bias_key)) if self.mlp_bias_key else False
+        return qkv, o, mlp
+
+    def sliding_window(self, c) -> int | None:
+        return getattr(c, "sliding_window", None)
+
+    def masked(self, c, spec) -> bool:
+        """A mask tensor exists: always for eager (an additive float mask); for sdpa when the causal mask
+        cannot be skipped (masking_utils.py _ignore_causal_mask_sdpa: a sliding window no longer than the
+        sequence needs one; a plain causal mask becomes SDPA's is_causal=True)."""
+        sw = self.sliding_window(c)
+        return c.attention == "eager" or (sw is not None and spec.seq_len >= sw)
+
+    def shape(self, c) -> parts.Shape:
+        return parts.Shape(h=c.hidden_size, a=c.num_attention_heads, kv=c.num_key_value_heads, d=c.head_dim,
+                           f=c.intermediate_size, attention=c.attention, act=c.hidden_act)
+
+    def rope_dim(self, c) -> int:
+        return c.head_dim
+
+    grid_options: ClassVar[dict] = {}  # config keys every grid shape of the family sets
+
+    def grid_configs(self) -> list[tuple[str, object, int, int]]:
+        shapes = [
+            ("V1000 h64 a4 kv2 untied b2 s64", dict(vocab_size=1000, hidden_size=64, intermediate_size=160,
+                                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                    tie_word_embeddings=False), 2, 64),
+            ("V2000 h48 a6 kv6 tied b2 s48", dict(vocab_size=2000, hidden_size=48, intermediate_size=96,
+                                                  num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=6,
+                                                  tie_word_embeddings=True), 2, 48),
+            ("V97 h96 a3 kv1 untied b4 s8", dict(vocab_size=97, hidden_size=96, intermediate_size=256,
+                                                 num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
+                                                 tie_word_embeddings=False), 4, 8),
+            ("V97 h32 a4 kv2 tied b2 s256", dict(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 tie_word_embeddings=True), 2, 256),
+        ]
+        return [(label, self.config_cls(**{**kw, "max_position_embeddings": 512, **self.grid_options}), b, s)
+                for label, kw, b, s in shapes]
+
+    def tiny(self, cfg):
+        kw = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=8)
+        return dataclasses.replace(cfg, **kw)
+
+    def with_layers(self, cfg, n: int):
+        return dataclasses.replace(cfg, num_hidden_layers=n)
+
+    # ---- inventory ------------------------------------------------------------------------------------
+    def inventory(self, c) -> list[TensorSpec]:
+        h, hd, f = c.hidden_size, c.head_dim, c.intermediate_size
+        q_out, kv_out = c.num_attention_heads * hd, c.num_key_value_heads * hd
+        qkv_b, o_b, mlp_b = self.biases(c)
+        specs = [TensorSpec("model.embed_tokens.weight", (c.vocab_size, h), "param", role="embed")]
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}"
+            if self.fused_qkv:  # Phi-3 registers o_proj first, then qkv_proj
+                specs += linear(f"{p}.self_attn.o_proj", q_out, h, o_b, i, "attn.out")
+                specs += linear(f"{p}.self_attn.qkv_proj", h, q_out + 2 * kv_out, qkv_b, i, "attn.in")
+            else:
+                specs += linear(f"{p}.self_attn.q_proj", h, q_out, qkv_b, i, "attn.in")
+                specs += linear(f"{p}.self_attn.k_proj", h, kv_out, qkv_b, i, "attn.in")
+                specs += linear(f"{p}.self_attn.v_proj", h, kv_out, qkv_b, i, "attn.in")
+                specs += linear(f"{p}.self_attn.o_proj", q_out, h, o_b, i, "attn.out")
+            if self.qk_norm:
+                specs += [TensorSpec(f"{p}.self_attn.q_norm.weight", (hd,), "param", block=i, role="norm.other"),
+                          TensorSpec(f"{p}.self_attn.k_norm.weight", (hd,), "param", block=i, role="norm.other")]
+            if self.fused_gate_up:
+                specs += linear(f"{p}.mlp.gate_up_proj", h, 2 * f, mlp_b, i, "mlp.in")
+            else:
+                specs += linear(f"{p}.mlp.gate_proj", h, f, mlp_b, i, "mlp.in")
+                specs += linear(f"{p}.mlp.up_proj", h, f, mlp_b, i, "mlp.in")
+            specs += linear(f"{p}.mlp.down_proj", f, h, mlp_b, i, "mlp.out")
+            specs += [TensorSpec(f"{p}.input_layernorm.weight", (h,), "param", block=i, role="norm.attn"),
+                      TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "param", block=i, role="norm.mlp")]
+        specs.append(TensorSpec("model.norm.weight", (h,), "param", role="norm.final"))
+        if not c.tie_word_embeddings:
+            specs += linear("lm_head", h, c.vocab_size, False, None, "head")
+        specs += rope_buffers(self.rope_dim(c) // 2)
+        return specs
+
+    # ---- saved tensors --------------------------------------------------------------------------------
+    def block_terms(self, c, spec, w) -> list[Term]:
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        x = self.shape(c)
+        n_in = 1 if self.fused_qkv else 3
+        terms = (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
+                 + [parts.projection_inputs("qkv projection" if self.fused_qkv else "q/k/v projection", n_in,
+                                            b, s, h, w, part="attn.in")])
+        if self.qk_norm:
+            terms += parts.head_rms_norms(x, b, s, w)
+        terms += self.attention_terms(c, spec, w)
+        terms += self.mask_terms(c, spec, w)
+        terms += (self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.mlp")
+                  + [parts.projection_inputs("MLP", 1 if self.fused_gate_up else 2, b, s, h, w, where="mlp")]
+                  + parts.glu_mlp(x, b, s, w, fused=self.fused_gate_up))
+        return terms
+
+    def norm_terms(self, label, b, s, h, w, part="", where="block", per_layer=True) -> list[Term]:
+        return parts.rms_norm(label, b, s, h, w, part=part, where=where, per_layer=per_layer)
+
+    def attention_terms(self, c, spec, w) -> list[Term]:
+        return parts.attention(self.shape(c), spec.batch_size, spec.seq_len, w, masked=self.masked(c, spec))
+
+    def mask_terms(self, c, spec, w) -> list[Term]:
+        """SDPA given a mask (a sliding window no longer than the sequence): the CPU flash kernel converts
+        the (b, 1, s, s) bool mask to the query's dtype and saves that copy, in every layer (measured)."""
+        if c.attention == "sdpa" and self.masked(c, spec):
+            b, s = spec.batch_size, spec.seq_len
+            return [Term("sliding-window mask as SDPA saves it (in the attention dtype)", "b*s^2*e_m",
+                         b * s * s * w.e_m, True)]
+        return []
+
+    def outside_terms(self, c, spec, w) -> list[Term]:
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        terms = ([parts.rope(b, s, self.rope_dim(c), w)]
+                 + self.norm_terms("final norm", b, s, h, w, where="head", per_layer=False)
+                 + [Term("lm_head input", "b*s*h*e_m", b * s * h * w.e_m, where="head")])
+        masked = self.masked(c, spec)
+        # eager: the additive float mask, materialised per batch row; sdpa (a sliding window <= s): the bool
+        # mask, built once and broadcast over the batch (measured: s^2 bytes)
+        mask_bytes = b * s * s * w.e_r if c.attention == "eager" else s * s
+        return terms + parts.checkpoint_inputs(self.shape(c), b, s, spec, w, masked, mask_bytes)
+
+    def forward_terms(self, c, spec, w) -> list[Term]:
+        return parts.forward_only(self.shape(c), c.num_hidden_layers, spec.batch_size, spec.seq_len, spec, w,
+                                  self.masked(c, spec))
+
+    def stash_extra(self, c, spec, w) -> int:
+        # Below fp32 the RMSNorm saves an fp32 copy, not the block input: the stashed input is its own tensor.
+        return spec.batch_size * spec.seq_len * c.hidden_size * w.e_r if w.e_r < 4 else 0
+
+    # ---- backward high points -------------------------------------------------------------------------
+    def block_points(self, c, spec, w, x) -> dict[str, int]:
+        """In-block high points of a pre-norm RMSNorm + gated-MLP block's backward, read off the live-bytes
+        timeline of transformers' model (planner.measure.tracker; ops labelled by the module that made
+        their autograd node):
+        ffn: the activation's backward, with the down projection's grad, the MLP output's grad (b*s*h*e_r)
+             and two b*s*f gradients alive; autocast's MLP weight copies (2*f*h) already freed (a later
+             micro-batch: the down projection's backward, whose grad is added in place right after).
+        mlp_done: the MLP's backward finished: its saved tensors freed, its grads made, the MLP input's grad
+             and the residual's grad alive.
+        mlp_cast (autocast): the last MLP weight's grad is made in bf16 then copied to fp32 (the cast
+             weight's ToCopyBackward): both copies exist, beside the residual's grad and the MLP input's
+             fp32 grad.
+        norm: the post-attention RMSNorm's backward, in fp32: four fp32 b*s*h temporaries (16 B/elem).
+        attention (eager): the softmax backward: the probabilities' gradient and the softmax backward's
+             output are fp32 (softmax(dtype=float32)); below fp32 the freed cast offsets e_m.
+        attn_in: the attention's input projections' backward (q/k/v in turn, their input grads summed):
+             every block grad but the input norm's exists; the input norm's saved tensors and the
+             projection input are alive, with the residual's grad, the summed and the new input grad and
+             the last projection's output grad (measured: 3*b*s*h*e_m + b*s*a*d*e_m).
+        input_norm: the input RMSNorm's backward, in fp32: the block's grads all exist; alive are its fp32
+             input, the residual's grad (b*s*h*e_r), below fp32 the first fp32 partial grad (4 B), and four
+             fp32 temporaries (16 B) of the rsqrt/mean/pow chain.
+        The first block (the last one backward reaches) has freed RoPE's shared cos/sin at its last two."""
+        sh = self.shape(c)
+        b, s, f, h = spec.batch_size, spec.seq_len, sh.f, sh.h
+        after_mlp = x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
+        rope_gone = x.rope_bytes if x.first else 0
+        points = {
+            # fresh grads: the down projection's grad stays; a later micro-batch adds it in place at once,
+            # so there the down projection's backward (its grad computed beside dY and d(product)) is the top
+            "ffn": x.current + x.bsh * w.e_r + b * s * f * w.e_m - (2 * f * h if w.amp else 0)
+            + (x.down_n * x.e_p + b * s * f * w.e_m if x.g else max(x.down_n * x.e_p, b * s * f * w.e_m)),
+            "mlp_done": after_mlp + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m + self.mlp_done_extra(c, spec, w),
+            "norm": after_mlp + x.bsh * w.e_r + 16 * x.bsh,
+            "attn_in": (x.block_n - x.norm_attn_n) * x.g + x.norm_attn_saved + x.attn_in_saved
+            + 3 * x.bsh * w.e_m + b * s * sh.a * sh.d * w.e_m - rope_gone,
+            "input_norm": x.block_n * x.g + 4 * x.bsh + x.bsh * w.e_r + (4 * x.bsh if w.e_r < 4 else 0)
+            + 16 * x.bsh - rope_gone,
+        }
+        if w.amp:
+            points["mlp_cast"] = after_mlp + 2 * x.mlp_in_weight + x.bsh * (w.e_r + 4)
+        if sh.attention == "eager":
+            points["attention"] = (after_mlp - x.norm_mlp_saved - x.bsh * w.e_m + x.attn_n * x.g + x.bsh * w.e_r
+                                   + (8 - (w.e_m if w.e_m < 4 else 0)) * b * sh.a * s * s)
+        return points
+
+    def mlp_done_extra(self, c, spec, w) -> int:
+        """Bytes a family's block holds at the end of its MLP backward beyond Llama's (0 here)."""
+        return 0
+
+    def head_point(self, c, spec, w, x) -> int:
+        """The final RMSNorm's backward runs in fp32 and holds four fp32 b*s*h temporaries at once
+        (measured), after the head's backward has freed its input (b*s*h*e_m) and autocast's head copy."""
+        return x.saved_after_loss - x.bsh * w.e_m - x.casts_head + x.grads_last + x.bsh * w.e_m + 16 * x.bsh
+
+
+def rope_buffers(n: int) -> list[TensorSpec]:
+    """RotaryEmbedding's inverse frequencies and their copy (inv_freq, original_inv_freq), non-persistent
+    fp32 buffers (modeling_llama.py LlamaRotaryEmbedding; the same in every RoPE family here)."""
+    return [TensorSpec("model.rotary_emb.inv_freq", (n,), "buffer", persistent=False, dtype="float32",
+                       role="buffer", trainable=False),
+            TensorSpec("model.rotary_emb.original_inv_freq", (n,), "buffer", persistent=False, dtype="float32",
+                       role="buffer", trainable=False)]
+
+
+def normalise_rope(data: dict) -> dict:
+    """A config.json saved by transformers 5 carries rope_parameters {rope_theta, rope_type, ...} instead
+    of rope_theta / rope_scaling."""
+    rp = data.get("rope_parameters")
+    if isinstance(rp, dict):
+        data = dict(data)
+        if "rope_theta" in rp:
+            data.setdefault("rope_theta", rp["rope_theta"])
+        rest = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        if rest.get("rope_type", "default") != "default":
+            data.setdefault("rope_scaling", rest)
+        if "partial_rotary_factor" in rp:
+            data.setdefault("partial_rotary_factor", rp["partial_rotary_factor"])
+    return data
+
+
+def check_zero(data: dict, keys: tuple[str, ...]) -> None:
+    """Dropout probabilities the planner does not model yet must be 0 (as every published config here)."""
+    for key in keys:
+        value = data.get(key, 0.0)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        if value:
+            raise ConfigError(f"{key} {value} > 0 is not modelled yet (the published configs use 0.0)")

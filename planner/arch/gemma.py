@@ -1,0 +1,96 @@
+"""Gemma (transformers' GemmaForCausalLM, models/gemma/modeling_gemma.py), from its config.json.
+
+Llama's block with GemmaRMSNorm (all in fp32, weight applied as 1 + w), a GeGLU MLP (gelu tanh: a
+published "hidden_act": "gelu" is read as gelu_pytorch_tanh, as transformers does), an explicit
+head_dim (256), the embeddings scaled by sqrt(hidden_size) (a 0-d buffer in the weights' dtype) and a
+tied head by default.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..accounting import TensorSpec
+from ..estimate.activations import Term
+from . import parts
+from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
+
+
+@dataclass(frozen=True)
+class GemmaConfig(DecoderConfigMixin):
+    """Keys and defaults as transformers' GemmaConfig (configuration_gemma.py)."""
+    vocab_size: int = 256000
+    hidden_size: int = 3072
+    intermediate_size: int = 24576
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int | None = 16
+    head_dim: int | None = 256
+    hidden_act: str = "gelu_pytorch_tanh"
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    attention_bias: bool = False
+    pad_token_id: int | None = 0
+    attention: str = "sdpa"
+    torch_dtype: str | None = None  # the published checkpoint's dtype (HF key); None: float32
+    name: str | None = None  # optional display name (runs are stored under it)
+    arch: str = dataclasses.field(default="gemma", init=False)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+
+class Gemma(RMSDecoder):
+    arch = "gemma"
+    model_types = ("gemma",)
+    model_type = "gemma"
+    config_cls = GemmaConfig
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    description = "transformers GemmaForCausalLM"
+    grid_options = {"hidden_act": "gelu_pytorch_tanh", "head_dim": 32}
+
+    def presets(self) -> dict:
+        # tests/data/gemma-2b.config.json; 2,506,172,416 parameters.
+        return {"gemma-2b": GemmaConfig(vocab_size=256000, hidden_size=2048, intermediate_size=16384,
+                                        num_hidden_layers=18, num_attention_heads=8, num_key_value_heads=1,
+                                        head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                                        rope_theta=10000.0, hidden_act="gelu_pytorch_tanh")}
+
+    def normalise(self, data: dict) -> dict:
+        data = normalise_rope(data)
+        if data.get("hidden_act") == "gelu":  # GemmaConfig.__post_init__: the legacy value means the tanh GELU
+            data = {**data, "hidden_act": "gelu_pytorch_tanh"}
+        return data
+
+    def from_dict(self, data: dict):
+        check_zero(data, ("attention_dropout",))
+        return super().from_dict(data)
+
+    def tiny(self, cfg):
+        return dataclasses.replace(cfg, vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=8, pad_token_id=0)
+
+    def inventory(self, c: GemmaConfig) -> list[TensorSpec]:
+        specs = super().inventory(c)
+        # GemmaTextScaledWordEmbedding.embed_scale: torch.tensor(sqrt(hidden_size)), non-persistent, built in
+        # the default (the weights') dtype; registered before the rotary buffers.
+        first_buffer = next(i for i, t in enumerate(specs) if t.kind == "buffer")
+        specs.insert(first_buffer, TensorSpec("model.embed_tokens.embed_scale", (), "buffer", persistent=False,
+                                              role="buffer", trainable=False))
+        return specs
+
+    def norm_terms(self, label, b, s, h, w, part="", where="block", per_layer=True) -> list[Term]:
+        return parts.gemma_rms_norm(label, b, s, h, w, part=part, where=where, per_layer=per_layer)
+
+    def restore_buffers(self, model, cfg, device) -> None:
+        import torch
+
+        super().restore_buffers(model, cfg, device)
+        emb = model.model.embed_tokens
+        emb.embed_scale = torch.tensor(emb.scalar_embed_scale, device=device, dtype=emb.weight.dtype)
+
+
+FAMILY = Gemma()

@@ -1,0 +1,172 @@
+"""Gemma 2 (transformers' Gemma2ForCausalLM, models/gemma2/modeling_gemma2.py), from its config.json.
+
+Gemma's block with four GemmaRMSNorms (input, post-attention, pre- and post-feedforward), attention
+logits soft-capped (scores / cap, tanh, * cap: the tanh output is saved), final logits soft-capped the
+same way (a saved b*s*V tanh output), sliding-window and full-attention layers alternating
+(layer_types), a tied head. transformers runs it with eager attention only: Gemma2ForCausalLM refuses
+SDPA (it cannot soft-cap), so "sdpa" is refused here with that reason. With eager attention a sliding
+window changes the mask's values, not its size: the memory of sliding and full layers is the same.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..accounting import TensorSpec
+from ..config import ConfigError
+from ..estimate.activations import Term
+from . import parts
+from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
+from .gemma import Gemma
+
+
+@dataclass(frozen=True)
+class Gemma2Config(DecoderConfigMixin):
+    """Keys and defaults as transformers' Gemma2Config (configuration_gemma2.py)."""
+    vocab_size: int = 256000
+    hidden_size: int = 2304
+    intermediate_size: int = 9216
+    num_hidden_layers: int = 26
+    num_attention_heads: int = 8
+    num_key_value_heads: int | None = 4
+    head_dim: int | None = 256
+    hidden_activation: str = "gelu_pytorch_tanh"
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    attention_bias: bool = False
+    query_pre_attn_scalar: float = 256
+    sliding_window: int | None = 4096
+    final_logit_softcapping: float | None = 30.0
+    attn_logit_softcapping: float | None = 50.0
+    pad_token_id: int | None = 0
+    attention: str = "eager"
+    torch_dtype: str | None = None  # the published checkpoint's dtype (HF key); None: float32
+    name: str | None = None  # optional display name (runs are stored under it)
+    arch: str = dataclasses.field(default="gemma2", init=False)
+
+    @property
+    def hidden_act(self) -> str:
+        return self.hidden_activation
+
+    def __post_init__(self) -> None:
+        if self.attention == "sdpa":
+            raise ConfigError("transformers' Gemma2ForCausalLM does not run SDPA (it cannot soft-cap the attention "
+                              "logits); use attention eager")
+        self._validate()
+
+
+class Gemma2(Gemma):
+    arch = "gemma2"
+    model_types = ("gemma2",)
+    model_type = "gemma2"
+    config_cls = Gemma2Config
+    description = "transformers Gemma2ForCausalLM"
+    grid_options = {"head_dim": 32, "sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it
+
+    def presets(self) -> dict:
+        # tests/data/gemma-2-2b.config.json; 2,614,341,888 parameters.
+        return {"gemma-2-2b": Gemma2Config(vocab_size=256000, hidden_size=2304, intermediate_size=9216,
+                                           num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                                           head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                                           rope_theta=10000.0, query_pre_attn_scalar=256, sliding_window=4096,
+                                           final_logit_softcapping=30.0, attn_logit_softcapping=50.0)}
+
+    def normalise(self, data: dict) -> dict:
+        data = normalise_rope(data)
+        if "hidden_activation" not in data and "hidden_act" in data:
+            data = {**data, "hidden_activation": data["hidden_act"]}
+        return data
+
+    def from_dict(self, data: dict):
+        check_zero(data, ("attention_dropout",))
+        if data.get("attention") is None and data.get("_attn_implementation") in (None, "eager"):
+            data = {**data, "attention": "eager"}
+        return RMSDecoder.from_dict(self, data)
+
+    def attention_kinds(self, cfg) -> tuple[str, ...]:
+        return ("eager",)
+
+    def grid_configs(self):
+        return [(label, dataclasses.replace(cfg, attention="eager"), b, s) for label, cfg, b, s in
+                super().grid_configs()]
+
+    def tiny(self, cfg):
+        return dataclasses.replace(cfg, vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=8, pad_token_id=0)
+
+    def masked(self, c, spec) -> bool:
+        return True  # eager only: an additive float mask
+
+    def inventory(self, c: Gemma2Config) -> list[TensorSpec]:
+        specs = []
+        for t in super().inventory(c):
+            specs.append(t)
+            if t.name.endswith(".post_attention_layernorm.weight"):
+                # Gemma2DecoderLayer registers input, post_attention, pre_feedforward, post_feedforward
+                # norms in that order; the post-attention one normalises the attention's output.
+                p = t.name.rsplit(".", 2)[0]
+                specs[-1] = dataclasses.replace(t, role="norm.other")
+                specs += [TensorSpec(f"{p}.pre_feedforward_layernorm.weight", t.shape, "param", block=t.block,
+                                     role="norm.mlp"),
+                          TensorSpec(f"{p}.post_feedforward_layernorm.weight", t.shape, "param", block=t.block,
+                                     role="norm.other")]
+        return specs
+
+    def block_terms(self, c: Gemma2Config, spec, w) -> list[Term]:
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        x = self.shape(c)
+        return (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
+                + [parts.projection_inputs("q/k/v projection", 3, b, s, h, w, part="attn.in")]
+                + self.attention_terms(c, spec, w)
+                + self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.post_attn")
+                + self.norm_terms("pre_feedforward_layernorm", b, s, h, w, part="norm.mlp")
+                + [parts.projection_inputs("MLP", 2, b, s, h, w, where="mlp")]
+                + parts.glu_mlp(x, b, s, w)
+                + self.norm_terms("post_feedforward_layernorm", b, s, h, w, where="mlp"))
+
+    def attention_terms(self, c: Gemma2Config, spec, w) -> list[Term]:
+        """Eager attention (Gemma 2's eager_attention_forward) with soft-capped scores: scores / cap,
+        tanh (saves its output, b*a*s^2*e_m), * cap; then as Llama's."""
+        terms = super().attention_terms(c, spec, w)
+        if c.attn_logit_softcapping is not None:
+            b, s, a = spec.batch_size, spec.seq_len, c.num_attention_heads
+            terms.append(Term("attention soft-capping tanh output", "b*a*s^2*e_m", b * a * s * s * w.e_m, True))
+        return terms
+
+    def outside_terms(self, c: Gemma2Config, spec, w) -> list[Term]:
+        b, s = spec.batch_size, spec.seq_len
+        terms = super().outside_terms(c, spec, w)
+        if c.final_logit_softcapping is not None:
+            terms.append(Term("final logit soft-capping tanh output", "b*s*V*e_m", b * s * c.vocab_size * w.e_m,
+                              where="head"))
+        if spec.checkpointing and len(set(self.layer_types(c))) > 1:
+            terms.append(Term("second (sliding-window) additive mask (checkpoint input)", "b*s^2*e_r",
+                              b * s * s * w.e_r, where="kept"))
+        return terms
+
+    def block_points(self, c, spec, w, x) -> dict[str, int]:
+        """Llama's points; at the attention's backward the post-attention norm (which normalises the
+        attention's output, so its backward runs first) has freed its saved tensors too."""
+        points = super().block_points(c, spec, w, x)
+        if "attention" in points:
+            b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+            points["attention"] -= sum(t.bytes for t in self.norm_terms("post_attention_layernorm", b, s, h, w))
+        return points
+
+    def mlp_done_extra(self, c, spec, w) -> int:
+        """The gate projection's input grad is made while the up projection's is still held apart, its sum
+        with the residual's grad not yet formed (the post-feedforward norm sits between them): one more
+        b*s*h*e_m at the end of the MLP's backward (measured, GemmaRMSNorm blocks)."""
+        return spec.batch_size * spec.seq_len * c.hidden_size * w.e_m
+
+    @staticmethod
+    def layer_types(c: Gemma2Config) -> list[str]:
+        """Gemma2Config.__post_init__: even layers slide, odd ones attend fully; Gemma2Model builds both
+        masks and hands each layer its type's."""
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(c.num_hidden_layers)]
+
+
+FAMILY = Gemma2()

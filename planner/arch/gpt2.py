@@ -1,0 +1,289 @@
+"""Hugging Face GPT-2 (transformers' GPT2LMHeadModel, models/gpt2/modeling_gpt2.py), from its config.json.
+
+A published gpt2 config.json ({"model_type": "gpt2", "n_embd", "n_layer", "n_head", "n_positions"})
+is this family; the book's GPT-2 ({"arch": "gpt2", "emb_dim", ...}) is planner/arch/gpt2_book.py.
+Conv1D projections (fused c_attn), nn.LayerNorm, learned position embeddings, the tied head, the
+gelu_new MLP and dropout everywhere (embd/attn/resid_pdrop, 0.1 as published: on the CPU each dropout
+saves an input-sized noise tensor, and SDPA with dropout falls back to the math kernel).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..accounting import TensorSpec
+from ..config import ACTIVATION_SAVED, ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
+from ..estimate.activations import Term
+from .base import HFCausalLM, linear
+
+
+@dataclass(frozen=True)
+class HFGPT2Config:
+    """Keys and defaults as transformers' GPT2Config (configuration_gpt2.py)."""
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None
+    activation_function: str = "gelu_new"
+    resid_pdrop: float = 0.1
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    layer_norm_epsilon: float = 1e-5
+    attention: str = "sdpa"
+    torch_dtype: str | None = None  # the published checkpoint's dtype (HF key); None: float32
+    name: str | None = None  # optional display name (runs are stored under it)
+    arch: str = dataclasses.field(default="gpt2-hf", init=False)
+
+    def __post_init__(self) -> None:
+        _check_optional(self)
+        _check_positive(self, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"))
+        if self.n_inner is not None:
+            _check_positive(self, ("n_inner",))
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            p = getattr(self, key)
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+                raise ConfigError(f"{key} must be in [0, 1), got {p!r}")
+        if not self.layer_norm_epsilon > 0:
+            raise ConfigError(f"layer_norm_epsilon must be positive, got {self.layer_norm_epsilon}")
+        check_attention_kind(self.attention)
+        check_activation(self.activation_function)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.n_positions
+
+    @property
+    def hidden(self) -> int:
+        return self.n_embd
+
+    @property
+    def layers(self) -> int:
+        return self.n_layer
+
+    @property
+    def heads(self) -> int:
+        return self.n_head
+
+    @property
+    def inner(self) -> int:
+        return self.n_inner or 4 * self.n_embd
+
+
+class HFGPT2(HFCausalLM):
+    arch = "gpt2-hf"
+    model_types = ("gpt2",)
+    model_type = "gpt2"
+    config_cls = HFGPT2Config
+    required = ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions")
+    description = "transformers GPT2LMHeadModel"
+
+    def presets(self) -> dict:
+        # tests/data/gpt2.config.json and gpt2-xl.config.json, as Hugging Face ships them (tied head):
+        # 124,439,808 and 1,557,611,200 parameters.
+        return {"hf-gpt2": HFGPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+                "hf-gpt2-xl": HFGPT2Config(vocab_size=50257, n_positions=1024, n_embd=1600, n_layer=48, n_head=25)}
+
+    def normalise(self, data: dict) -> dict:
+        if data.get("scale_attn_by_inverse_layer_idx") or data.get("reorder_and_upcast_attn"):
+            raise ConfigError("scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not modelled yet "
+                              "(GPT-2's published configs leave them off)")
+        if data.get("add_cross_attention"):
+            raise ConfigError("add_cross_attention is not supported: a causal LM has no encoder states")
+        if data.get("tie_word_embeddings") is False:
+            raise ConfigError("an untied GPT-2 head is not modelled yet (GPT2LMHeadModel ties it by default)")
+        return data
+
+    def grid_configs(self):
+        """GPT-2 has plain heads and a tied head only; the published dropout (0.1) and none."""
+        return [
+            ("V1000 h64 a4 p0.1 b2 s64", HFGPT2Config(vocab_size=1000, n_positions=128, n_embd=64, n_layer=2, n_head=4),
+             2, 64),
+            ("V2000 h48 a6 p0 b2 s48", HFGPT2Config(vocab_size=2000, n_positions=128, n_embd=48, n_layer=3, n_head=6,
+                                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), 2, 48),
+            ("V97 h96 a3 p0.1 b4 s8", HFGPT2Config(vocab_size=97, n_positions=128, n_embd=96, n_layer=2, n_head=3),
+             4, 8),
+            ("V97 h32 a4 p0 b2 s256", HFGPT2Config(vocab_size=97, n_positions=512, n_embd=32, n_layer=2, n_head=4,
+                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), 2, 256),
+        ]
+
+    def tied(self, cfg) -> bool:
+        return True
+
+    def tiny(self, cfg):
+        return dataclasses.replace(cfg, vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+
+    def with_layers(self, cfg, n: int):
+        return dataclasses.replace(cfg, n_layer=n)
+
+    def hf_kwargs(self, cfg) -> dict:
+        data = super().hf_kwargs(cfg)
+        # The published files' bos/eos id 50256 is outside a tiny vocabulary; transformers only warns.
+        data.update(bos_token_id=min(50256, cfg.vocab_size - 1), eos_token_id=min(50256, cfg.vocab_size - 1))
+        return data
+
+    def inventory(self, c: HFGPT2Config) -> list[TensorSpec]:
+        h, f = c.n_embd, c.inner
+        specs = [TensorSpec("transformer.wte.weight", (c.vocab_size, h), "param", role="embed"),
+                 TensorSpec("transformer.wpe.weight", (c.n_positions, h), "param", role="pos_embed")]
+        for i in range(c.n_layer):
+            p = f"transformer.h.{i}"
+            specs += [TensorSpec(f"{p}.ln_1.weight", (h,), "param", block=i, role="norm.attn"),
+                      TensorSpec(f"{p}.ln_1.bias", (h,), "param", block=i, role="norm.attn")]
+            specs += linear(f"{p}.attn.c_attn", h, 3 * h, True, i, "attn.in", conv1d=True)
+            specs += linear(f"{p}.attn.c_proj", h, h, True, i, "attn.out", conv1d=True)
+            specs += [TensorSpec(f"{p}.ln_2.weight", (h,), "param", block=i, role="norm.mlp"),
+                      TensorSpec(f"{p}.ln_2.bias", (h,), "param", block=i, role="norm.mlp")]
+            specs += linear(f"{p}.mlp.c_fc", h, f, True, i, "mlp.in", conv1d=True)
+            specs += linear(f"{p}.mlp.c_proj", f, h, True, i, "mlp.out", conv1d=True)
+        specs += [TensorSpec("transformer.ln_f.weight", (h,), "param", role="norm.final"),
+                  TensorSpec("transformer.ln_f.bias", (h,), "param", role="norm.final")]
+        return specs
+
+    def restore_buffers(self, model, cfg, device) -> None:
+        """GPT2LMHeadModel has no buffers."""
+
+    # ---- saved tensors (saved-tensor inventories of GPT2LMHeadModel on the CPU, every precision) ---------
+    def block_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
+        b, s, h, a, f = spec.batch_size, spec.seq_len, c.n_embd, c.n_head, c.inner
+        bsh, bsf, bas2 = b * s * h, b * s * f, b * a * s * s
+        e_k = 1 if spec.device_type == "cuda" else w.e_m  # CPU dropout saves an input-sized noise tensor
+        ln = lambda name, part="": [  # noqa: E731 - nn.LayerNorm: native_layer_norm saves input, mean, rstd
+            Term(f"LayerNorm input ({name})", "b*s*h*e_r", bsh * w.e_r, True, part=part),
+            Term(f"LayerNorm mean, rstd ({name})", "2*b*s*e_r", 2 * b * s * w.e_r, True, part=part)]
+        terms = ln("ln_1", "norm.attn") + [
+            Term("c_attn input" + (" (autocast copy)" if w.amp else ""), "b*s*h*e_m", bsh * w.e_m, True,
+                 part="attn.in")]
+        terms += self.attention_terms(c, spec, w)
+        if not self._flash(c, spec):  # the CPU flash kernel's output is laid out as c_proj's input already
+            terms += [Term("c_proj input (attention output, transposed copy)", "b*s*h*e_m", bsh * w.e_m, True)]
+        if c.resid_pdrop > 0:
+            terms.append(Term("attention residual dropout noise", "b*s*h*e_k", bsh * e_k, True))
+        terms += ln("ln_2", "norm.mlp")
+        terms += [Term("c_fc input" + (" (autocast copy)" if w.amp else ""), "b*s*h*e_m", bsh * w.e_m, True,
+                       where="mlp"),
+                  Term(f"{c.activation_function} saved tensors", f"{ACTIVATION_SAVED[c.activation_function]}*b*s*f*e_m",
+                       ACTIVATION_SAVED[c.activation_function] * bsf * w.e_m, True, where="mlp"),
+                  Term("MLP c_proj input (activation output)", "b*s*f*e_m", bsf * w.e_m, True, where="mlp")]
+        if c.resid_pdrop > 0:
+            terms.append(Term("MLP residual dropout noise", "b*s*h*e_k", bsh * e_k, True, where="mlp"))
+        return terms
+
+    def attention_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
+        """GPT2Attention: q, k, v split from c_attn's output; k and v go through the DynamicCache (torch.cat
+        copies, which attention then uses).
+        eager (eager_attention_forward): matmul saves a contiguous copy of q, the cached k (k^T a view)
+          and v; softmax runs in the input dtype (in fp32 under CPU autocast, whose fp32 list has
+          softmax) and saves its output; with attn_pdrop the dropout saves its noise (e_m) and the
+          second matmul its output, else that matmul saves the probabilities cast to v's dtype.
+        sdpa with dropout on the CPU: the math kernel, which upcasts q, k, v to fp32 below fp32 and saves
+          fp32 q, k, v, probabilities, noise and output (aten attention.cpp)."""
+        b, s, h, a = spec.batch_size, spec.seq_len, c.n_embd, c.n_head
+        bsh, bas2 = b * s * h, b * a * s * s
+        p = c.attn_pdrop > 0
+        if c.attention == "sdpa" and p and spec.device_type == "cpu":
+            return [Term("SDPA math kernel q, k, v (fp32 upcasts)", "3*b*s*h*4", 3 * bsh * 4, True),
+                    Term("SDPA math kernel probabilities, dropout noise, dropout output (fp32)", "3*b*a*s^2*4",
+                         3 * bas2 * 4, True)]
+        if c.attention == "sdpa":
+            # The CPU flash kernel: q is a view of c_attn's output (b*s*3h, all of it kept), k and v the
+            # cache's; its output, laid out (b, s, a, d), is c_proj's input as is.
+            return [Term("c_attn output (q is a view of it)", "3*b*s*h*e_m", 3 * bsh * w.e_m, True),
+                    Term("SDPA k, v (cache copies), output (= c_proj input)", "3*b*s*h*e_m", 3 * bsh * w.e_m, True),
+                    Term("SDPA logsumexp", "4*b*a*s (fp32)", 4 * b * a * s, True)]
+        e_soft = 4 if w.amp else w.e_m
+        terms = [Term("attention q copy, cached k and v", "3*b*s*h*e_m", 3 * bsh * w.e_m, True),
+                 Term("softmax output" + (" (fp32 under autocast)" if w.amp else ""),
+                      "b*a*s^2*" + ("4" if w.amp else "e_m"), bas2 * e_soft, True)]
+        if p:
+            e_k = 1 if spec.device_type == "cuda" else w.e_m
+            terms += [Term("attention dropout noise", "b*a*s^2*e_k", bas2 * e_k, True),
+                      Term("attention dropout output", "b*a*s^2*e_m", bas2 * w.e_m, True)]
+        elif w.amp:
+            terms.append(Term("probabilities cast to v's dtype", "b*a*s^2*e_m", bas2 * w.e_m, True))
+        return terms
+
+    def forward_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
+        """Alive at the end of the forward but not saved: ln_f's output under autocast (the model output
+        keeps it; lm_head saves a cast); the DynamicCache's k, v copies when the SDPA math kernel saves
+        fp32 upcasts of them instead."""
+        b, s, h, L = spec.batch_size, spec.seq_len, c.n_embd, c.n_layer
+        terms = []
+        if c.attention == "sdpa" and c.attn_pdrop > 0 and w.e_m < 4 and not spec.checkpointing:
+            terms.append(Term("DynamicCache k, v copies (use_cache)", "2*L*b*s*h*e_m", 2 * L * b * s * h * w.e_m,
+                              where="forward"))
+        if w.amp:
+            terms.append(Term("ln_f output kept by the model output (autocast casts it for lm_head)", "b*s*h*e_r",
+                              b * s * h * w.e_r, where="forward"))
+        return terms
+
+    def block_points(self, c: HFGPT2Config, spec, w, x) -> dict[str, int]:
+        """In-block high points of the backward (book GPT-2's, whose block has the same ops but LayerNorm):
+        ffn: the GELU's backward, with the MLP c_proj's grad, its input grad (b*s*h*e_r) and two b*s*f
+             gradients alive; autocast's MLP weight copies freed.
+        mlp_done: the MLP's backward finished.
+        mlp_cast (autocast): the MLP c_proj's weight grad in bf16 and in fp32 at once.
+        attention (eager; SDPA's math kernel): see _attention_backward_bytes."""
+        b, s, h, f = spec.batch_size, spec.seq_len, c.n_embd, c.inner
+        resid = b * s * h * (1 if spec.device_type == "cuda" else w.e_m) if c.resid_pdrop > 0 else 0
+        points = {
+            "ffn": x.current + x.down_n * x.e_p + x.bsh * w.e_r + 2 * b * s * f * w.e_m - resid
+            - (2 * f * h if w.amp else 0),
+            "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
+            + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
+        }
+        if c.attention == "eager" or not self._flash(c, spec):
+            points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid
+                                   - x.bsh * w.e_m  # c_proj's input copy, freed by its backward
+                                   + (x.mlp_n + x.attn_n) * x.g + x.bsh * w.e_r
+                                   + self._attention_backward_bytes(c, spec, w))
+        if w.amp:
+            # The MLP c_proj's weight grad is made in bf16, then copied to fp32 (ToCopyBackward of autocast's
+            # cast): both copies exist while the GELU's input grads have not started yet (measured: one
+            # b*s*f*e_m above the GELU point).
+            points["mlp_cast"] = points["ffn"] + b * s * f * w.e_m
+        return points
+
+    @staticmethod
+    def _attention_backward_bytes(c: HFGPT2Config, spec, w) -> int:
+        """What the attention's backward holds at its high point beyond the block's saved set (measured on
+        the op timeline at s = 256, where it is the step's peak):
+        eager without dropout, the softmax backward: the probabilities' grad and the softmax backward's
+          output, (e_soft + e_m) per b*a*s^2 (softmax in fp32 under autocast, then cast to v's dtype);
+        eager with dropout: the dropout's backward (its output is freed, its grad and the new one alive):
+          e_m per b*a*s^2; under autocast the grad's fp32 copy for the fp32 softmax wins: 4;
+        SDPA's math kernel (dropout on the CPU), all in fp32: 4 per b*a*s^2 and two fp32 b*s*h grads."""
+        b, s, a, h = spec.batch_size, spec.seq_len, c.n_head, c.n_embd
+        bas2 = b * a * s * s
+        if c.attention == "sdpa":
+            return 4 * bas2 + 2 * 4 * b * s * h
+        e_soft = 4 if w.amp else w.e_m
+        if c.attn_pdrop == 0:
+            return (e_soft + w.e_m) * bas2
+        return (4 if w.amp else w.e_m) * bas2
+
+    @staticmethod
+    def _flash(c: HFGPT2Config, spec) -> bool:
+        """SDPA takes its flash kernel (no dropout, or a CUDA device); with dropout on the CPU, the math one."""
+        return c.attention == "sdpa" and not (c.attn_pdrop > 0 and spec.device_type == "cpu")
+
+    def outside_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
+        b, s, h = spec.batch_size, spec.seq_len, c.n_embd
+        bsh = b * s * h
+        terms = [Term("position_ids (saved by wpe)", "8*s (int64)", 8 * s, where="embed")]
+        if c.embd_pdrop > 0:
+            terms.append(Term("embedding dropout noise", "b*s*h*e_r",
+                              bsh * (1 if spec.device_type == "cuda" else w.e_r), where="embed"))
+        terms += [Term("ln_f input", "b*s*h*e_r", bsh * w.e_r, where="head"),
+                  Term("ln_f mean, rstd", "2*b*s*e_r", 2 * b * s * w.e_r, where="head"),
+                  Term("lm_head input", "b*s*h*e_m", bsh * w.e_m, where="head")]
+        if spec.checkpointing and c.attention == "eager":  # SDPA runs is_causal: no mask tensor
+            terms.append(Term("additive causal mask (checkpoint input)", "b*s^2*e_r", b * s * s * w.e_r,
+                              where="kept"))
+        return terms
+
+
+FAMILY = HFGPT2()

@@ -1,0 +1,161 @@
+"""Saved-tensor terms of the pieces transformers' decoders share (no torch).
+
+Each function returns the terms of one piece as transformers 5.23 runs it; the family files compose
+them. Coefficients: saved-tensor inventories (torch.autograd.graph.saved_tensors_hooks, deduplicated by
+storage) of transformers' models on the CPU at several shapes, every precision and attention kernel,
+read together with the source file named in each docstring. Symbols as planner/estimate/activations.py;
+a = query heads, kv = key/value heads, d = head dim, f = MLP width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ACTIVATION_SAVED
+from ..estimate.activations import Term
+
+# integrations/sdpa_attention.py use_gqa_in_sdpa: enable_gqa only without a mask and head_dim <= 256.
+SDPA_GQA_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the parts need of a decoder config, in one vocabulary across families."""
+    h: int          # hidden size
+    a: int          # query heads
+    kv: int         # key/value heads
+    d: int          # head dim
+    f: int          # MLP width
+    attention: str  # eager | sdpa
+    act: str        # transformers ACT2FN name of the MLP activation
+
+
+def sdpa_enable_gqa(x: Shape, masked: bool) -> bool:
+    """True when transformers passes enable_gqa=True to SDPA (integrations/sdpa_attention.py): grouped
+    heads, no mask tensor, head_dim <= 256; K/V are then saved un-repeated."""
+    return x.kv < x.a and not masked and x.d <= SDPA_GQA_MAX_HEAD_DIM
+
+
+def rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where: str = "block",
+             per_layer: bool = True) -> list[Term]:
+    """LlamaRMSNorm (models/llama/modeling_llama.py): x.to(float32), pow(2).mean, rsqrt, x * rsqrt, then
+    weight * normed.to(input dtype). Saved: the fp32 input (a copy below fp32, else the input itself)
+    and the normed x in the input dtype (fp32: the product itself): (4 + e_r) per element; rsqrt 4*b*s."""
+    return [Term(f"RMSNorm fp32 input and normed x ({label})", "(4 + e_r)*b*s*h", (4 + w.e_r) * b * s * h,
+                 per_layer, where, part),
+            Term(f"RMSNorm rsqrt ({label})", "4*b*s", 4 * b * s, per_layer, where, part)]
+
+
+def gemma_rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where: str = "block",
+                   per_layer: bool = True) -> list[Term]:
+    """GemmaRMSNorm (models/gemma/modeling_gemma.py): x.float(), x * rsqrt(mean(x^2) + eps), times
+    (1 + weight.float()), then type_as(x). All in fp32: saved are the fp32 input (a copy below fp32,
+    else the input itself), the normed x (fp32), the fp32 (1 + weight) and rsqrt."""
+    return [Term(f"GemmaRMSNorm fp32 input and normed x ({label})", "8*b*s*h", 8 * b * s * h, per_layer, where, part),
+            Term(f"GemmaRMSNorm rsqrt and 1 + weight ({label})", "4*b*s + 4*h", 4 * b * s + 4 * h, per_layer, where,
+                 part)]
+
+
+def projection_inputs(label: str, n: int, b: int, s: int, h: int, w, where: str = "block", part: str = "") -> Term:
+    """n Linear layers reading one input save its 2-D view once; under autocast each casts the input
+    itself (only leaf weights are cached: autocast_mode.cpp cached_cast), so n low-precision copies."""
+    k = n if w.amp else 1
+    return Term(f"{label} input" + (f" ({n} autocast copies)" if w.amp and n > 1 else ""), f"{k}*b*s*h*e_m",
+                k * b * s * h * w.e_m, True, where, part)
+
+
+def glu_mlp(x: Shape, b: int, s: int, w, fused: bool = False) -> list[Term]:
+    """Gated MLP down(act(gate(x)) * up(x)) (LlamaMLP; Phi3MLP with a fused gate_up projection, whose
+    output gate and up are halves of one b*s*2f tensor). Saved: what the activation keeps (its input
+    for silu/gelu, its output for relu, four tensors for the Python tanh-GELUs), act output and up (the
+    product's inputs), the product (down_proj's input)."""
+    bsf = b * s * x.f
+    n_act = ACTIVATION_SAVED[x.act]
+    if fused:
+        # gate and up are views of gate_up's output: one b*s*2f storage, saved by the activation (gate)
+        # and the product (up); the activation's tensors beyond its input come on top.
+        extra = max(n_act - 1, 0)
+        return [Term("gate_up output (gate and up halves)", "2*b*s*f*e_m", 2 * bsf * w.e_m, True, "mlp"),
+                Term(f"{x.act} output, gated product" + (f", {extra} more {x.act} tensors" if extra else ""),
+                     f"{2 + extra}*b*s*f*e_m", (2 + extra) * bsf * w.e_m, True, "mlp")]
+    return [Term(f"{x.act} saved tensors" if n_act != 1 else f"{x.act} input (gate_proj output)",
+                 f"{n_act}*b*s*f*e_m", n_act * bsf * w.e_m, True, "mlp"),
+            Term(f"{x.act} output, up_proj output, gated product", "3*b*s*f*e_m", 3 * bsf * w.e_m, True, "mlp")]
+
+
+def attention(x: Shape, b: int, s: int, w, masked: bool = False) -> list[Term]:
+    """Self-attention after the projections and RoPE (transformers' eager_attention_forward /
+    sdpa_attention_forward):
+    sdpa: the CPU flash kernel saves q, k, v, its output (laid out as the o_proj input: the transpose
+      back is free) and a fp32 logsumexp; with enable_gqa K/V are the kv heads, else repeat_kv copies.
+    eager: matmul saves q and the repeated k, v; softmax(dtype=float32) saves its fp32 output and, below
+      fp32, matmul saves the cast probabilities; o_proj saves the transposed output copy. The additive
+      mask is added, not saved."""
+    a, d = x.a, x.d
+    if x.attention == "sdpa":
+        kv = x.kv if (x.kv == x.a or sdpa_enable_gqa(x, masked)) else x.a
+        why = "" if kv == a else (" (un-repeated: enable_gqa)" if kv < a else "")
+        if kv == a and x.kv < x.a:
+            why = " (repeat_kv copies: a mask or head_dim > 256 rules out enable_gqa)"
+        return [Term("SDPA q and output (o_proj input)", "2*b*a*s*d*e_m", 2 * b * a * s * d * w.e_m, True),
+                Term("SDPA k, v" + why, ("2*b*kv*s*d*e_m" if kv < a else "2*b*a*s*d*e_m"), 2 * b * kv * s * d * w.e_m,
+                     True),
+                Term("SDPA logsumexp", "4*b*a*s (fp32)", 4 * b * a * s, True)]
+    return [Term("attention q, k^T, v (repeated to all heads), output copy", "4*b*a*s*d*e_m",
+                 4 * b * a * s * d * w.e_m, True),
+            Term("softmax output (fp32) and, below fp32, its cast", "b*a*s^2*(4 + (e_m if e_m < 4 else 0))",
+                 b * a * s * s * (4 + (w.e_m if w.e_m < 4 else 0)), True)]
+
+
+def head_rms_norms(x: Shape, b: int, s: int, w) -> list[Term]:
+    """Qwen 3's q_norm and k_norm (RMSNorm over head_dim on the projections' (b, s, heads, d) outputs,
+    models/qwen3/modeling_qwen3.py): each saves its fp32 input (the projection output itself in fp32,
+    else a copy), the normed x in the projection output's dtype (e_m) and an fp32 rsqrt per head."""
+    hd = (x.a + x.kv) * x.d
+    return [Term("q_norm/k_norm fp32 input and normed x", "(4 + e_m)*b*s*(a + kv)*d", (4 + w.e_m) * b * s * hd,
+                 True),
+            Term("q_norm/k_norm rsqrt", "4*b*s*(a + kv)", 4 * b * s * (x.a + x.kv), True)]
+
+
+def rope(b: int, s: int, rope_dim: int, w) -> Term:
+    """cos and sin (1, s, rope_dim) in the residual dtype (RotaryEmbedding.forward: cos.to(x.dtype)),
+    saved by RoPE's multiplications in every layer (one storage each)."""
+    return Term("RoPE cos, sin (shared by all layers)", "2*s*d_rope*e_r", 2 * s * rope_dim * w.e_r, where="embed",
+                part="shared")
+
+
+def checkpoint_inputs(x: Shape, b: int, s: int, spec, w, masked: bool, mask_bytes: int = 0) -> list[Term]:
+    """With non-reentrant checkpointing each layer's recompute closure holds its keyword inputs
+    (modeling_layers.GradientCheckpointingLayer: partial(forward, **kwargs)), so these live through
+    backward: position_ids (1, s) int64 and, when there is one, the (b, 1, s, s) additive float mask in
+    the embeddings' dtype (masking_utils.py eager_mask), or SDPA's bool mask for a sliding window.
+    Without checkpointing they die after the forward (nothing saves them)."""
+    if not spec.checkpointing:
+        return []
+    terms = [Term("position_ids (checkpoint input)", "8*s (int64)", 8 * s, where="kept")]
+    if masked:
+        eager = x.attention == "eager"
+        terms.append(Term("additive causal mask (checkpoint input)" if eager else "attention mask (checkpoint input)",
+                          "b*s^2*e_r" if eager else "s^2 * 1 B", mask_bytes or b * s * s * w.e_r, where="kept"))
+    return terms
+
+
+def forward_only(x: Shape, L: int, b: int, s: int, spec, w, masked: bool) -> list[Term]:
+    """Alive at the end of the forward and through transformers' loss, but not saved for backward (they
+    die with the output object, before backward):
+    - DynamicCache (config use_cache=True, the default; GradientCheckpointingLayer turns it off under
+      checkpointing): each layer's K and V as torch.cat copies (cache_utils.py DynamicLayer.update) in
+      the keys' dtype after RoPE (under autocast q*cos promotes to fp32, and the values follow: the
+      layer's empty seed tensor has the keys' dtype). Attention saves these very tensors when it takes
+      them as they are (MHA or SDPA's enable_gqa, no autocast); otherwise (repeat_kv copies, autocast
+      casts) they are extra: 2*L*b*kv*s*d*e_r.
+    - the final norm's output (BaseModelOutputWithPast.last_hidden_state): the lm_head input itself,
+      unless autocast casts it for the head: then an extra b*s*h*e_r."""
+    terms = []
+    as_is = (x.kv == x.a or (x.attention == "sdpa" and sdpa_enable_gqa(x, masked))) and not w.amp
+    if not spec.checkpointing and not as_is:
+        terms.append(Term("DynamicCache K/V copies (use_cache)", "2*L*b*kv*s*d*e_r",
+                          2 * L * b * x.kv * s * x.d * w.e_r, where="forward"))
+    if w.amp:
+        terms.append(Term("final norm output kept by the model output (autocast casts it for lm_head)",
+                          "b*s*h*e_r", b * s * x.h * w.e_r, where="forward"))
+    return terms

@@ -1,0 +1,121 @@
+"""Phi-3 (transformers' Phi3ForCausalLM, models/phi3/modeling_phi3.py), from its config.json.
+
+Llama's block with fused projections: one qkv_proj (q, k and v are slices of its output) and one
+gate_up_proj (gate and up are halves of its output), no biases, an untied head, a sliding window
+(Phi-3-mini-4k: 2047) that needs a mask only from s >= sliding_window on (as Mistral's).
+Residual dropout (resid_pdrop) and partial RoPE (partial_rotary_factor < 1) are refused: no published
+Phi-3 config uses them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..config import ConfigError
+from ..estimate.activations import Term
+from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
+
+
+@dataclass(frozen=True)
+class Phi3Config(DecoderConfigMixin):
+    """Keys and defaults as transformers' Phi3Config (configuration_phi3.py)."""
+    vocab_size: int = 32064
+    hidden_size: int = 3072
+    intermediate_size: int = 8192
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    original_max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    sliding_window: int | None = None
+    pad_token_id: int | None = 32000   # nn.Embedding(padding_idx=...): transformers needs it < vocab_size
+    attention: str = "sdpa"
+    torch_dtype: str | None = None  # the published checkpoint's dtype (HF key); None: float32
+    name: str | None = None  # optional display name (runs are stored under it)
+    arch: str = dataclasses.field(default="phi3", init=False)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
+                              f"num_attention_heads {self.num_attention_heads}")
+        self._validate()
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ConfigError(f"pad_token_id {self.pad_token_id} must be below vocab_size {self.vocab_size} "
+                              "(it is the embedding's padding_idx)")
+
+
+class Phi3(RMSDecoder):
+    arch = "phi3"
+    model_types = ("phi3",)
+    model_type = "phi3"
+    config_cls = Phi3Config
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    description = "transformers Phi3ForCausalLM"
+    q_bias = False
+    o_bias = False
+    fused_qkv = True
+    fused_gate_up = True
+    grid_options = {"pad_token_id": 0, "sliding_window": 48}  # s64 runs beyond the window, s48 at it, s8 inside
+
+    def attention_terms(self, c, spec, w) -> list[Term]:
+        """RoPE here ends in torch.cat (apply_rotary_pos_emb splits the rotary and pass-through halves),
+        so q is a contiguous (b, a, s, d) tensor and SDPA's output comes out in that layout too: the
+        o_proj input (transpose(1, 2).contiguous()) is one more copy. Eager attention makes that copy
+        in Llama as well."""
+        terms = super().attention_terms(c, spec, w)
+        if c.attention == "sdpa":
+            b, s = spec.batch_size, spec.seq_len
+            terms.append(Term("o_proj input (SDPA output transposed to (b, s, a*d))", "b*s*a*d*e_m",
+                              b * s * c.num_attention_heads * c.head_dim * w.e_m, True))
+        return terms
+
+    def block_points(self, c, spec, w, x) -> dict[str, int]:
+        """Llama's points, but the one input projection is fused: q, k and v's grads each come back as a
+        full (b, s, (a + 2 kv) * d) tensor (SliceBackward pads its slice with zeros) and are summed, so at
+        qkv_proj's backward four such tensors are alive (measured), not Llama's three input grads."""
+        points = super().block_points(c, spec, w, x)
+        b, s = spec.batch_size, spec.seq_len
+        op = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+        points["attn_in"] = ((x.block_n - x.norm_attn_n) * x.g + x.norm_attn_saved + x.attn_in_saved
+                             + 4 * b * s * op * w.e_m - (x.rope_bytes if x.first else 0))
+        return points
+
+    def presets(self) -> dict:
+        # tests/data/Phi-3-mini-4k-instruct.config.json; 3,821,079,552 parameters.
+        return {"phi-3-mini-4k": Phi3Config(vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+                                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                                            max_position_embeddings=4096, original_max_position_embeddings=4096,
+                                            rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=2047,
+                                            pad_token_id=32000)}
+
+    def normalise(self, data: dict) -> dict:
+        data = normalise_rope(data)
+        factor = data.get("partial_rotary_factor", 1.0)
+        if factor not in (None, 1, 1.0):
+            raise ConfigError(f"partial_rotary_factor {factor} is not modelled yet (Phi-3 configs use 1.0)")
+        return data
+
+    def from_dict(self, data: dict):
+        check_zero(data, ("attention_dropout", "resid_pdrop", "embd_pdrop"))
+        return super().from_dict(data)
+
+    def tiny(self, cfg):
+        return dataclasses.replace(cfg, vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, pad_token_id=0)
+
+    def hf_kwargs(self, cfg) -> dict:
+        data = super().hf_kwargs(cfg)
+        data.pop("head_dim", None)
+        return data
+
+
+FAMILY = Phi3()

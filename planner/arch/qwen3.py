@@ -1,0 +1,77 @@
+"""Qwen 3 (transformers' Qwen3ForCausalLM, models/qwen3/modeling_qwen3.py), from its config.json.
+
+Llama's block with an explicit head_dim (q_out = heads * head_dim need not equal hidden_size), q/k
+RMSNorms over head_dim before RoPE, optional attention biases (attention_bias), tied or untied heads.
+Qwen's sliding window is off in every published config; a config that turns it on is refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..config import ConfigError
+from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
+
+
+@dataclass(frozen=True)
+class Qwen3Config(DecoderConfigMixin):
+    """Keys and defaults as transformers' Qwen3Config (configuration_qwen3.py)."""
+    vocab_size: int = 151936
+    hidden_size: int = 4096
+    intermediate_size: int = 22016
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = 32
+    head_dim: int | None = 128
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    attention_bias: bool = False
+    use_sliding_window: bool = False
+    attention: str = "sdpa"
+    torch_dtype: str | None = None  # the published checkpoint's dtype (HF key); None: float32
+    name: str | None = None  # optional display name (runs are stored under it)
+    arch: str = dataclasses.field(default="qwen3", init=False)
+
+    def __post_init__(self) -> None:
+        if self.use_sliding_window:
+            raise ConfigError("use_sliding_window: true is not modelled yet (Qwen's published configs leave it off)")
+        self._validate()
+
+
+class Qwen3(RMSDecoder):
+    arch = "qwen3"
+    model_types = ("qwen3",)
+    model_type = "qwen3"
+    config_cls = Qwen3Config
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    description = "transformers Qwen3ForCausalLM"
+    qk_norm = True
+
+    grid_options = {"head_dim": 24}  # heads * head_dim != hidden_size
+
+    def presets(self) -> dict:
+        # tests/data/Qwen3-{0.6B,8B}.config.json; 596,049,920 and 8,190,735,360 parameters.
+        return {
+            "qwen3-0.6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                      num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                                      head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                      rope_theta=1000000.0, tie_word_embeddings=True),
+            "qwen3-8b": Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                                    num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                                    head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                    rope_theta=1000000.0, tie_word_embeddings=False),
+        }
+
+    def normalise(self, data: dict) -> dict:
+        return normalise_rope(data)
+
+    def from_dict(self, data: dict):
+        check_zero(data, ("attention_dropout",))
+        return super().from_dict(data)
+
+
+FAMILY = Qwen3()
