@@ -57,7 +57,7 @@ class Gemma(RMSDecoder):
         return {"gemma-2b": GemmaConfig(vocab_size=256000, hidden_size=2048, intermediate_size=16384,
                                         num_hidden_layers=18, num_attention_heads=8, num_key_value_heads=1,
                                         head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
-                                        rope_theta=10000.0, hidden_act="gelu_pytorch_tanh")}
+                                        rope_theta=10000.0, hidden_act="gelu_pytorch_tanh", torch_dtype="bfloat16")}
 
     def normalise(self, data: dict) -> dict:
         data = normalise_rope(data)

@@ -72,7 +72,7 @@ class Gemma2(Gemma):
                                            num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
                                            head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
                                            rope_theta=10000.0, query_pre_attn_scalar=256, sliding_window=4096,
-                                           final_logit_softcapping=30.0, attn_logit_softcapping=50.0)}
+                                           final_logit_softcapping=30.0, attn_logit_softcapping=50.0, torch_dtype="float32")}
 
     def normalise(self, data: dict) -> dict:
         data = normalise_rope(data)

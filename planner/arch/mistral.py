@@ -58,7 +58,7 @@ class Mistral(RMSDecoder):
         return {"mistral-7b-v0.1": MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                                                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                                                  max_position_embeddings=32768, rms_norm_eps=1e-5,
-                                                 rope_theta=10000.0, sliding_window=4096)}
+                                                 rope_theta=10000.0, sliding_window=4096, torch_dtype="bfloat16")}
 
     def normalise(self, data: dict) -> dict:
         return normalise_rope(data)

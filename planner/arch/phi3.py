@@ -95,7 +95,7 @@ class Phi3(RMSDecoder):
                                             num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                                             max_position_embeddings=4096, original_max_position_embeddings=4096,
                                             rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=2047,
-                                            pad_token_id=32000)}
+                                            pad_token_id=32000, torch_dtype="bfloat16")}
 
     def normalise(self, data: dict) -> dict:
         data = normalise_rope(data)

@@ -66,11 +66,11 @@ class Qwen2(RMSDecoder):
             "qwen2.5-0.5b": Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                                         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                                        tie_word_embeddings=True),
+                                        tie_word_embeddings=True, torch_dtype="bfloat16"),
             "qwen2.5-7b": Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                                       max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                                      tie_word_embeddings=False),
+                                      tie_word_embeddings=False, torch_dtype="bfloat16"),
         }
 
     def normalise(self, data: dict) -> dict:

@@ -59,11 +59,11 @@ class Qwen3(RMSDecoder):
             "qwen3-0.6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                                       head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                                      rope_theta=1000000.0, tie_word_embeddings=True),
+                                      rope_theta=1000000.0, tie_word_embeddings=True, torch_dtype="bfloat16"),
             "qwen3-8b": Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                                     head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                                    rope_theta=1000000.0, tie_word_embeddings=False),
+                                    rope_theta=1000000.0, tie_word_embeddings=False, torch_dtype="bfloat16"),
         }
 
     def normalise(self, data: dict) -> dict:
