@@ -2,15 +2,18 @@
 
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
-    python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--device ...] [--json] [--timeout S] [--progress]
+    python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
+    python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--device ...] [--json] [--timeout S] [--progress]
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|simulate [--quick] [--out FILE]
+    python -m planner bench accuracy|speed|loading|simulate|distributed|gpu|gpu-doc [--quick] [--out FILE]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
            [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
+    PARALLEL: [--reshard-after-forward true|false] [--mp-param-dtype D] [--mp-reduce-dtype D] [--cpu-offload]
+              [--gradient-as-bucket-view]   (planner/cli_parallel.py)
 
 Exit codes: 0 success; 2 invalid input (one line on stderr, no traceback); 3 a measurement that ran
 out of memory or time, or whose process was killed (JSON with an "error" field on stdout); 130 / 143
@@ -29,6 +32,7 @@ import sys
 import threading
 from dataclasses import asdict
 
+from . import cli_parallel
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model, with_dtype
 from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
 from .units import fmt_bytes, parse_size
@@ -130,6 +134,7 @@ def build_parser() -> _Parser:
     p = command(est, "train", "The peak memory of one training step, phase by phase and term by term.")
     _add_model(p)
     _add_run(p)
+    cli_parallel.add_parallel_args(p)
     p = command(est, "load", "The device and CPU peaks of loading the weights with a method, or every method.")
     _add_model(p)
     _add_load(p)
@@ -142,6 +147,7 @@ def build_parser() -> _Parser:
     p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller "
                                           "machine (default: no cap)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+    cli_parallel.add_parallel_args(p)
     p = command(mea, "load", "Load real checkpoints with a method, or every method, each in a fresh child "
                              "process; measured against estimated.")
     _add_model(p)
@@ -158,9 +164,9 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "simulate", "gpu", "gpu-doc"),
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "simulate", "distributed", "gpu", "gpu-doc"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "simulate: formula vs simulation at full size; gpu: the CUDA check (issue #14); gpu-doc: its table")
+                        "simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -205,6 +211,8 @@ ESTIMATE_KEYS = ["params_bytes", "buffers_bytes", "inputs_bytes", "grads_bytes",
 
 def cmd_estimate_train(args) -> int:
     cfg, spec = parse_train(args)
+    if cli_parallel.parallel_requested(args):
+        return cli_parallel.cmd_estimate(args, cfg, spec)
     rec = _estimate_record(cfg, spec)
     if args.json:
         print(json.dumps(rec))
@@ -218,6 +226,8 @@ def cmd_measure_train(args) -> int:
     from .runner import run_worker
 
     cfg, spec = parse_train(args)
+    if cli_parallel.parallel_requested(args):
+        return cli_parallel.cmd_measure(args, cfg, spec)
     est = _estimate_record(cfg, spec)
     if spec.device_type == "cpu":
         import psutil
@@ -424,6 +434,10 @@ def cmd_bench(args) -> int:
     from . import bench
 
     check_device(args.device)
+    if args.what == "distributed":
+        from .bench_distributed import main as bench_distributed
+
+        return bench_distributed(quick=args.quick, out=args.out)
     if args.what in ("gpu", "gpu-doc"):
         from .bench_gpu import gpu_markdown, run_gpu
 
@@ -481,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
                 code = cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
             elif args.command == "measure":
                 code = cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
+            elif args.command == "simulate" and cli_parallel.parallel_requested(args):
+                cfg, spec = parse_train(args)
+                code = cli_parallel.cmd_simulate(args, cfg, spec)
             elif args.command == "simulate":
                 from .cli_simulate import cmd_simulate_train
 

@@ -43,6 +43,9 @@ def add_simulate(top, command) -> None:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the child is killed (exit 3; default: %(default)s)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+    from . import cli_parallel
+
+    cli_parallel.add_parallel_args(p)
 
 
 def parse_module_ref(text: str) -> tuple[Path, str]:

@@ -33,6 +33,9 @@ class TrainEstimate:
     transients: dict[str, int]
     terms: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The backward sweep's named high points (live bytes above the persistent base, grads created so far
+    # included), so per-rank estimates (planner.estimate.distributed) can re-count weights and grads.
+    backward_points: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -290,7 +293,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # timeline op by op): the FFN activation's backward, the end of the MLP's backward, Llama's RMSNorm
     # backward, and the attention's backward (eager and math attention only: its s x s gradients);
     # before the blocks, Llama's final RMSNorm backward.
-    sweep = max(_backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved, amp_weights).values())
+    backward_points = _backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved, amp_weights)
+    sweep = max(backward_points.values())
     if spec.grad_accum > 1:
         sweep = max(sweep, accum_grads + max(_backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved,
                                                              amp_weights, grads_exist=True).values()))
@@ -335,4 +339,4 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         peak_phase=peak_phase, phase_peak_bytes=phase,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines},
-        terms=terms, notes=notes)
+        terms=terms, notes=notes, backward_points=backward_points)

@@ -1,0 +1,438 @@
+"""One rank of a data-parallel training step (DDP or FSDP2), measured for real or simulated on fake tensors.
+
+Real run: `python -m planner.measure.distributed '<json payload>'` with RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT in the environment (planner.distributed starts the N ranks); gloo on the CPU, nccl on CUDA.
+Simulation: `simulate_rank` runs the same code in this process under FakeTensorMode with the fake process
+group (torch.testing._internal.distributed.fake_pg), as torchtitan's scripts/estimate/estimation.py does,
+so any world size runs on one CPU and allocates nothing.
+
+Each rank runs the project's TrainingStep with its model wrapped (DDP around the model; FSDP2
+`fully_shard` on every block, then on the root) and measures, as planner.measure.training does, the
+exact peak of live tensor storage bytes, its phase, per-phase peaks and the timeline:
+  steps 1-2 warm up (optimizer state; DDP builds its buckets, and rebuilds them in step 2's forward in
+  the order the gradients came: gradients only become bucket views from then on), step 3 is timed and
+  untracked (RSS high-water mark; on CUDA max_memory_allocated, the headline there), step 4 is tracked
+  to discover the storages that outlive a step without being parameters or optimizer state (DDP's
+  buckets, held by the C++ reducer), step 5 is tracked and reported. A simulation skips step 3.
+Events are JSON lines on stdout, as planner.measure.worker prints them, each with the rank.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import weakref
+from contextlib import contextmanager, nullcontext
+from functools import wraps
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
+
+from ..config import ModelConfig, config_from_dict
+from ..parallel import ParallelSpec
+from ..routines.training import TrainingStep, make_optimizer
+from ..spec import TrainSpec
+from . import procmem
+from .tracker import LiveBytesTracker
+from .training import PHASES, _PhaseRecorder, downsample
+
+EXIT_INVALID, EXIT_FAILED = 2, 3
+
+
+def _leaf_tensors(obj):
+    """Plain tensors behind DTensors and other wrapper subclasses (their storage is the local shard's)."""
+    if is_traceable_wrapper_subclass(obj):
+        attrs, _ = obj.__tensor_flatten__()
+        for a in attrs:
+            yield from _leaf_tensors(getattr(obj, a))
+    elif isinstance(obj, torch.Tensor):
+        yield obj
+
+
+class DistLiveBytesTracker(LiveBytesTracker):
+    """LiveBytesTracker that also sees DTensor shards and storage resizes.
+
+    FSDP2 frees an unsharded parameter by `untyped_storage().resize_(0)` and re-allocates it with
+    `resize_(n)` before the next all-gather (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    alloc_storage / free_storage); UntypedStorage.resize_ is not an aten op, so it is wrapped here while
+    the tracker is active (as torch.distributed._tools.mem_tracker does)."""
+
+    def __init__(self, fake_scalars: bool = False):
+        super().__init__()
+        self.fake_scalars = fake_scalars
+        self._orig_resize = None
+
+    def track(self, *objs) -> None:
+        leaves = [t for obj in tree_flatten(objs)[0] for t in _leaf_tensors(obj)]
+        super().track(leaves)
+
+    def _resized(self, storage, nbytes: int) -> None:
+        key = id(storage)
+        entry = self.live.get(key)
+        if entry is None:
+            self.live[key] = (weakref.ref(storage, lambda _r, k=key: self._forget(k)), nbytes)
+            self.current += nbytes
+        else:
+            self.live[key] = (entry[0], nbytes)
+            self.current += nbytes - entry[1]
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_phase = self.phase
+        self._sample()
+
+    def __enter__(self):
+        orig = self._orig_resize = torch.UntypedStorage.resize_
+        tracker = self
+
+        @wraps(orig)
+        def resize_(storage, size):
+            out = orig(storage, size)
+            tracker._resized(storage, storage.nbytes())
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._orig_resize
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
+            return _fake_scalar(args[0])
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.fake_scalars and func is torch.ops.c10d._reduce_scatter_base_.default:
+            # The simulation stands for gloo ranks: gloo reduce-scatters a flat copy of the input
+            # (ProcessGroupGloo::_reduce_scatter_base -> reduce_scatter flattens its inputs), which the
+            # real measurement sees until the result is copied out; the fake process group allocates
+            # nothing, so the copy is added here, for that moment.
+            copy = torch.empty_like(args[1])
+            self.track(copy)
+            del copy
+        return out
+
+
+def _fake_scalar(t: torch.Tensor):
+    """A stand-in for `.item()` of a fake tensor (loss.item(), Adam's step count): memory does not depend
+    on the value; 1 keeps Adam's bias corrections finite."""
+    return True if t.dtype == torch.bool else 1 if not t.dtype.is_floating_point else 1.0
+
+
+class _FakeScalars(TorchDispatchMode):
+    """Outside the tracked steps of a simulation, the same `.item()` stand-in."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return _fake_scalar(args[0])
+        return func(*args, **(kwargs or {}))
+
+
+class WrapError(ValueError):
+    """The model cannot be wrapped as asked (no blocks to fully_shard)."""
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a decoder: the longest ModuleList / Sequential of modules of one class."""
+    best: list[torch.nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and len(module):
+            kids = list(module)
+            if len({type(k) for k in kids}) == 1 and any(True for _ in kids[0].parameters()) and len(kids) > len(best):
+                best = kids
+    return best
+
+
+def make_mesh(pspec: ParallelSpec, device: torch.device):
+    """The 1-D data-parallel mesh, on the run's device type explicitly (PyTorch issue #132471: the default
+    may pick CUDA). Built outside FakeTensorMode: the mesh computes its coordinates on real tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (pspec.world_size,))
+
+
+def wrap_model(model: torch.nn.Module, pspec: ParallelSpec, device: torch.device, mesh=None) -> torch.nn.Module:
+    if pspec.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # Defaults: bucket_cap_mb=25 (the first bucket 1 MiB), gradient_as_bucket_view=False.
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                   gradient_as_bucket_view=pspec.gradient_as_bucket_view)
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    from ..models import TORCH_DTYPES
+
+    blocks = transformer_blocks(model)
+    if not blocks:
+        raise WrapError("cannot apply FSDP: the model has no repeated blocks to fully_shard")
+    mesh = mesh if mesh is not None else make_mesh(pspec, device)
+    mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES.get(pspec.mp_param_dtype),
+                              reduce_dtype=TORCH_DTYPES.get(pspec.mp_reduce_dtype))
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if pspec.cpu_offload else OffloadPolicy()
+    kw = dict(mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=pspec.reshard_after_forward, **kw)
+    # The root: torchtitan keeps it unsharded after forward only when the last block is too (the
+    # output head's all-gather would be redone at once by the backward); FSDP2's default for the root
+    # is the same: its parameters stay unsharded between forward and backward.
+    fully_shard(model, reshard_after_forward=pspec.reshard_after_forward, **kw)
+    return model
+
+
+class SimulatedReducer:
+    """DDP's gradient buckets on fake tensors, where the C++ Reducer cannot run (it needs real storage).
+
+    The buckets are those the Reducer rebuilds after the first step: parameters in the order their
+    gradients become ready (the reverse of registration, as DDP assumes), grouped by the same C++
+    dist._compute_bucket_assignment_by_size with the default caps (1 MiB first, then 25 MiB), one flat
+    tensor each, alive as long as the model. As the Reducer's autograd hook does (reducer.cpp
+    mark_variable_ready_dense), each gradient is copied into its bucket view when it is ready; with
+    gradient_as_bucket_view the .grad becomes that view. The all-reduce works in place on the bucket,
+    so it adds nothing here; under the fake process group it would do nothing anyway."""
+
+    def __init__(self, model: torch.nn.Module, as_view: bool):
+        import torch.distributed as dist
+
+        self.as_view = as_view
+        order = [p for p in model.parameters() if p.requires_grad][::-1]
+        meta = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p in order]
+        indices, _ = dist._compute_bucket_assignment_by_size(
+            meta, [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 2**20], [False] * len(meta))
+        self.buckets: list[torch.Tensor] = []
+        for idx in indices:
+            params = [order[i] for i in idx]
+            flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            offset = 0
+            for p in params:
+                view = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+                p.register_post_accumulate_grad_hook(lambda param, v=view: self._ready(param, v))
+            self.buckets.append(flat)
+
+    def _ready(self, param: torch.Tensor, view: torch.Tensor) -> None:
+        view.copy_(param.grad)
+        if self.as_view:
+            param.grad = view
+
+
+def build_step(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, device: torch.device,
+               mesh=None, simulated: bool = False) -> TrainingStep:
+    step = TrainingStep(cfg, spec)
+    if simulated and pspec.parallel == "ddp":  # the C++ Reducer cannot run on fake tensors
+        step.reducer = SimulatedReducer(step.model, pspec.gradient_as_bucket_view)
+        return step
+    step.model = wrap_model(step.model, pspec, device, mesh)
+    # FSDP replaces the parameters by sharded DTensors: the optimizer must hold those (its first
+    # instance has no state yet, so nothing is lost).
+    step.optimizer = make_optimizer(step.model.parameters(), spec)
+    return step
+
+
+def _run_steps(step: TrainingStep, tracker_factory: Callable[[], DistLiveBytesTracker], emit, rank: int,
+               timed: bool, device: torch.device, max_timeline_points: int) -> dict:
+    result: dict = {"rank": rank, "device": str(device)}
+    say = emit if rank == 0 else (lambda e: None)
+    say({"event": "progress", "stage": "warm-up steps", "fraction": 0.2})
+    step.run()
+    step.run()  # DDP rebuilds its buckets in this step's forward (both sets alive for a moment)
+    gc.collect()
+    if timed:
+        say({"event": "progress", "stage": "timed step", "fraction": 0.4})
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        rss_before = procmem.read_status()
+        procmem.reset_peak_rss()
+        t0 = time.perf_counter()
+        step.run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        result["step_time_s"] = time.perf_counter() - t0
+        rss_after = procmem.read_status()
+        result.update({"rss_before_bytes": rss_before.get("VmRSS", 0), "peak_rss_bytes": rss_after.get("VmHWM", 0)})
+        if device.type == "cuda":
+            result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+            result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    gc.collect()
+
+    say({"event": "progress", "stage": "tracked steps", "fraction": 0.6})
+    tracker = tracker_factory()
+    tracker.track(step.persistent_tensors())
+    with tracker:  # finds what outlives a step (DDP's buckets)
+        step.run()
+    gc.collect()
+    discovered = tracker.current - _bytes_of(step.persistent_tensors())
+    tracker.reset_peak()
+    persistent = tracker.current
+    recorder = _PhaseRecorder(tracker, device)
+    tracker.recording = True
+    tracker.t0 = time.perf_counter()
+    with tracker:
+        step.run(on_phase=recorder)
+    tracker.recording = False
+    peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
+    opt = [v for st in step.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    result.update({
+        "tracked_peak_bytes": max(recorder.phase_peak.values()),
+        "peak_phase": peak_phase,
+        "phase_peak_bytes": {p: recorder.phase_peak.get(p, 0) for p in PHASES},
+        "persistent_bytes": persistent,
+        "params_bytes": _bytes_of(list(step.model.parameters())),
+        "optimizer_bytes": _bytes_of(opt),
+        "comm_buffers_bytes": discovered,
+        "timeline": downsample(tracker.samples, max_timeline_points),
+    })
+    result["peak_bytes"] = result["peak_allocated_bytes"] if device.type == "cuda" and timed else result["tracked_peak_bytes"]
+    return result
+
+
+def _bytes_of(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        for leaf in _leaf_tensors(t):
+            st = leaf.untyped_storage()
+            seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+def measure_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, rank: int,
+                 emit: Callable[[dict], None] = lambda e: None, max_timeline_points: int = 600) -> dict:
+    """One real rank; the process group is initialised by the caller."""
+    device = torch.device(f"cuda:{rank % max(1, torch.cuda.device_count())}") if spec.device_type == "cuda" \
+        else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    spec = _on_device(spec, device)
+    emit({"event": "progress", "stage": "build", "fraction": 0.05}) if rank == 0 else None
+    step = build_step(cfg, spec, pspec, device)
+    return _run_steps(step, DistLiveBytesTracker, emit, rank, True, device, max_timeline_points)
+
+
+def _on_device(spec: TrainSpec, device: torch.device) -> TrainSpec:
+    from dataclasses import replace
+
+    return replace(spec, device=str(device))
+
+
+@contextmanager
+def fake_world(rank: int, world_size: int):
+    """A fake process group of `world_size` ranks seen from `rank` (collectives do nothing)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None, rank: int = 0,
+                  max_timeline_points: int = 600) -> dict:
+    """Rank `rank` of `pspec.world_size` on fake tensors: the same steps and tracker as measure_rank.
+    pspec None simulates the run on one device (no process group, no wrapper)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if spec.device_type != "cpu":
+        raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
+    device = torch.device("cpu")
+    world = fake_world(rank, pspec.world_size) if pspec is not None else nullcontext()
+    with world:
+        mesh = make_mesh(pspec, device) if pspec is not None and pspec.parallel == "fsdp" else None
+        with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
+            step = build_step(cfg, spec, pspec, device, mesh, simulated=True) if pspec else TrainingStep(cfg, spec)
+            result = _run_steps(step, lambda: DistLiveBytesTracker(fake_scalars=True), lambda e: None, rank, False,
+                                device, max_timeline_points)
+    result["simulated"] = True
+    return result
+
+
+def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
+             emit: Callable[[dict], None] = lambda e: None) -> dict:
+    """Every distinct rank of the run, simulated: ranks whose shards have the same shapes hold the same
+    bytes (planner.estimate.distributed rank runs; DDP ranks are all alike), so one of each run is
+    simulated and stands for the run (its "ranks_like_this"). The record has measure's keys."""
+    from ..distributed import combine_ranks
+    from ..estimate.distributed import param_order, rank_runs
+
+    if pspec is None:
+        runs = [(0, 0)]
+    elif pspec.parallel == "ddp":
+        runs = [(0, pspec.world_size - 1)]
+    else:
+        runs = rank_runs(list(param_order(cfg)), pspec.world_size)
+    records = []
+    for i, (first, last) in enumerate(runs):
+        emit({"event": "progress", "stage": f"simulating rank {first}", "fraction": 0.1 + 0.9 * i / len(runs)})
+        rec = simulate_rank(cfg, spec, pspec, first)
+        rec["ranks_like_this"] = [first, last]
+        records.append(rec)
+    out = combine_ranks(records)
+    out["world_size"] = pspec.world_size if pspec else 1
+    out["simulated"] = True
+    return out
+
+
+def _simulate_main(payload: dict) -> int:
+    cfg = config_from_dict(payload["config"])
+    spec = TrainSpec(**payload["spec"])
+    pspec = ParallelSpec(**payload["parallel"]) if payload.get("parallel") else None
+
+    def emit(event: dict) -> None:
+        print(json.dumps(event), flush=True)
+
+    try:
+        result = simulate(cfg, spec, pspec, emit)
+    except WrapError as exc:
+        emit({"event": "error", "error": str(exc), "phase": "setup"})
+        return EXIT_INVALID
+    emit({"event": "result", **result})
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    import torch.distributed as dist
+
+    if argv and argv[0] == "--simulate":
+        return _simulate_main(json.loads(argv[1]))
+    payload = json.loads(argv[0])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cfg = config_from_dict(payload["config"])
+    spec = TrainSpec(**payload["spec"])
+    pspec = ParallelSpec(**payload["parallel"])
+
+    def emit(event: dict) -> None:
+        print(json.dumps({**event, "rank": rank}), flush=True)
+
+    if spec.device_type == "cuda" and torch.cuda.device_count() < world:
+        emit({"event": "error", "error": f"{world} ranks need {world} CUDA devices; this machine has "
+                                          f"{torch.cuda.device_count()}", "phase": "setup"})
+        return EXIT_INVALID
+    # N ranks share this machine's cores: more intra-op threads than cores makes every rank crawl.
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    backend = "nccl" if spec.device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=__import__("datetime").timedelta(seconds=float(payload.get("pg_timeout_s", 300))))
+    try:
+        result = measure_rank(cfg, spec, pspec, rank, emit)
+    except WrapError as exc:
+        emit({"event": "error", "error": str(exc), "phase": "setup"})
+        return EXIT_INVALID
+    except BaseException as exc:  # noqa: BLE001 - one JSON line, then exit 3
+        from .worker import _is_oom
+
+        emit({"event": "error", "error": f"{'out of memory: ' if _is_oom(exc) else ''}{type(exc).__name__}: "
+                                         f"{str(exc).splitlines()[0][:300] if str(exc) else ''}",
+              "phase": "train", "oom": _is_oom(exc)})
+        return EXIT_FAILED
+    dist.barrier()
+    dist.destroy_process_group()
+    emit({"event": "result", **result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""How a training run is spread over ranks (no torch): DDP or FSDP2 at a world size.
+
+A ParallelSpec sits beside the TrainSpec (which stays the per-rank run: batch_size is the batch per
+rank). DDP is torch.nn.parallel.DistributedDataParallel with its defaults (25 MiB buckets, the first
+1 MiB, gradient_as_bucket_view=False); FSDP is FSDP2 (`torch.distributed.fsdp.fully_shard`) applied
+to every transformer block and then to the root, as torchtitan does.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .accounting import per_config, tensor_inventory
+from .config import ConfigError, ModelConfig
+
+PARALLEL_MODES = ("ddp", "fsdp")
+MP_DTYPES = ("float32", "bfloat16", "float16")
+_MP_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def mp_dtype(value: str | None) -> str | None:
+    """A MixedPrecisionPolicy dtype from the command line (bf16 / bfloat16 ...), or None."""
+    if value is None:
+        return None
+    v = _MP_ALIASES.get(value, value)
+    if v not in MP_DTYPES:
+        raise ConfigError(f"unknown mixed-precision dtype {value!r}; choose one of: bf16, fp16, fp32")
+    return v
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    world_size: int
+    parallel: str = "ddp"                   # ddp | fsdp
+    reshard_after_forward: bool = True      # FSDP2: True ~ ZeRO-3, False ~ ZeRO-2
+    mp_param_dtype: str | None = None       # FSDP2 MixedPrecisionPolicy(param_dtype=...)
+    mp_reduce_dtype: str | None = None      # FSDP2 MixedPrecisionPolicy(reduce_dtype=...)
+    cpu_offload: bool = False               # FSDP2 CPUOffloadPolicy: sharded params, grads, optimizer on host
+    gradient_as_bucket_view: bool = False   # DDP: grads are views into the buckets (no second copy)
+
+    def __post_init__(self) -> None:
+        ws = self.world_size
+        if isinstance(ws, bool) or not isinstance(ws, int):
+            raise ConfigError(f"world size must be an integer, got {ws!r}")
+        if ws < 1:
+            raise ConfigError(f"world size must be at least 1, got {ws}")
+        if self.parallel not in PARALLEL_MODES:
+            raise ConfigError(f"unknown parallel mode {self.parallel!r}; choose one of: {', '.join(PARALLEL_MODES)}")
+        for name in ("mp_param_dtype", "mp_reduce_dtype"):
+            v = getattr(self, name)
+            if v is not None and v not in MP_DTYPES:
+                raise ConfigError(f"{name} must be one of {', '.join(MP_DTYPES)}, got {v!r}")
+        if self.parallel == "ddp":
+            fsdp_only = [flag for flag, on in (("--reshard-after-forward false", not self.reshard_after_forward),
+                                                ("--mp-param-dtype", self.mp_param_dtype is not None),
+                                                ("--mp-reduce-dtype", self.mp_reduce_dtype is not None),
+                                                ("--cpu-offload", self.cpu_offload)) if on]
+            if fsdp_only:
+                raise ConfigError(f"{', '.join(fsdp_only)} only applies to --parallel fsdp")
+        elif self.gradient_as_bucket_view:
+            raise ConfigError("--gradient-as-bucket-view only applies to --parallel ddp")
+
+    @property
+    def label(self) -> str:
+        if self.parallel == "ddp":
+            return f"ddp x{self.world_size}" + (" bucket-view" if self.gradient_as_bucket_view else "")
+        parts = [f"fsdp x{self.world_size}", "reshard" if self.reshard_after_forward else "no-reshard"]
+        if self.mp_param_dtype or self.mp_reduce_dtype:
+            parts.append(f"mp {self.mp_param_dtype or '-'}/{self.mp_reduce_dtype or '-'}")
+        if self.cpu_offload:
+            parts.append("offload")
+        return " ".join(parts)
+
+
+def check_parallel_run(spec, pspec: ParallelSpec) -> None:
+    """What the combination of a run and a parallel layout cannot do (one clear reason)."""
+    if pspec.parallel != "fsdp":
+        return
+    if (pspec.mp_param_dtype or pspec.mp_reduce_dtype) and spec.precision != "fp32":
+        raise ConfigError(f"a MixedPrecisionPolicy (--mp-param-dtype/--mp-reduce-dtype) needs --precision fp32 "
+                          f"(FSDP casts the fp32 weights itself); got --precision {spec.precision}")
+    if spec.precision == "fp16-amp":
+        raise ConfigError("fp16-amp with FSDP needs torch's ShardedGradScaler, which the planner does not run; "
+                          "use bf16-amp or a MixedPrecisionPolicy")
+    if pspec.cpu_offload and spec.optimizer_impl == "fused":
+        raise ConfigError("--cpu-offload runs the optimizer on the host: the fused (device) optimizer does not apply")
+
+
+_BLOCK_RE = re.compile(r"^(.*?)\.(\d+)\.")
+
+
+def block_prefixes(cfg: ModelConfig) -> tuple[str, ...]:
+    """The repeated blocks FSDP wraps one by one ("trf_blocks.0", "model.layers.3", ...), from the
+    inventory's parameter names; empty when the model has no blocks to wrap."""
+    return _block_prefixes(cfg)
+
+
+@per_config
+def _block_prefixes(cfg: ModelConfig) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for t in tensor_inventory(cfg):
+        m = _BLOCK_RE.match(t.name)
+        if t.kind == "param" and m:
+            seen[f"{m.group(1)}.{m.group(2)}"] = None
+    return tuple(seen)
+
+
+def check_wrappable(cfg: ModelConfig, pspec: ParallelSpec) -> None:
+    if pspec.parallel == "fsdp" and not block_prefixes(cfg):
+        raise ConfigError("cannot apply FSDP: the model has no repeated blocks (e.g. model.layers.N) to fully_shard")
