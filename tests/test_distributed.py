@@ -260,3 +260,16 @@ def test_estimate_cli_per_rank_record(tmp_path):
     assert rec["world_size"] == 4 and rec["parallel"]["mp_param_dtype"] == "bfloat16"
     assert rec["peak_bytes"] == max(g["peak_bytes"] for g in rec["rank_groups"])
     assert {"zero_paper", "deepspeed"} <= set(rec["reference"])
+
+
+def test_single_device_simulation_equals_measurement():
+    """simulate without --parallel: the one-device step on fake tensors, GradScaler included (its inf
+    check cannot read a fake value; a steady-state step is assumed to have finite gradients)."""
+    from planner.measure.distributed import simulate
+    from planner.measure.training import measure_training
+
+    spec = TrainSpec(2, 16, "fp16-amp", "adamw")
+    sim = simulate(GPT, spec, None)
+    meas = measure_training(GPT, spec)
+    assert sim["world_size"] == 1 and sim["ranks"][0]["optimizer_bytes"] == meas["optimizer_bytes"]
+    assert abs(sim["peak_bytes"] - meas["peak_bytes"]) <= 0.001 * meas["peak_bytes"]

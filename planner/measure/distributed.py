@@ -340,7 +340,7 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
         raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
     device = torch.device("cpu")
     world = fake_world(rank, pspec.world_size) if pspec is not None else nullcontext()
-    with world:
+    with world, _steps_never_skipped():
         mesh = make_mesh(pspec, device) if pspec is not None and pspec.parallel == "fsdp" else None
         with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
             step = build_step(cfg, spec, pspec, device, mesh, simulated=True) if pspec else TrainingStep(cfg, spec)
@@ -348,6 +348,20 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
                                 device, max_timeline_points)
     result["simulated"] = True
     return result
+
+
+@contextmanager
+def _steps_never_skipped():
+    """GradScaler skips optimizer.step() when its inf check (a `.item()`, a stand-in value on fake
+    tensors) says so; a steady-state step has finite gradients, so the simulation always steps."""
+    from torch.amp.grad_scaler import GradScaler
+
+    orig = GradScaler._maybe_opt_step
+    GradScaler._maybe_opt_step = lambda self, optimizer, optimizer_state, *a, **kw: optimizer.step(*a, **kw)
+    try:
+        yield
+    finally:
+        GradScaler._maybe_opt_step = orig
 
 
 def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
