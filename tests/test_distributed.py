@@ -82,6 +82,7 @@ def test_estimate_shapes_and_trends():
 
 @pytest.mark.parametrize("pspec, spec, message", [
     (dict(world_size=0), TrainSpec(1, 8), "at least 1"),
+    (dict(world_size=1, parallel="fsdp"), TrainSpec(1, 8), "at least 2"),
     (dict(world_size=2, parallel="ddp", cpu_offload=True), TrainSpec(1, 8), "only applies to --parallel fsdp"),
     (dict(world_size=2, parallel="fsdp", mp_param_dtype="bfloat16"), TrainSpec(1, 8, "bf16-amp"), "--precision fp32"),
     (dict(world_size=2, parallel="fsdp"), TrainSpec(1, 8, grad_accum=2), "gradient accumulation"),
