@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 import weakref
 from contextlib import contextmanager, nullcontext
@@ -65,12 +66,25 @@ class DistLiveBytesTracker(LiveBytesTracker):
         super().__init__()
         self.fake_scalars = fake_scalars
         self._orig_resize = None
+        # gloo's worker threads drop the last reference to a collective's tensors, so the weakref
+        # callbacks (_forget) run on them, concurrently with the main thread's `current += n`: every
+        # update of the counters holds this lock (re-entrant: a callback can fire inside track()).
+        self._lock = threading.RLock()
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            super()._forget(key)
 
     def track(self, *objs) -> None:
         leaves = [t for obj in tree_flatten(objs)[0] for t in _leaf_tensors(obj)]
-        super().track(leaves)
+        with self._lock:
+            super().track(leaves)
 
     def _resized(self, storage, nbytes: int) -> None:
+        with self._lock:
+            self._resized_locked(storage, nbytes)
+
+    def _resized_locked(self, storage, nbytes: int) -> None:
         key = id(storage)
         entry = self.live.get(key)
         if entry is None:
