@@ -53,7 +53,8 @@ def planner(cfg, model: str, run: dict, attention: str) -> None:
                          + (f", shown up to {SEQ_CAP:,}" if cfg.max_seq_len > SEQ_CAP else ""))
     budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
                                  bind="query-params")
-    c3.caption(f"Default {default_gib} GiB: {default_source}" + ("" if budget_gib == default_gib else "; typed here"))
+    c3.caption(("Default: " if budget_gib == default_gib else "Typed here; the default is ")
+               + f"{default_gib} GiB, {default_source}.")
 
     try:
         spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
