@@ -36,30 +36,16 @@ OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision"
 state = st.session_state
 
 
-def apply_option(options: dict) -> None:
-    """Set every widget to the chosen option's settings (a callback: runs before the widgets are drawn)."""
-    o = options[state["advice_choice"]]
-    state.update({key: o["spec"][field] for key, field in OPTION_KEYS.items()}, attention=o["attention"])
-
-
 @st.fragment
-def planner(cfg, model: str, gpu: dict | None) -> None:
-    """Everything below the title: a widget here reruns only this fragment, not the sidebar."""
+def planner(cfg, model: str, run: dict, attention: str) -> None:
+    """The batch, sequence and budget, and every figure: moving one of these reruns only this fragment.
+    run (TrainSpec's other fields) and attention: the settings above it, which change only in a full rerun."""
     seq_max = min(cfg.max_seq_len, SEQ_CAP)
-    # The widgets start at START (a link's values win over it); session state then decides what each shows, and
-    # is set here when the model changes (its own attention, a sequence within its context), when the device
-    # changes an untyped budget's default, and by an applied option.
-    if state.get("planner_model", model) != model:
-        state["attention"] = cfg.attention
-        state["seq"] = min(state.get("seq", START.seq_len), seq_max)
-    state["planner_model"] = model
-    device_now = state.get("device", "cuda" if gpu else "cpu")
-    default_bytes, default_source = machine_budget(device_now)
+    default_bytes, default_source = machine_budget(run["device"])
     default_gib = round(default_bytes / 2**30, 1)
     if state.get("budget_gib") == state.get("budget_default") != default_gib:
         state["budget_gib"] = default_gib  # an untyped budget follows the device's default
     state["budget_default"] = default_gib
-
     c1, c2, c3 = st.columns(3)
     batch = c1.slider("Batch size", 1, 256, START.batch_size, key="batch", bind="query-params")
     seq = c2.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params",
@@ -67,28 +53,11 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
                          + (f", shown up to {SEQ_CAP:,}" if cfg.max_seq_len > SEQ_CAP else ""))
     budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
                                  bind="query-params")
-    c3.caption(f"Default {default_gib} GiB: {default_source}" + ("" if budget_gib == default_gib else "; typed here"))
-    r1, r2, r3 = st.columns([3, 1.2, 1.2])
-    precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True,
-                                     key="precision", bind="query-params", width="stretch")
-    devices = ["cuda", "cpu"] if gpu else ["cpu", "cuda"]
-    device = r2.selectbox("Device", devices, key="device", bind="query-params")
-    ckpt = r3.toggle("Checkpointing", START.checkpointing, key="ckpt", bind="query-params",
-                     help="per-block activation checkpointing")
-    r4, r5, r6, r7 = st.columns(4)
-    optimizer = r4.selectbox("Optimizer", OPTIMIZERS, OPTIMIZERS.index(START.optimizer), key="optimizer",
-                             bind="query-params")
-    impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, OPTIMIZER_IMPLS.index(START.optimizer_impl),
-                        key="opt_impl", bind="query-params",
-                        help="default: PyTorch's pick (foreach on cuda, for-loop on the CPU); "
-                             "fused: one kernel per parameter group")
-    attention = r6.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="attention",
-                             bind="query-params", help=f"This model's own: {cfg.attention}")
-    accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="accum", bind="query-params")
+    c3.caption(("Default: " if budget_gib == default_gib else "Typed here; the default is ")
+               + f"{default_gib} GiB, {default_source}.")
 
     try:
-        spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), precision=precision, optimizer=optimizer,
-                         checkpointing=bool(ckpt), grad_accum=int(accum), optimizer_impl=impl, device=device)
+        spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
         run_cfg = prepare(cfg, spec, attention)
     except ConfigError as exc:
         st.error(str(exc))
@@ -123,7 +92,9 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
                      hide_index=True, width="stretch")
         choice = st.selectbox("Option", list(options), key="advice_choice")
         b1, b2 = st.columns(2)
-        b1.button("Apply to the settings", key="apply", on_click=apply_option, args=(options,))
+        if b1.button("Apply to the settings", key="apply"):
+            state["apply_option"] = options[choice]
+            st.rerun()  # the whole page: the settings above this fragment change too
         if b2.button("Measure this option", key="measure_option"):
             state["run_settings"] = {**options[choice], "budget": budget}
             state["autostart"] = True
@@ -154,4 +125,32 @@ def planner(cfg, model: str, gpu: dict | None) -> None:
 
 cfg = frame("Planner")
 st.title("Planner: will it fit?")
-planner(cfg, state["model_id"], state["gpu"])
+model, gpu = state["model_id"], state["gpu"]
+# The widgets start at START (a link's values win over it); session state then decides what each shows, and
+# is set here by an applied option and when the model changes (its own attention, a sequence within its
+# context), and by the fragment when the device changes an untyped budget's default.
+if option := state.pop("apply_option", None):
+    state.update({key: option["spec"][field] for key, field in OPTION_KEYS.items()}, attention=option["attention"])
+if state.get("planner_model", model) != model:
+    state["attention"] = cfg.attention
+    state["seq"] = min(state.get("seq", START.seq_len), min(cfg.max_seq_len, SEQ_CAP))
+state["planner_model"] = model
+
+r1, r2, r3 = st.columns([3, 1.2, 1.2])
+precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True,
+                                 key="precision", bind="query-params", width="stretch")
+device = r2.selectbox("Device", ["cuda", "cpu"] if gpu else ["cpu", "cuda"], key="device", bind="query-params")
+ckpt = r3.toggle("Checkpointing", START.checkpointing, key="ckpt", bind="query-params",
+                 help="per-block activation checkpointing")
+r4, r5, r6, r7 = st.columns(4)
+optimizer = r4.selectbox("Optimizer", OPTIMIZERS, OPTIMIZERS.index(START.optimizer), key="optimizer",
+                         bind="query-params")
+impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, OPTIMIZER_IMPLS.index(START.optimizer_impl),
+                    key="opt_impl", bind="query-params",
+                    help="default: PyTorch's pick (foreach on cuda, for-loop on the CPU); "
+                         "fused: one kernel per parameter group")
+attention = r6.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="attention",
+                         bind="query-params", help=f"This model's own: {cfg.attention}")
+accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="accum", bind="query-params")
+planner(cfg, model, {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt),
+                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device}, attention)

@@ -42,7 +42,7 @@ except ConfigError as exc:  # settings made for another model (a longer context)
 est = estimate_training(run_cfg, spec)
 budget = settings.get("budget") or (gpu["total_bytes"] if gpu and spec.device_type == "cuda"
                                     else psutil.virtual_memory().available)
-name = model_label(cfg, st.session_state.get("model_name"))
+name = st.session_state.get("model_name") or model_label(cfg)  # the frame names presets and pasted configs
 st.write(f"**{name}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.precision}, "
          f"{spec.optimizer}, {'checkpointing, ' if spec.checkpointing else ''}{run_cfg.attention} attention, "
          f"grad. accumulation {spec.grad_accum}, on {spec.device}. Change these on the Planner page.")

@@ -23,7 +23,7 @@ st.caption("Loading a saved state_dict (the LLMs-from-scratch notebook's methods
            "can reclaim them under memory pressure, unlike anonymous memory.")
 if cfg is None:
     st.stop()
-name = model_label(cfg, st.session_state.get("model_name"))
+name = st.session_state.get("model_name") or model_label(cfg)  # the frame names presets and pasted configs
 gpu = st.session_state.get("gpu")
 if st.session_state.get("load_dtype_for") != cfg or "load_dtype" not in st.session_state:
     st.session_state["load_dtype"] = checkpoint_dtype(cfg)  # a new model starts from its own torch_dtype

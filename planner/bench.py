@@ -34,24 +34,28 @@ def _llama(**kw) -> LlamaConfig:
     return LlamaConfig(**{**base, **kw})
 
 
+# The accuracy grids' shapes (label, book GPT-2 kwargs, Llama kwargs, batch, seq): odd head counts, short and
+# long sequences, tiny and GPT-2-sized vocabularies (the CPU grid here, the CUDA grid in planner/bench_gpu.py).
+GRID_SHAPES = [
+    ("V50257 h128 a4", {}, {}, 2, 128),
+    ("V97 h96 a3 s8", dict(vocab_size=97, emb_dim=96, n_heads=3), dict(vocab_size=97, hidden_size=96,
+                                                                        num_attention_heads=3,
+                                                                        num_key_value_heads=1), 4, 8),
+    ("V1000 h120 a5 s200", dict(vocab_size=1000, emb_dim=120, n_heads=5, n_layers=3),
+     dict(vocab_size=1000, hidden_size=120, num_attention_heads=5, num_key_value_heads=5,
+          intermediate_size=320, num_hidden_layers=3), 3, 200),
+    ("V50257 h112 a7 s256", dict(emb_dim=112, n_heads=7), dict(hidden_size=112, num_attention_heads=7,
+                                                                num_key_value_heads=1), 1, 256),
+]
+
+
 def accuracy_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
     """Both architectures x attention x precision x checkpointing, cycling optimizers, dropout and
     shapes (odd head counts, short and long sequences, tiny and GPT-2-sized vocabularies)."""
-    shapes = [  # (label, gpt kwargs, llama kwargs, batch, seq)
-        ("V50257 h128 a4", {}, {}, 2, 128),
-        ("V97 h96 a3 s8", dict(vocab_size=97, emb_dim=96, n_heads=3), dict(vocab_size=97, hidden_size=96,
-                                                                            num_attention_heads=3,
-                                                                            num_key_value_heads=1), 4, 8),
-        ("V1000 h120 a5 s200", dict(vocab_size=1000, emb_dim=120, n_heads=5, n_layers=3),
-         dict(vocab_size=1000, hidden_size=120, num_attention_heads=5, num_key_value_heads=5,
-              intermediate_size=320, num_hidden_layers=3), 3, 200),
-        ("V50257 h112 a7 s256", dict(emb_dim=112, n_heads=7), dict(hidden_size=112, num_attention_heads=7,
-                                                                    num_key_value_heads=1), 1, 256),
-    ]
     rows = []
     cycle = itertools.count()
     for (label, gkw, lkw, b, s), arch, attention, precision, ckpt in itertools.product(
-            shapes, ("gpt2", "llama"), ("eager", "sdpa"), PRECISIONS, (False, True)):
+            GRID_SHAPES, ("gpt2", "llama"), ("eager", "sdpa"), PRECISIONS, (False, True)):
         i = next(cycle)
         if i % 3:  # a third of the full product keeps the grid under ~5 minutes on 2 cores
             continue

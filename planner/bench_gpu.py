@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .bench import _gpt, _llama
+from .bench import GRID_SHAPES, _gpt, _llama
 from .config import PRESETS, ModelConfig, config_to_dict
 from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
 
@@ -30,19 +30,9 @@ GRID_WORKERS = 6  # tiny rows share the GPU: each child has its own caching allo
 def cuda_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
     """The full product of the CPU grid's shapes x arch x attention x precision x checkpointing (128 rows),
     cycling optimizer, implementation (default/foreach/for-loop/fused), dropout and accumulation."""
-    shapes = [
-        ("V50257 h128 a4", {}, {}, 2, 128),
-        ("V97 h96 a3 s8", dict(vocab_size=97, emb_dim=96, n_heads=3),
-         dict(vocab_size=97, hidden_size=96, num_attention_heads=3, num_key_value_heads=1), 4, 8),
-        ("V1000 h120 a5 s200", dict(vocab_size=1000, emb_dim=120, n_heads=5, n_layers=3),
-         dict(vocab_size=1000, hidden_size=120, num_attention_heads=5, num_key_value_heads=5,
-              intermediate_size=320, num_hidden_layers=3), 3, 200),
-        ("V50257 h112 a7 s256", dict(emb_dim=112, n_heads=7), dict(hidden_size=112, num_attention_heads=7,
-                                                                    num_key_value_heads=1), 1, 256),
-    ]
     rows = []
     for i, ((label, gkw, lkw, b, s), arch, attention, precision, ckpt) in enumerate(itertools.product(
-            shapes, ("gpt2", "llama"), ("eager", "sdpa"), PRECISIONS, (False, True))):
+            GRID_SHAPES, ("gpt2", "llama"), ("eager", "sdpa"), PRECISIONS, (False, True))):
         optimizer = OPTIMIZERS[i % len(OPTIMIZERS)]
         impl = OPTIMIZER_IMPLS[(i // len(OPTIMIZERS)) % len(OPTIMIZER_IMPLS)]
         drop = 0.1 if (i // 2) % 2 else 0.0

@@ -164,8 +164,9 @@ def build_parser() -> _Parser:
                             "budget, and what to change so a run fits.")
     _add_model(p)
     _add_run(p, batch_required=False)
-    p.add_argument("--budget", help="memory budget: bytes or units (24GiB, 800MB); default: GPU total minus "
-                                    "the CUDA context, else the RAM available now")
+    p.add_argument("--budget", help="memory budget: bytes or units (24GiB, 800MB); default: the GPU's total "
+                                    "memory on cuda (the CUDA context then comes off as its own line), else this "
+                                    "machine's total RAM")
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
@@ -403,6 +404,9 @@ def cmd_fit(args) -> int:
         return 0
     r = rec["run"]
     print(f"budget {fmt_bytes(budget)} ({source})")
+    if rec.get("cuda_context_bytes"):
+        print(f"  minus the CUDA context {fmt_bytes(rec['cuda_context_bytes'])} (outside the allocator): "
+              f"{fmt_bytes(budget - rec['cuda_context_bytes'])} for tensors")
     if batch_given:
         print(f"longest sequence that fits at batch {r['batch_size']}: {rec['max_seq_len']} ({rec['reason']})")
         print(f"batch {r['batch_size']} x seq {r['seq_len']}: peak {fmt_bytes(rec['peak_bytes'])}, "

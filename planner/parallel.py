@@ -59,6 +59,11 @@ class ParallelSpec:
                 raise ConfigError(f"{', '.join(fsdp_only)} only applies to --parallel fsdp")
         elif self.gradient_as_bucket_view:
             raise ConfigError("--gradient-as-bucket-view only applies to --parallel ddp")
+        elif ws == 1:
+            # FSDP2 on one rank skips its collectives (parameters are copied, not all-gathered; gradients
+            # are not reduce-scattered): a different memory profile the planner does not model.
+            raise ConfigError("--parallel fsdp needs a world size of at least 2 (one rank has nothing to shard; "
+                              "estimate it without --parallel)")
 
     @property
     def label(self) -> str:

@@ -1,9 +1,8 @@
 """Chart builders, checked through their Vega-Lite specs."""
-import pandas as pd
-
 import json
 
 import altair as alt
+import pandas as pd
 
 from planner.charts import (BUDGET_COLOR, COMPONENT_COLORS, PHASE_COLORS, breakdown_spec, curve_spec,
                             estimate_vs_measured, grouped_bars, timeline)

@@ -82,6 +82,7 @@ def test_estimate_shapes_and_trends():
 
 @pytest.mark.parametrize("pspec, spec, message", [
     (dict(world_size=0), TrainSpec(1, 8), "at least 1"),
+    (dict(world_size=1, parallel="fsdp"), TrainSpec(1, 8), "at least 2"),
     (dict(world_size=2, parallel="ddp", cpu_offload=True), TrainSpec(1, 8), "only applies to --parallel fsdp"),
     (dict(world_size=2, parallel="fsdp", mp_param_dtype="bfloat16"), TrainSpec(1, 8, "bf16-amp"), "--precision fp32"),
     (dict(world_size=2, parallel="fsdp"), TrainSpec(1, 8, grad_accum=2), "gradient accumulation"),
@@ -260,3 +261,16 @@ def test_estimate_cli_per_rank_record(tmp_path):
     assert rec["world_size"] == 4 and rec["parallel"]["mp_param_dtype"] == "bfloat16"
     assert rec["peak_bytes"] == max(g["peak_bytes"] for g in rec["rank_groups"])
     assert {"zero_paper", "deepspeed"} <= set(rec["reference"])
+
+
+def test_single_device_simulation_equals_measurement():
+    """simulate without --parallel: the one-device step on fake tensors, GradScaler included (its inf
+    check cannot read a fake value; a steady-state step is assumed to have finite gradients)."""
+    from planner.measure.distributed import simulate
+    from planner.measure.training import measure_training
+
+    spec = TrainSpec(2, 16, "fp16-amp", "adamw")
+    sim = simulate(GPT, spec, None)
+    meas = measure_training(GPT, spec)
+    assert sim["world_size"] == 1 and sim["ranks"][0]["optimizer_bytes"] == meas["optimizer_bytes"]
+    assert abs(sim["peak_bytes"] - meas["peak_bytes"]) <= 0.001 * meas["peak_bytes"]

@@ -123,7 +123,7 @@ def test_training_cancel_is_information_and_the_run_is_kept():
     assert not at.exception and not at.error
     assert "Cancelled" in at.info[0].value
     [run] = store().list()
-    assert run["status"] == "cancelled" and run["model"] == TINY_NAME and run["measured_bytes"] is None
+    assert run["status"] == "cancelled" and run["model"].startswith("pasted gpt2") and run["measured_bytes"] is None
 
 
 def test_training_final_status_reads_finished():

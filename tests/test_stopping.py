@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from planner import jobs
-from planner.runner import checkpoint_folder
+from planner.runner import _alive as alive, checkpoint_folder  # alive: the processes that still run
 
 ROOT = Path(__file__).resolve().parent.parent
 # Small enough to start in ~2 s, big enough that its worker is still building the model (~2 s more on 2 cores)
@@ -22,17 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SLOW = {"arch": "gpt2", "vocab_size": 50257, "context_length": 512, "emb_dim": 256, "n_heads": 4, "n_layers": 4,
         "drop_rate": 0.1}
 RUN = ["--batch-size", "4", "--seq-len", "512", "--device", "cpu", "--json", "--progress"]
-
-
-def alive(procs):
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def wait_gone(procs, within_s):

@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 import weakref
 from contextlib import contextmanager, nullcontext
@@ -65,12 +66,25 @@ class DistLiveBytesTracker(LiveBytesTracker):
         super().__init__()
         self.fake_scalars = fake_scalars
         self._orig_resize = None
+        # gloo's worker threads drop the last reference to a collective's tensors, so the weakref
+        # callbacks (_forget) run on them, concurrently with the main thread's `current += n`: every
+        # update of the counters holds this lock (re-entrant: a callback can fire inside track()).
+        self._lock = threading.RLock()
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            super()._forget(key)
 
     def track(self, *objs) -> None:
         leaves = [t for obj in tree_flatten(objs)[0] for t in _leaf_tensors(obj)]
-        super().track(leaves)
+        with self._lock:
+            super().track(leaves)
 
     def _resized(self, storage, nbytes: int) -> None:
+        with self._lock:
+            self._resized_locked(storage, nbytes)
+
+    def _resized_locked(self, storage, nbytes: int) -> None:
         key = id(storage)
         entry = self.live.get(key)
         if entry is None:
@@ -340,7 +354,7 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
         raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
     device = torch.device("cpu")
     world = fake_world(rank, pspec.world_size) if pspec is not None else nullcontext()
-    with world:
+    with world, _steps_never_skipped():
         mesh = make_mesh(pspec, device) if pspec is not None and pspec.parallel == "fsdp" else None
         with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
             step = build_step(cfg, spec, pspec, device, mesh, simulated=True) if pspec else TrainingStep(cfg, spec)
@@ -348,6 +362,20 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
                                 device, max_timeline_points)
     result["simulated"] = True
     return result
+
+
+@contextmanager
+def _steps_never_skipped():
+    """GradScaler skips optimizer.step() when its inf check (a `.item()`, a stand-in value on fake
+    tensors) says so; a steady-state step has finite gradients, so the simulation always steps."""
+    from torch.amp.grad_scaler import GradScaler
+
+    orig = GradScaler._maybe_opt_step
+    GradScaler._maybe_opt_step = lambda self, optimizer, optimizer_state, *a, **kw: optimizer.step(*a, **kw)
+    try:
+        yield
+    finally:
+        GradScaler._maybe_opt_step = orig
 
 
 def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
