@@ -251,7 +251,11 @@ class RMSDecoder(HFCausalLM):
         if w.amp:
             points["mlp_cast"] = after_mlp + 2 * x.mlp_in_weight + x.bsh * (w.e_r + 4)
         if sh.attention == "eager":
-            points["attention"] = (after_mlp - x.norm_mlp_saved - x.bsh * w.e_m + x.attn_n * x.g + x.bsh * w.e_r
+            points["attention"] = (after_mlp - x.norm_mlp_saved
+                                   # o_proj's input (a*d wide), freed by its backward; under autocast
+                                   # without checkpointing an equal bf16 grad is alive in its place (measured)
+                                   - (0 if w.amp and not spec.checkpointing else b * s * sh.a * sh.d * w.e_m)
+                                   + x.attn_n * x.g + x.bsh * w.e_r
                                    + (8 - (w.e_m if w.e_m < 4 else 0)) * b * sh.a * s * s)
         return points
 
