@@ -263,7 +263,8 @@ class RMSDecoder(HFCausalLM):
             # block's grads yet (measured on the op timeline).
             points["recompute"] = (x.norm_attn_saved + x.attn_in_saved
                                    + b * s * (sh.a + 2 * sh.kv) * sh.d * w.e_m + 3 * b * s * sh.a * sh.d * e_rope
-                                   + (2 * x.attn_in_n + x.bsh * (4 + w.e_m) if w.amp else 0) + x.bsh * w.e_r)
+                                   + (2 * x.attn_in_n + x.bsh * (4 + w.e_m) if w.amp else 0) + x.bsh * w.e_r
+                                   + (sum(t.bytes for t in parts.head_rms_norms(sh, b, s, w)) if self.qk_norm else 0))
         if w.amp:
             points["mlp_cast"] = after_mlp + 2 * x.mlp_in_weight + x.bsh * (w.e_r + 4)
         if sh.attention == "eager":
