@@ -264,7 +264,10 @@ class RMSDecoder(HFCausalLM):
             points["recompute"] = (x.norm_attn_saved + x.attn_in_saved
                                    + b * s * (sh.a + 2 * sh.kv) * sh.d * w.e_m + 3 * b * s * sh.a * sh.d * e_rope
                                    + (2 * x.attn_in_n + x.bsh * (4 + w.e_m) if w.amp else 0) + x.bsh * w.e_r
-                                   + (sum(t.bytes for t in parts.head_rms_norms(sh, b, s, w)) if self.qk_norm else 0))
+                                   # q/k norms: their saved tensors, and their outputs in RoPE's dtype
+                                   # (weight * normed promotes to fp32 under autocast) instead of q and k
+                                   + (sum(t.bytes for t in parts.head_rms_norms(sh, b, s, w))
+                                      + b * s * (sh.a + sh.kv) * sh.d * (e_rope - w.e_m) if self.qk_norm else 0))
         if w.amp:
             points["mlp_cast"] = after_mlp + 2 * x.mlp_in_weight + x.bsh * (w.e_r + 4)
         if sh.attention == "eager":
