@@ -205,7 +205,8 @@ class RMSDecoder(HFCausalLM):
                                   self.masked(c, spec))
 
     def stash_extra(self, c, spec, w) -> int:
-        # Below fp32 the RMSNorm saves an fp32 copy, not the block input: the stashed input is its own tensor.
+        """Below fp32 the RMSNorm saves an fp32 copy, not the block input: the stashed input is its own
+        tensor."""
         return spec.batch_size * spec.seq_len * c.hidden_size * w.e_r if w.e_r < 4 else 0
 
     # ---- backward high points -------------------------------------------------------------------------
@@ -248,6 +249,26 @@ class RMSDecoder(HFCausalLM):
             "input_norm": x.block_n * x.g + 4 * x.bsh + x.bsh * w.e_r + (4 * x.bsh if w.e_r < 4 else 0)
             + 16 * x.bsh - rope_gone,
         }
+        # RoPE's backward on q: three (b, a, s, d) grads at once (grad * cos, grad * sin, rotate_half's
+        # slice_backward), in RoPE's output dtype (fp32 under autocast, where q * cos promotes), beside the
+        # k and v grads and the residual's; every block grad but the input projections' and norm's exists.
+        e_rope = 4 if w.amp else w.e_m
+        points["rope"] = ((x.block_n - x.norm_attn_n - x.attn_in_n) * x.g + x.norm_attn_saved + x.attn_in_saved
+                          + x.bsh * w.e_r
+                          + 3 * b * s * sh.a * sh.d * e_rope + 2 * b * s * sh.kv * sh.d * w.e_m)
+        if spec.checkpointing:
+            # The block's recompute (started by its MLP's first saved-tensor unpack) at RoPE's add on q:
+            # the recomputed input norm and projection inputs, the q/k/v projection outputs, q * cos,
+            # rotate_half(q) * sin and their sum in RoPE's dtype, autocast's new q/k/v weight copies (and
+            # the norm's fp32 output with one more bf16 b*s*h copy), the MLP output's grad; none of the
+            # block's grads yet (measured on the op timeline).
+            points["recompute"] = (x.norm_attn_saved + x.attn_in_saved
+                                   + b * s * (sh.a + 2 * sh.kv) * sh.d * w.e_m + 3 * b * s * sh.a * sh.d * e_rope
+                                   + (2 * x.attn_in_n + x.bsh * (4 + w.e_m) if w.amp else 0) + x.bsh * w.e_r
+                                   # q/k norms: their saved tensors, and their outputs in RoPE's dtype
+                                   # (weight * normed promotes to fp32 under autocast) instead of q and k
+                                   + (sum(t.bytes for t in parts.head_rms_norms(sh, b, s, w))
+                                      + b * s * (sh.a + sh.kv) * sh.d * (e_rope - w.e_m) if self.qk_norm else 0))
         if w.amp:
             points["mlp_cast"] = after_mlp + 2 * x.mlp_in_weight + x.bsh * (w.e_r + 4)
         if sh.attention == "eager":

@@ -159,6 +159,7 @@ def _grad_numels(cfg: ModelConfig) -> dict[str, int]:
             "mlp_weight": max((t.numel for t in mlp if not t.is_bias), default=0),
             "attn_done": sum(t.numel for t in blk if t.role in ("attn.out", "norm.mlp")),
             "norm_attn": sum(t.numel for t in blk if t.role == "norm.attn"),
+            "attn_in": sum(t.numel for t in blk if t.role == "attn.in"),
             "mlp_in_weight": max((t.numel for t in blk if t.role == "mlp.in" and not t.is_bias), default=0)}
 
 
@@ -195,6 +196,7 @@ class SweepContext:
     norm_attn_saved: int
     attn_in_saved: int
     mlp_in_weight: int
+    attn_in_n: int = 0
     first: bool = False      # the first block (the last one backward reaches): shared inputs die in it
     rope_bytes: int = 0      # saved tensors shared by all blocks (RoPE's cos/sin), freed by the first block
 
@@ -239,7 +241,7 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
                        casts_head=casts_head, grads_last=grads_last, block_n=n["block"], norm_attn_n=n["norm_attn"],
                        norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
                        attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
-                       mlp_in_weight=n["mlp_in_weight"],
+                       mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"],
                        rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
     grads_first = 0 if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
     out_ = {"final norm": family.head_point(cfg, spec, w, ctx)}
