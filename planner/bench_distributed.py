@@ -142,7 +142,7 @@ def markdown(results: list[dict], large: list[dict]) -> str:
     worst = max(abs(r["error_pct"]) for r in results)
     worst_sim = max(abs(r["sim_error_pct"]) for r in results)
     configs = len({r["config"] for r in results})
-    lines = ["## Data parallel: per-rank peak, estimate vs real gloo ranks vs simulation", "",
+    lines = ["# Data parallel: per-rank peak, estimate vs real gloo ranks vs simulation", "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
              f"torch {_torch_version()}. Command: `python -m planner bench distributed`.",
              "Measured = exact peak of live tensor storage bytes on each real gloo rank (step 5 of a fresh rank "
@@ -157,7 +157,7 @@ def markdown(results: list[dict], large: list[dict]) -> str:
                      f"{r['error_pct']:+.3f} | {r['simulated_bytes']:,} | {r['sim_error_pct']:+.4f} | "
                      f"{r['estimated_phase']} | {r['measured_phase']} | {r['single_device_bytes']:,} |")
     if large:
-        lines += ["", "### Published shapes: formula vs simulation", "",
+        lines += ["", "## Published shapes: formula vs simulation", "",
                   "Too large to run here; simulated on fake tensors (nothing allocated). The ZeRO paper's and "
                   "DeepSpeed's ZeRO-3 figures count model states only (no activations, no gathered layers "
                   "beyond DeepSpeed's 4x largest layer), for comparison.", "",
@@ -175,10 +175,10 @@ def main(quick: bool = False, out: str | None = None) -> int:
     large = [] if quick else run_large(large_rows())
     text = markdown(results, large)
     print(text)
-    if out:
-        from pathlib import Path
+    if out:  # its own section of the file (docs/accuracy.md holds the other benchmarks' too)
+        from .bench import write_section
 
-        Path(out).write_text(text)
+        write_section(out, text)
     worst = max(abs(r["error_pct"]) for r in results + large)
     worst_sim = max(abs(r["sim_error_pct"]) for r in results)
     ok = worst <= ESTIMATE_BAR_PCT and worst_sim <= SIMULATE_BAR_PCT

@@ -24,7 +24,7 @@ from .bench import GRID_SHAPES, _gpt, _llama
 from .config import PRESETS, ModelConfig, config_to_dict
 from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
 
-GRID_WORKERS = 6  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
+GRID_WORKERS = 8  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
 
 
 def cuda_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
@@ -102,7 +102,7 @@ def _autocast_backward(a):
     y.backward()
 
 
-def _measure(label: str, cfg: ModelConfig, spec: TrainSpec) -> dict:
+def _measure(label: str, cfg: ModelConfig, spec: TrainSpec, simulate: bool = True) -> dict:
     from .runner import run_worker
 
     t0 = time.perf_counter()
@@ -113,8 +113,21 @@ def _measure(label: str, cfg: ModelConfig, spec: TrainSpec) -> dict:
         rec["error"] = out.record.get("error")
         rec["stderr"] = out.stderr[-2000:]
     else:
-        rec["measured"] = {k: v for k, v in out.record.items() if k != "event"}
+        rec["measured"] = {k: v for k, v in out.record.items() if k not in ("event", "timeline")}
+    if simulate:
+        rec.update(_simulate(cfg, spec))
     return rec
+
+
+def _simulate(cfg: ModelConfig, spec: TrainSpec) -> dict:
+    """The same step on fake CUDA tensors (planner.simulate with this CUDA build): live bytes, no GPU memory."""
+    from .runner import run_worker
+
+    sim = run_worker({"kind": "simulate", "config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=900)
+    if sim.exit_code:
+        return {"simulate_error": sim.record.get("error")}
+    return {"simulated": {k: sim.record.get(k) for k in ("peak_bytes", "peak_phase", "phase_peak_bytes",
+                                                         "persistent_bytes", "sim_time_s")}}
 
 
 def _append(path: Path, rec: dict, lock: threading.Lock) -> None:
@@ -122,7 +135,12 @@ def _append(path: Path, rec: dict, lock: threading.Lock) -> None:
         fh.write(json.dumps(rec) + "\n")
 
 
-def run_gpu(out_dir: str, quick: bool = False, progress=print) -> int:
+PARTS = ("grid", "realistic", "loading")
+
+
+def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, progress=print) -> int:
+    """The parts run side by side: the grid's tiny children 8 at a time, the realistic rows one at a time
+    (they share the GPU's memory) while their simulations run on the CPU, then the loading table."""
     from .routines_paths import default_cache_dir
     from .runner import checkpoint_folder, measure_load
 
@@ -138,23 +156,37 @@ def run_gpu(out_dir: str, quick: bool = False, progress=print) -> int:
                 _append(out / "grid.jsonl", rec, lock)
                 progress(f"grid {i + 1}/{len(rows)} exit {rec['exit_code']} {rec['label']}")
 
-    def big() -> None:  # one at a time: these share the GPU's memory
+    def realistic() -> None:
         for label, cfg, spec in ([] if quick else realistic_rows()):
-            rec = _measure(label, cfg, spec)
+            rec = _measure(label, cfg, spec, simulate=False)
             _append(out / "realistic.jsonl", rec, lock)
             progress(f"realistic exit {rec['exit_code']} {label} {rec['wall_s']:.0f}s")
-        cfg = PRESETS["gpt2-small" if quick else "gpt2-xl"]
-        folder = checkpoint_folder(config_to_dict(cfg), default_cache_dir(), timeout_s=900)
+
+    def realistic_simulated() -> None:
+        for label, cfg, spec in ([] if quick else realistic_rows()):
+            _append(out / "realistic-simulated.jsonl", {"label": label, **_simulate(cfg, spec)}, lock)
+            progress(f"realistic simulated {label}")
+
+    def loading() -> None:
+        name = "gpt2-small" if quick else "gpt2-xl"
+        folder = checkpoint_folder(config_to_dict(PRESETS[name]), default_cache_dir(), timeout_s=900)
         from .estimate.loading import METHODS
 
         for method in METHODS:
-            o = measure_load(config_to_dict(cfg), method, "cuda", folder, timeout_s=600)
-            rec = {"model": "gpt2-small" if quick else "gpt2-xl", "method": method, "exit_code": o.exit_code,
+            o = measure_load(config_to_dict(PRESETS[name]), method, "cuda", folder, timeout_s=600)
+            rec = {"model": name, "method": method, "exit_code": o.exit_code,
                    "measured": {k: v for k, v in o.record.items() if k != "event"}}
             _append(out / "loading.jsonl", rec, lock)
             progress(f"loading exit {o.exit_code} {method}")
 
-    threads = [threading.Thread(target=f) for f in (grid, big)]
+    def big() -> None:  # loading and the realistic rows one after another: both want the GPU's memory
+        if "loading" in parts:
+            loading()
+        if "realistic" in parts:
+            realistic()
+
+    jobs = [big] + ([grid] if "grid" in parts else []) + ([realistic_simulated] if "realistic" in parts else [])
+    threads = [threading.Thread(target=f) for f in jobs]
     for t in threads:
         t.start()
     for t in threads:

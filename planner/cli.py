@@ -178,6 +178,8 @@ def build_parser() -> _Parser:
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     b.add_argument("--out-json", help="gpu / gpu-doc: the folder of the raw JSON-lines records (default gpu-records)")
+    b.add_argument("--parts", default="grid,realistic,loading",
+                   help="gpu: which parts to run, comma-separated from grid, realistic, loading (default all)")
     return parser
 
 
@@ -453,7 +455,12 @@ def cmd_bench(args) -> int:
 
         folder = args.out_json or "gpu-records"
         if args.what == "gpu":
-            return run_gpu(folder, quick=args.quick)
+            from .bench_gpu import PARTS
+
+            parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+            if not parts or set(parts) - set(PARTS):
+                raise UsageError(f"--parts: choose from {', '.join(PARTS)}")
+            return run_gpu(folder, quick=args.quick, parts=parts)
         text = gpu_markdown(folder)
         print(text)
         if args.out:
