@@ -24,8 +24,17 @@ FakeTensorMode during the steps, answers exactly the reads a training step makes
   recognised by identity (the tensors in the scaler's `found_inf_per_device`), answered 0.0, "no overflow",
   so `optimizer.step()` runs as in every steady-state step of a measurement (an overflow step skips it and
   holds less).
+- transformers' packed-sequence check (masking_utils.find_packed_sequence_indices, recognised by its
+  caller): answered True, "no packed sequences", as the model's own arange position ids give in the real step.
 - `loss.item()` in TrainingStep.run (recognised by its caller, planner/routines/training.py): answered 0.0;
   it only feeds the step's returned loss total.
+
+Tracing checks. transformers asks `is_tracing(t)` (transformers/utils/import_utils.py), which is True for a
+FakeTensor, and then takes the branch a `torch.export` needs: masking_utils.sdpa_mask builds the (b,1,s,s)
+causal mask instead of leaving it to SDPA's is_causal, which the real step never does (measured: +512 B in
+the forward and +10,752 B in the backward of a 2-layer Llama under SDPA + checkpointing, b2 s16). While the
+steps run, `real_run_branches` has transformers' is_tracing answer as it does for a real tensor (dynamo, jit,
+fx proxies and stream capture still count); it is put back afterwards.
 
 `_local_scalar_dense` produces a Python number, not a tensor, so answering it allocates nothing, and none of
 the answers changes which ops run. Any other data-dependent read (a model that branches on a tensor's value)
@@ -43,6 +52,7 @@ caching allocator's rounded counter.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import time
@@ -94,7 +104,7 @@ class _Answers(TorchDispatchMode):
         super().__init__()
         self.step = step
         self.optimizer_steps = 0
-        self.reads = {"optimizer_step_count": 0, "gradscaler_found_inf": 0, "loss_item": 0}
+        self.reads = {"optimizer_step_count": 0, "gradscaler_found_inf": 0, "loss_item": 0, "packed_sequence_check": 0}
         step.optimizer.register_step_pre_hook(self._count_step)
 
     def _count_step(self, *_):
@@ -120,10 +130,21 @@ class _Answers(TorchDispatchMode):
         if frame is not None and str(Path(frame.f_code.co_filename).resolve()) == _TRAINING_FILE:
             self.reads["loss_item"] += 1
             return 0.0
+        if frame is not None and _is_packed_check(frame):
+            self.reads["packed_sequence_check"] += 1
+            return True
         where = f" at {Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else ""
         raise SimulationError(f"aten._local_scalar_dense (Tensor.item() or bool(tensor)){where} reads a tensor's "
                               "value, which fake tensors do not have: the step branches on data and cannot be "
                               "simulated")
+
+
+def _is_packed_check(frame) -> bool:
+    """transformers' masking_utils.find_packed_sequence_indices asks whether the position ids restart inside
+    a row (packed sequences). The step passes no position ids, so the model makes them with arange: every row
+    counts 0..s-1, nothing is packed, and the real step's read says True ("no packing": no packed mask)."""
+    return (frame.f_code.co_name == "find_packed_sequence_indices"
+            and Path(frame.f_code.co_filename).name == "masking_utils.py")
 
 
 def _internal(filename: str) -> bool:
@@ -191,6 +212,31 @@ def _phase(holder: dict) -> str:
     return step.current_phase if step is not None else "build"
 
 
+@contextlib.contextmanager
+def real_run_branches():
+    """transformers' `is_tracing` without its FakeTensor clause, in every loaded transformers module that
+    imported it (see the module docstring, "Tracing checks"); a no-op when transformers is not loaded."""
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_tracing", None)
+    if original is None:
+        yield
+        return
+
+    def is_tracing(tensor=None) -> bool:
+        return original(None) or (tensor is not None and (utils.is_torch_fx_proxy(tensor)
+                                                          or utils.is_jax_jitting(tensor)))
+
+    holders = [m for name, m in list(sys.modules.items())
+               if (name == "transformers" or name.startswith("transformers.")) and getattr(m, "is_tracing", None) is original]
+    for m in holders:
+        m.is_tracing = is_tracing
+    try:
+        yield
+    finally:
+        for m in holders:
+            m.is_tracing = original
+
+
 def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False) -> dict:
     t_start = time.perf_counter()
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
@@ -207,7 +253,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False)
         holder["step"] = step
         answers = _Answers(step)
         emit({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
-        with answers:
+        with answers, real_run_branches():
             step.run()
         gc.collect()
 
@@ -219,7 +265,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False)
         persistent = tracker.current
         recorder = _PhaseRecorder(tracker, step.device)
         tracker.recording = True
-        with answers, tracker:
+        with answers, tracker, real_run_branches():
             step.run(on_phase=recorder)
         tracker.recording = False
         optimizer_bytes = step.optimizer_state_bytes()

@@ -214,7 +214,9 @@ class HFCausalLM(Family):
 
         if loss_kind == "labels":
             # The loss runs inside the model's forward: the output head's forward hook marks where it starts.
-            hook = model.get_output_embeddings().register_forward_hook(lambda *_: on_phase("loss"))
+            # DDP wraps the model (`.module`); FSDP2 changes the model's class in place.
+            head = getattr(model, "module", model).get_output_embeddings()
+            hook = head.register_forward_hook(lambda *_: on_phase("loss"))
             try:
                 return model(input_ids=inputs, labels=targets).loss
             finally:

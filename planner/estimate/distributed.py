@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from math import prod
 
 from ..accounting import DTYPE_BYTES, per_config, tensor_inventory
+from ..arch import family_of
+from ..arch.base import resolved_loss
 from ..config import ConfigError, ModelConfig
 from ..parallel import ParallelSpec, block_prefixes, check_parallel_run, check_wrappable
 from ..spec import TrainSpec
@@ -272,8 +274,13 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     fwd["last block all-gather"] = (rest + _saved_before(cfg, cspec, L - 1) + root_c + prev_ag + ag_blk + blk_c
                                     + ((L - 1) * blk_c if keep else 0))
     forward = max(fwd.values())
-    loss = rest + loss_acts + all_unsharded
-    back = {"cross-entropy backward": rest + ce_point + all_unsharded}
+    # transformers' `model(input_ids, labels=...)` computes the loss inside the root's forward, before its
+    # post-forward: the root is still unsharded and the last block's all-gather output still held through the
+    # loss (measured on the simulated ranks: root_c + ag_blk to the byte, also without resharding), and, when
+    # resharding, through the loss's backward. The book's loss runs on the returned logits.
+    in_forward = resolved_loss(family_of(cfg), spec) == "labels"
+    loss = rest + loss_acts + ((all_unsharded if keep else root_c) + ag_blk if in_forward else all_unsharded)
+    back = {"cross-entropy backward": rest + ce_point + (root_c + ag_blk if in_forward and not keep else all_unsharded)}
     if not keep:
         # The root's all-gather at its pre-backward, after the cross-entropy backward: its gradient w.r.t.
         # the logits (b*s*V*e_ce) has replaced the log-softmax output it freed (the same size), so the saved
@@ -408,7 +415,7 @@ def _grad_in(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 def _head_grad_numel(cfg: ModelConfig) -> int:
     """Root gradients that exist during the blocks' backward: the output head and final norm."""
-    return _grad_numels(cfg)[0]
+    return _grad_numels(cfg)["head"]
 
 
 @per_config
