@@ -153,6 +153,21 @@ def test_move_a_slider_then_measure_this_option(server, page):
     page.screenshot(path=SHOTS / "measure-this-option.png", full_page=True)
 
 
+def test_upload_a_non_llama_config_json(server, page):
+    """A published Qwen2.5 config.json through the file uploader: transformers' family, estimated at once."""
+    page.goto(server)
+    settle(page)
+    page.get_by_text("Paste a config").click()
+    settle(page)
+    page.locator("input[type='file']").set_input_files(str(ROOT / "tests/data/Qwen2.5-0.5B.config.json"))
+    settle(page)
+    page.screenshot(path=SHOTS / "upload-qwen2.png", full_page=True)
+    no_errors(page)
+    sync_api.expect(page.get_by_text("qwen2").first).to_be_visible()
+    sync_api.expect(page.get_by_text("494,032,768 parameters", exact=False).first).to_be_visible()  # published
+    sync_api.expect(page.get_by_text("Estimated peak").first).to_be_visible()
+
+
 def test_pages_render(server, page):
     for path, heading, shot in (("loading", "Weight loading", "loading.png"), ("runs", "Runs", "runs-empty.png")):
         page.goto(f"{server}/{path}")
