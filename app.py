@@ -12,8 +12,9 @@ import pandas as pd
 import streamlit as st
 
 from pages import frame, machine_budget, md_escape
-from planner.charts import breakdown_spec, curve_spec
+from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
 from planner.config import ATTENTION_KINDS, ConfigError
+from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
 from planner.plan import plan
 from planner.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
 from planner.units import fmt_bytes
@@ -36,10 +37,15 @@ OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision"
 state = st.session_state
 
 
+LAYOUTS = ["one device", "ddp", "fsdp"]
+MP_CHOICES = {"none": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
 @st.fragment
-def planner(cfg, model: str, run: dict, attention: str) -> None:
+def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> None:
     """The batch, sequence and budget, and every figure: moving one of these reruns only this fragment.
-    run (TrainSpec's other fields) and attention: the settings above it, which change only in a full rerun."""
+    run (TrainSpec's other fields), attention and par (ParallelSpec's fields, or None for one device): the
+    settings above it, which change only in a full rerun."""
     seq_max = min(cfg.max_seq_len, SEQ_CAP)
     default_bytes, default_source = machine_budget(run["device"])
     default_gib = round(default_bytes / 2**30, 1)
@@ -59,34 +65,62 @@ def planner(cfg, model: str, run: dict, attention: str) -> None:
     try:
         spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
         run_cfg = prepare(cfg, spec, attention)
+        pspec = ParallelSpec(**par) if par else None
+        if pspec:
+            check_parallel_run(spec, pspec)
+            check_wrappable(run_cfg, pspec)
     except ConfigError as exc:
         st.error(str(exc))
         return
     budget = int(budget_gib * 2**30)
-    p = plan(run_cfg, spec, budget)
+    p = plan(run_cfg, spec, budget, pspec)
     est = p.estimate
-    state["run_settings"] = {"spec": dataclasses.asdict(spec), "attention": attention, "budget": budget}
+    state["run_settings"] = {"spec": dataclasses.asdict(spec), "attention": attention, "budget": budget,
+                             "parallel": dataclasses.asdict(pspec) if pspec else None}
 
+    per = " per rank" if pspec else ""
     m1, m2, m3 = st.columns(3)
-    m1.metric("Estimated peak", fmt_bytes(est.peak_bytes),
-              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.tensor_budget_bytes - est.peak_bytes))}",
+    m1.metric(f"Estimated peak{per}", fmt_bytes(p.peak_bytes),
+              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.tensor_budget_bytes - p.peak_bytes))}",
               delta_color="normal" if p.fits else "inverse")
-    m2.metric("Budget for tensors" if p.cuda_context_bytes else "Budget", fmt_bytes(p.tensor_budget_bytes))
-    m3.metric("Peak phase", est.peak_phase)
-    lines = [f"The peak falls in {PHASE_WHY[est.peak_phase]}."] + [md_escape(note) for note in est.notes]
+    m2.metric(("Budget for tensors" if p.cuda_context_bytes else "Budget") + (" (one device)" if pspec else ""),
+              fmt_bytes(p.tensor_budget_bytes))
+    m3.metric("Peak phase", p.peak_phase)
+    lines = [f"The peak falls in {PHASE_WHY[p.peak_phase]}."]
+    if pspec:
+        d = p.rank.estimate
+        lines += [f"{pspec.label}: the largest rank's figures (rank {d.peak_rank}), batch {spec.batch_size} per rank; "
+                  f"the same run on one device: {fmt_bytes(est.peak_bytes)}."]
+        if d.host_bytes:
+            lines.append(f"Host RAM per rank for the offloaded shards and optimizer: {fmt_bytes(d.host_bytes)}.")
+        lines += [md_escape(note) for note in d.notes]
+    else:
+        lines += [md_escape(note) for note in est.notes]
     if p.cuda_context_bytes:
         lines.insert(0, f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and "
                         f"kernels, outside PyTorch's allocator, so not in the estimate) = "
                         f"{fmt_bytes(p.tensor_budget_bytes)} for tensors.")
     st.caption("  \n".join(lines))
     st.vega_lite_chart(breakdown_spec(p.breakdown))
+    if pspec:
+        groups = p.rank.estimate.rank_groups
+        st.vega_lite_chart({**rank_groups_spec(groups, p.tensor_budget_bytes), "height": 40 + 32 * len(groups)})
+        st.caption("Ranks whose shards are the same size share one bar. Red dashed line: the budget of one device.")
 
     st.subheader("Fit the budget")
-    f1, f2 = st.columns(2)
-    f1.metric("Largest batch that fits", p.max_batch, help=md_escape(p.max_batch_reason))
-    f2.metric(f"Longest sequence at batch {spec.batch_size}", p.max_seq, help=md_escape(p.max_seq_reason))
+    if pspec:
+        f1, f2, f3 = st.columns(3)
+        f3.metric(f"Fewest devices of {fmt_bytes(p.tensor_budget_bytes)}", p.rank.fewest_ranks or "none",
+                  help=md_escape(p.rank.fewest_reason))
+    else:
+        f1, f2 = st.columns(2)
+    f1.metric(f"Largest batch{per} that fits", p.max_batch, help=md_escape(p.max_batch_reason))
+    f2.metric(f"Longest sequence at batch {spec.batch_size}{per}", p.max_seq, help=md_escape(p.max_seq_reason))
     options = {o.label: {"spec": o.spec, "attention": o.attention} for o in p.advice}
-    if options:
+    if pspec:
+        st.caption(f"{md_escape(p.rank.fewest_reason)}. The single-device options are not offered for a data-parallel "
+                   "run: change the world size or the layout above, or choose one device.")
+    elif options:
         st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes),
                                     "fits": "yes" if o.fits else "no", "cost": o.cost} for o in p.advice]),
                      hide_index=True, width="stretch")
@@ -96,7 +130,7 @@ def planner(cfg, model: str, run: dict, attention: str) -> None:
             state["apply_option"] = options[choice]
             st.rerun()  # the whole page: the settings above this fragment change too
         if b2.button("Measure this option", key="measure_option"):
-            state["run_settings"] = {**options[choice], "budget": budget}
+            state["run_settings"] = {**options[choice], "budget": budget, "parallel": None}
             state["autostart"] = True
             st.switch_page("pages/1_training.py", query_params={"model": model})  # the bound settings stay here
     else:
@@ -104,15 +138,20 @@ def planner(cfg, model: str, run: dict, attention: str) -> None:
 
     st.subheader("Peak against batch size and sequence length")
     k1, k2 = st.columns(2)
-    k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, "Batch size"))
+    k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, f"Batch size{per}"))
     k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", p.tensor_budget_bytes,
-                                  f"Sequence length (batch {spec.batch_size})"))
+                                  f"Sequence length (batch {spec.batch_size}{per})"))
     st.caption(f"Red dashed line: the budget{' for tensors' if p.cuda_context_bytes else ''} (left out where the "
                "curve stays below a third of it).")
 
     # Drawn only while open (a slider move then redraws two tables fewer).
     terms_box = st.expander("Every term and its formula, and each phase's peak", key="terms_open", on_change="rerun")
-    if terms_box.open:
+    if terms_box.open and pspec:
+        d = p.rank.estimate
+        terms_box.dataframe(pd.DataFrame(d.terms), hide_index=True, width="stretch")
+        terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
+                                          for k, v in d.phase_peak_bytes.items()]), hide_index=True, width="stretch")
+    elif terms_box.open:
         terms = pd.DataFrame(est.terms)
         terms["bytes (x L if per layer)"] = [t["bytes"] * (cfg.layers if t["per_layer"] else 1) for t in est.terms]
         terms_box.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]],
@@ -152,5 +191,21 @@ impl = r5.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, OPTIMIZER_IMPLS
 attention = r6.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="attention",
                          bind="query-params", help=f"This model's own: {cfg.attention}")
 accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="accum", bind="query-params")
+q1, q2, q3, q4, q5 = st.columns(5)
+layout = q1.selectbox("Data parallel", LAYOUTS, key="parallel", bind="query-params",
+                      help="ddp: DistributedDataParallel (a replica per rank); fsdp: FSDP2 fully_shard on every block "
+                           "and the root (weights, grads and optimizer state sharded). Figures are then per rank.")
+world = q2.number_input("Ranks (devices)", 1, 65536, 8, key="world", bind="query-params", disabled=layout == LAYOUTS[0],
+                        help="the world size; the batch above is per rank")
+reshard = q3.toggle("Reshard after forward", True, key="reshard", bind="query-params", disabled=layout != "fsdp",
+                    help="FSDP2: free each block's gathered weights after its forward (True ~ ZeRO-3, False ~ ZeRO-2)")
+mp = q4.selectbox("FSDP mixed precision", list(MP_CHOICES), key="mp", bind="query-params", disabled=layout != "fsdp",
+                  help="MixedPrecisionPolicy(param_dtype=...): FSDP casts the fp32 weights it gathers (needs precision fp32)")
+offload = q5.toggle("CPU offload", False, key="offload", bind="query-params", disabled=layout != "fsdp",
+                    help="FSDP2 CPUOffloadPolicy: sharded weights, grads and optimizer state in host RAM")
+par = None if layout == LAYOUTS[0] else {
+    "world_size": int(world), "parallel": layout, **({"reshard_after_forward": bool(reshard),
+                                                       "mp_param_dtype": MP_CHOICES[mp], "cpu_offload": bool(offload)}
+                                                      if layout == "fsdp" else {})}
 planner(cfg, model, {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt),
-                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device}, attention)
+                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device}, attention, par)

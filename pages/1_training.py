@@ -1,5 +1,6 @@
 """Training step: run the real step for the planner's settings in a child process (measure), or the same step
-on fake tensors (simulate: any size, no memory used); either against the estimate."""
+on fake tensors (simulate: any size, no memory used); either against the estimate. With the Planner's data
+parallel settings the run is N ranks (gloo on the CPU, one GPU each on cuda) and every figure is per rank."""
 import dataclasses
 
 import pandas as pd
@@ -10,9 +11,12 @@ from pages import frame
 
 from planner.charts import PHASE_ORDER, grouped_bars, timeline
 from planner.config import ConfigError, config_to_dict, model_label
+from planner.distributed import check_real_ranks
+from planner.estimate.distributed import estimate_distributed
 from planner.estimate.training import estimate_training
 from planner.fit import max_batch_size
 from planner.jobs import Job, JobBusy, running_pid
+from planner.parallel import ParallelSpec
 from planner.spec import TrainSpec, prepare
 from planner.store import RunStore
 from planner.units import fmt_bytes
@@ -36,21 +40,31 @@ if spec.device_type == "cuda" and not gpu:
     st.caption("No GPU here: the step is measured on the CPU (live tensor bytes and RSS).")
 try:
     run_cfg = prepare(cfg, spec, settings.get("attention"))
+    pspec = ParallelSpec(**settings["parallel"]) if settings.get("parallel") else None
 except ConfigError as exc:  # settings made for another model (a longer context)
     st.error(f"{exc}. Change the settings on the Planner page.")
     st.stop()
-est = estimate_training(run_cfg, spec)
+# One device: the training estimate; data parallel: the per-rank estimate (the largest rank on top).
+est = estimate_distributed(run_cfg, spec, pspec) if pspec else estimate_training(run_cfg, spec)
 budget = settings.get("budget") or (gpu["total_bytes"] if gpu and spec.device_type == "cuda"
                                     else psutil.virtual_memory().available)
 name = st.session_state.get("model_name") or model_label(cfg)  # the frame names presets and pasted configs
 st.write(f"**{name}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.precision}, "
          f"{spec.optimizer}, {'checkpointing, ' if spec.checkpointing else ''}{run_cfg.attention} attention, "
-         f"grad. accumulation {spec.grad_accum}, on {spec.device}. Change these on the Planner page.")
-st.metric("Estimated peak", fmt_bytes(est.peak_bytes), help=f"phase: {est.peak_phase}")
+         f"grad. accumulation {spec.grad_accum}, on {spec.device}"
+         + (f", **{pspec.label}** (batch per rank)" if pspec else "") + ". Change these on the Planner page.")
+st.metric("Estimated peak" + (" per rank" if pspec else ""), fmt_bytes(est.peak_bytes), help=f"phase: {est.peak_phase}")
 
 limit = RAM_SHARE * psutil.virtual_memory().available if spec.device_type == "cpu" else budget
 refused = est.peak_bytes > limit
-if refused:
+if pspec:
+    try:  # the CLI refuses the same (exit 2): more ranks than this machine runs, or more RAM than it has
+        check_real_ranks(pspec, spec.device, est.peak_bytes + est.host_bytes)
+        refused = False
+    except ConfigError as exc:
+        refused = True
+        st.warning(f"Not measured here: {str(exc).removeprefix('refused: ')}. Simulate runs any number of ranks.")
+elif refused:
     best, _ = max_batch_size(run_cfg, spec, int(limit))
     st.error(f"Not started: the estimated peak {fmt_bytes(est.peak_bytes)} exceeds the {fmt_bytes(limit)} this "
              f"machine can give it. The largest batch that fits is {best}; the Planner page lists other changes.")
@@ -63,6 +77,13 @@ def start(kind: str = "measure") -> None:
             str(spec.seq_len), "--precision", spec.precision, "--optimizer", spec.optimizer, "--grad-accum",
             str(spec.grad_accum), "--optimizer-impl", spec.optimizer_impl, "--device", spec.device,
             "--json", "--progress", "--timeout", str(TIMEOUT_S)] + (["--checkpointing"] if spec.checkpointing else [])
+    if pspec:
+        args += ["--world-size", str(pspec.world_size), "--parallel", pspec.parallel]
+        if pspec.parallel == "fsdp":
+            args += ["--reshard-after-forward", str(pspec.reshard_after_forward).lower()]
+            args += ["--mp-param-dtype", pspec.mp_param_dtype] if pspec.mp_param_dtype else []
+            args += ["--mp-reduce-dtype", pspec.mp_reduce_dtype] if pspec.mp_reduce_dtype else []
+            args += ["--cpu-offload"] if pspec.cpu_offload else []
     try:
         st.session_state["job"] = Job(args, timeout_s=TIMEOUT_S + 30, config=config_to_dict(run_cfg)).start()
         st.session_state["job_kind"] = kind
@@ -105,7 +126,8 @@ def job_panel() -> None:
         kind = st.session_state.pop("job_kind", "measure")
         st.session_state["train_result"] = {"state": status, "record": record, "stderr": job.stderr(),
                                             "estimate": est.to_dict(), "budget": budget, "kind": kind}
-        RunStore().save("train", name, {**dataclasses.asdict(spec), "attention": run_cfg.attention}, spec.device,
+        RunStore().save("train", name, {**dataclasses.asdict(spec), "attention": run_cfg.attention,
+                                        **({"parallel": pspec.label} if pspec else {})}, spec.device,
                         est.peak_bytes, record.get("peak_bytes"), {"kind": kind, **record}, status)
         del st.session_state["job"]
         st.rerun()
@@ -130,6 +152,9 @@ def show_result() -> None:
         st.progress(1.0, text="Finished: " + ("simulated on fake tensors" if simulated else "measured") +
                     " in a child process")
         e = res["estimate"]
+        if "ranks" in rec:
+            show_ranks(rec, e, what)
+            return
         m1, m2, m3, m4 = st.columns(4)
         m1.metric(f"{what} peak", fmt_bytes(rec["peak_bytes"]),
                   help="live tensor bytes of the step on fake tensors" if simulated
@@ -162,6 +187,32 @@ def show_result() -> None:
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
                                      estimate_bytes=e["peak_bytes"]))
             st.caption("Red: the budget. Black: the estimated peak.")
+
+
+def show_ranks(rec: dict, e: dict, what: str) -> None:
+    """A data-parallel run: the largest rank against its estimate, then every rank beside its group's estimate."""
+    m1, m2, m3, m4 = st.columns(4)
+    m1.metric(f"{what} peak (largest rank)", fmt_bytes(rec["peak_bytes"]), help=f"rank {rec['peak_rank']}")
+    m2.metric("Estimated peak per rank", fmt_bytes(e["peak_bytes"]), help=f"rank {e['peak_rank']}")
+    m3.metric("Error", f"{rec['error_pct']:+.2f}%")
+    m4.metric(f"Peak phase ({what.lower()})", rec["peak_phase"], help=f"estimated: {e['peak_phase']}")
+    if "step_time_s" in rec:
+        st.caption(f"{rec['world_size']} ranks; slowest step {rec['step_time_s']:.3f} s; largest RSS of a rank "
+                   f"{fmt_bytes(rec.get('peak_rss_bytes', 0))}")
+    per_rank = pd.DataFrame([{"rank": f"rank {r['rank']}", "source": src, "bytes": val}
+                             for r in rec["ranks"]
+                             for src, val in (("estimate", r["estimate_bytes"]), (what.lower(), r["peak_bytes"]))])
+    phases = pd.DataFrame([{"phase": p, "source": src, "bytes": val}
+                           for p in e["phase_peak_bytes"]
+                           for src, val in (("estimate", e["phase_peak_bytes"][p]),
+                                            (what.lower(), rec["phase_peak_bytes"].get(p, 0)))])
+    c1, c2 = st.columns(2)
+    c1.altair_chart(grouped_bars(per_rank, "rank", "Peak of each rank"))
+    c2.altair_chart(grouped_bars(phases, "phase", "Peak of each phase (largest rank)", order=PHASE_ORDER))
+    top = next(r for r in rec["ranks"] if r["rank"] == rec["peak_rank"])
+    if top.get("timeline"):
+        st.altair_chart(timeline(pd.DataFrame(top["timeline"]), estimate_bytes=e["peak_bytes"]))
+        st.caption(f"Rank {rec['peak_rank']}'s step. Black: the estimated peak per rank.")
 
 
 job_panel()

@@ -10,12 +10,12 @@ import altair as alt
 import pandas as pd
 
 GIB = 2**30
-COMPONENT_ORDER = ["params", "buffers", "inputs", "optimizer", "grads", "activations", "transients"]
+COMPONENT_ORDER = ["params", "buffers", "inputs", "optimizer", "grads", "comm buffers", "activations", "transients"]
 PHASE_ORDER = ["forward", "loss", "backward", "optimizer", "zero_grad", "done"]
 # One colour per meaning across the app: red is the budget and nothing else, black the estimated peak.
 BUDGET_COLOR = "#d62728"
 ESTIMATE_COLOR = "black"
-COMPONENT_COLORS = ["#4c78a8", "#9ecae9", "#bab0ac", "#54a24b", "#eeca3b", "#f58518", "#b279a2"]
+COMPONENT_COLORS = ["#4c78a8", "#9ecae9", "#bab0ac", "#54a24b", "#eeca3b", "#8c6d31", "#f58518", "#b279a2"]
 PHASE_COLORS = ["#72b7b2", "#e6a0c4", "#9d755d", "#88d27a", "#c6dbef", "#d9d9d9"]
 CATEGORY_SCHEME = "set2"  # other categorical colours (no red)
 
@@ -41,6 +41,26 @@ def breakdown_spec(rows: list[dict]) -> dict:
                 "order": {"field": "rank", "type": "quantitative"},
                 "tooltip": [{"field": "scenario", "type": "nominal"}, {"field": "component", "type": "nominal"},
                             {"field": "size", "type": "quantitative", "format": ".3f", "title": unit}]}}
+
+
+def rank_groups_spec(groups: list[dict], budget_bytes: int | None) -> dict:
+    """groups: first_rank, last_rank, count, peak_bytes (ranks with identical shards share one figure) -> one
+    bar per group, the budget as a red rule (Vega-Lite)."""
+    top = max(g["peak_bytes"] for g in groups)
+    unit, size = unit_for(max(top, budget_bytes or 0))
+    values = [{"ranks": f"rank {g['first_rank']}" if g["count"] == 1 else
+               f"ranks {g['first_rank']}-{g['last_rank']} ({g['count']})", "peak": g["peak_bytes"] / size}
+              for g in groups]
+    bars = {"data": {"values": values}, "mark": {"type": "bar", "color": COMPONENT_COLORS[0]},
+            "encoding": {"y": {"field": "ranks", "type": "nominal", "title": None, "sort": None},
+                         "x": {"field": "peak", "type": "quantitative", "title": f"Estimated peak per rank ({unit})"},
+                         "tooltip": [{"field": "ranks", "type": "nominal"},
+                                     {"field": "peak", "type": "quantitative", "format": ".3f", "title": unit}]}}
+    layers = [bars]
+    if budget_bytes:
+        layers.append({"data": {"values": [{}]}, "mark": {"type": "rule", "color": BUDGET_COLOR, "strokeDash": [6, 3]},
+                       "encoding": {"x": {"datum": budget_bytes / size}}})
+    return {"layer": layers, "height": {"step": 32}}
 
 
 def curve_spec(rows: list[dict], x: str, budget_bytes: int | None, title: str) -> dict:

@@ -284,3 +284,77 @@ def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = N
     if costs:
         rec["measured_costs"] = costs
     return rec
+
+
+# ---------------------------------------------------------------- per rank (DDP / FSDP2 at a world size)
+
+RANK_LIMIT = 1 << 16  # the fewest-GPUs search stops here (65,536 ranks: beyond any data-parallel job)
+
+
+def _rank_peak(cfg: ModelConfig, spec: TrainSpec, pspec) -> int:
+    from .estimate.distributed import estimate_distributed
+
+    return estimate_distributed(cfg, spec, pspec).peak_bytes
+
+
+@per_config
+def max_batch_per_rank(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int, limit: int = 1 << 20) -> tuple[int, str]:
+    """The largest per-rank batch whose per-rank peak (the largest rank's) fits `budget`; 0 with the reason."""
+    at = lambda b: _rank_peak(cfg, dataclasses.replace(spec, batch_size=b), pspec)
+    if at(1) > budget:
+        return 0, f"batch 1 per rank needs {fmt_bytes(at(1))} on its largest rank > {fmt_bytes(budget)}"
+    lo, hi = 1, 2
+    while hi <= limit and at(hi) <= budget:
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    return lo, (f"batch {lo + 1} per rank would need {fmt_bytes(at(lo + 1))}" if lo < limit else "search limit reached")
+
+
+@per_config
+def max_seq_per_rank(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int) -> tuple[int, str]:
+    """The longest sequence (up to the model's context) whose per-rank peak fits at spec.batch_size."""
+    at = lambda s: _rank_peak(cfg, dataclasses.replace(spec, seq_len=s), pspec)
+    if at(1) > budget:
+        return 0, f"even a sequence of 1 needs {fmt_bytes(at(1))} per rank > {fmt_bytes(budget)}"
+    if at(cfg.max_seq_len) <= budget:
+        return cfg.max_seq_len, "the model's full context fits"
+    lo, hi = 1, cfg.max_seq_len + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    return lo, f"seq_len {lo + 1} would need {fmt_bytes(at(lo + 1))} per rank"
+
+
+@per_config
+def fewest_ranks(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int) -> tuple[int, str]:
+    """The fewest devices of `budget` bytes each that fit this run (spec.batch_size per rank) in the
+    layout of `pspec` (its world size is what is searched); 0 with the reason. DDP keeps a whole replica
+    on every rank, so more ranks never lower its per-rank peak: 1 if one device fits, else none. FSDP's
+    per-rank peak falls as shards shrink; the search doubles, then bisects (it falls monotonically apart
+    from the padding of dim-0 shards, which moves it by a few rows)."""
+    if pspec.parallel == "ddp":
+        rank = _rank_peak(cfg, spec, dataclasses.replace(pspec, world_size=2))
+        if rank <= budget:
+            return 1, (f"one device fits: {fmt_bytes(rank)} per DDP rank; DDP keeps a whole replica on every "
+                       "rank, so more ranks add throughput, not room")
+        return 0, (f"DDP keeps a whole replica (weights, grads, optimizer state) on every rank: {fmt_bytes(rank)} "
+                   "per rank at any world size; FSDP shards them")
+    at = lambda n: _rank_peak(cfg, spec, dataclasses.replace(pspec, world_size=n))
+    # Doubling from 2. Past the largest dim-0 (rows) a shard is one padded row and every all-gather output
+    # N rows, so the per-rank peak rises again: the search stops at the first fit or at RANK_LIMIT.
+    lo, hi, best = 1, 2, None
+    while at(hi) > budget:
+        best = min(best or (at(hi), hi), (at(hi), hi))
+        if hi >= RANK_LIMIT:
+            return 0, (f"no world size up to {RANK_LIMIT:,} fits: the lowest per-rank peak is {fmt_bytes(best[0])} "
+                       f"at {best[1]:,} ranks > {fmt_bytes(budget)} (what FSDP does not shard, the activations and "
+                       "the gathered blocks, alone exceeds it)")
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if mid >= 2 and at(mid) <= budget else (mid, hi)
+    return hi, (f"{hi} ranks: {fmt_bytes(at(hi))} per rank" + (f"; {hi - 1} would need {fmt_bytes(at(hi - 1))}"
+                                                                if hi > 2 else ""))

@@ -2,7 +2,9 @@
 
 The page reads its widgets, calls plan() once and renders the result. What a slider move does not change
 is memoised per model and run settings: a batch move reuses the largest batch and the batch curve, a
-sequence move the longest sequence and the sequence curve.
+sequence move the longest sequence and the sequence curve. With a ParallelSpec (DDP or FSDP2 at a world
+size) every figure is per rank, the largest rank's (planner.estimate.distributed), and the fit adds the
+fewest devices of the budget's size; the single-device advice is not offered there.
 """
 from __future__ import annotations
 
@@ -12,11 +14,20 @@ from dataclasses import dataclass
 from .accounting import per_config
 from .config import ModelConfig
 from .estimate.training import TrainEstimate, estimate_training
-from .fit import Option, advice, cuda_context_bytes, max_batch_size, max_seq_len, tensor_budget
+from .fit import (Option, advice, cuda_context_bytes, fewest_ranks, max_batch_per_rank, max_batch_size, max_seq_len,
+                  max_seq_per_rank, tensor_budget)
 from .spec import TrainSpec
 
 CURVE_POINTS = 25
 BATCH_LIMIT = 1 << 20  # max_batch_size's search limit
+
+
+@dataclass
+class RankPlan:
+    """The per-rank side of a data-parallel plan."""
+    estimate: object           # planner.estimate.distributed.DistEstimate (the largest rank's figures on top)
+    fewest_ranks: int          # the fewest devices of the budget's size that fit (0: none)
+    fewest_reason: str
 
 
 @dataclass
@@ -33,10 +44,19 @@ class Plan:
     advice: list[Option]
     batch_curve: list[dict]    # batch, peak_bytes
     seq_curve: list[dict]      # seq, peak_bytes
+    rank: RankPlan | None = None  # data parallel: the per-rank figures (then max_batch etc. are per rank)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.rank.estimate.peak_bytes if self.rank else self.estimate.peak_bytes
+
+    @property
+    def peak_phase(self) -> str:
+        return self.rank.estimate.peak_phase if self.rank else self.estimate.peak_phase
 
     @property
     def fits(self) -> bool:
-        return self.estimate.peak_bytes <= self.tensor_budget_bytes
+        return self.peak_bytes <= self.tensor_budget_bytes
 
 
 def nice_ceil(x: float) -> int:
@@ -62,11 +82,19 @@ def _points(end: int) -> list[int]:
 
 
 @per_config
-def _sweep(cfg: ModelConfig, spec: TrainSpec, field: str, end: int) -> list[dict]:
-    """The estimated peak at CURVE_POINTS values of one setting (batch_size or seq_len) from 1 to end."""
+def _sweep(cfg: ModelConfig, spec: TrainSpec, field: str, end: int, pspec=None) -> list[dict]:
+    """The estimated peak (per rank with a ParallelSpec) at CURVE_POINTS values of one setting (batch_size
+    or seq_len) from 1 to end."""
     key = "batch" if field == "batch_size" else "seq"
-    return [{key: v, "peak_bytes": estimate_training(cfg, dataclasses.replace(spec, **{field: v})).peak_bytes}
-            for v in _points(end)]
+    return [{key: v, "peak_bytes": _peak(cfg, dataclasses.replace(spec, **{field: v}), pspec)} for v in _points(end)]
+
+
+def _peak(cfg: ModelConfig, spec: TrainSpec, pspec) -> int:
+    if pspec is None:
+        return estimate_training(cfg, spec).peak_bytes
+    from .estimate.distributed import estimate_distributed
+
+    return estimate_distributed(cfg, spec, pspec).peak_bytes
 
 
 def breakdown(est: TrainEstimate, grad_accum: int) -> list[dict]:
@@ -87,18 +115,41 @@ def breakdown(est: TrainEstimate, grad_accum: int) -> list[dict]:
             + [{"scenario": "each component's full size", "component": k, "bytes": v} for k, v in totals.items()])
 
 
-def plan(cfg: ModelConfig, spec: TrainSpec, budget: int) -> Plan:
-    """cfg: the model as the run uses it (planner.spec.prepare); budget: the memory budget in bytes."""
+def rank_breakdown(est) -> list[dict]:
+    """One rank's bar (the largest rank's): what is alive at its peak, by component."""
+    persistent = {"params": est.params_bytes, "buffers": est.buffers_bytes, "inputs": est.inputs_bytes,
+                  "optimizer": est.optimizer_bytes, "comm buffers": est.comm_buffers_bytes}
+    rest = max(est.peak_bytes - sum(persistent.values()), 0)
+    acts = min(est.activations_bytes, rest) if est.peak_phase in ("forward", "loss", "backward") else 0
+    at_peak = {**persistent, "activations": acts, "transients": rest - acts}
+    return [{"scenario": f"rank {est.peak_rank} at its peak ({est.peak_phase})", "component": k, "bytes": v}
+            for k, v in at_peak.items() if v or k in ("params", "optimizer")]
+
+
+def plan(cfg: ModelConfig, spec: TrainSpec, budget: int, pspec=None) -> Plan:
+    """cfg: the model as the run uses it (planner.spec.prepare); budget: the memory budget in bytes (of one
+    device); pspec: a planner.parallel.ParallelSpec for per-rank figures, or None for one device."""
     est = estimate_training(cfg, spec)
     usable = tensor_budget(budget, spec.device)
     # Each side is memoised without the setting it sweeps, so moving that slider reuses it.
     any_batch, any_seq = dataclasses.replace(spec, batch_size=1), dataclasses.replace(spec, seq_len=1)
-    best_batch, batch_reason = max_batch_size(cfg, any_batch, usable)
-    best_seq, seq_reason = max_seq_len(cfg, any_seq, usable)
+    rank = None
+    if pspec is None:
+        best_batch, batch_reason = max_batch_size(cfg, any_batch, usable)
+        best_seq, seq_reason = max_seq_len(cfg, any_seq, usable)
+        bars, options = breakdown(est, spec.grad_accum), advice(cfg, spec, usable)
+    else:
+        from .estimate.distributed import estimate_distributed
+
+        dist = estimate_distributed(cfg, spec, pspec)
+        rank = RankPlan(dist, *fewest_ranks(cfg, spec, pspec, usable))
+        best_batch, batch_reason = max_batch_per_rank(cfg, any_batch, pspec, usable)
+        best_seq, seq_reason = max_seq_per_rank(cfg, any_seq, pspec, usable)
+        bars, options = rank_breakdown(dist), []
     batch_end = curve_end(best_batch, spec.batch_size, BATCH_LIMIT)
     seq_end = curve_end(best_seq, spec.seq_len, cfg.max_seq_len)
     return Plan(estimate=est, budget_bytes=budget, cuda_context_bytes=cuda_context_bytes(spec.device),
-                tensor_budget_bytes=usable, breakdown=breakdown(est, spec.grad_accum),
+                tensor_budget_bytes=usable, breakdown=bars,
                 max_batch=best_batch, max_batch_reason=batch_reason, max_seq=best_seq, max_seq_reason=seq_reason,
-                advice=advice(cfg, spec, usable), batch_curve=_sweep(cfg, any_batch, "batch_size", batch_end),
-                seq_curve=_sweep(cfg, any_seq, "seq_len", seq_end))
+                advice=options, batch_curve=_sweep(cfg, any_batch, "batch_size", batch_end, pspec),
+                seq_curve=_sweep(cfg, any_seq, "seq_len", seq_end, pspec), rank=rank)

@@ -13,6 +13,8 @@ RECORDED = {
                                         "--dtype float16 --json --progress",
     "simulate_train_tiny.jsonl": "python -m planner simulate train --config tiny.json --batch-size 2 --seq-len 32 "
                                  "--device cpu --json --progress",
+    "measure_train_tiny_fsdp2.jsonl": "python -m planner measure train --config tiny.json --batch-size 2 --seq-len 32 "
+                                      "--device cpu --world-size 2 --parallel fsdp --json --progress",
 }
 
 
