@@ -197,8 +197,8 @@ layout = q1.selectbox("Data parallel", LAYOUTS, key="parallel", bind="query-para
                            "and the root (weights, grads and optimizer state sharded). Figures are then per rank.")
 world = q2.number_input("Ranks (devices)", 1, 65536, 8, key="world", bind="query-params", disabled=layout == LAYOUTS[0],
                         help="the world size; the batch above is per rank")
-reshard = q3.toggle("Reshard after forward", True, key="reshard", bind="query-params", disabled=layout != "fsdp",
-                    help="FSDP2: free each block's gathered weights after its forward (True ~ ZeRO-3, False ~ ZeRO-2)")
+reshard = q3.toggle("Reshard", True, key="reshard", bind="query-params", disabled=layout != "fsdp",
+                    help="FSDP2 reshard_after_forward: free each block's gathered weights after its forward (on ~ ZeRO-3, off ~ ZeRO-2)")
 mp = q4.selectbox("FSDP mixed precision", list(MP_CHOICES), key="mp", bind="query-params", disabled=layout != "fsdp",
                   help="MixedPrecisionPolicy(param_dtype=...): FSDP casts the fp32 weights it gathers (needs precision fp32)")
 offload = q5.toggle("CPU offload", False, key="offload", bind="query-params", disabled=layout != "fsdp",

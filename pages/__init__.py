@@ -22,7 +22,8 @@ from planner.fit import default_budget, gpu_info
 from planner.units import fmt_bytes
 
 LINKS = [("app.py", "Planner", ":material/tune:"), ("pages/1_training.py", "Training step", ":material/speed:"),
-         ("pages/2_loading.py", "Weight loading", ":material/download:"), ("pages/3_runs.py", "Runs", ":material/history:")]
+         ("pages/2_loading.py", "Weight loading", ":material/download:"), ("pages/3_runs.py", "Runs", ":material/history:"),
+         ("pages/4_module.py", "Your module", ":material/code:")]
 DEFAULT_MODEL = "gpt2-small"
 SOURCES = ["Preset", "Paste a config"]
 
@@ -123,10 +124,29 @@ def _resolve(model: str, c: dict):
     return cfg, name
 
 
-def frame(title: str):
+def _machine() -> dict | None:
+    st.markdown("**Machine**")
+    gpu = _gpu()
+    ram = psutil.virtual_memory()
+    st.caption(f"GPU: {gpu['name']}, {fmt_bytes(gpu['total_bytes'])}" if gpu
+               else "CPU only — measurements run on the CPU")
+    st.caption(f"RAM: {fmt_bytes(ram.available)} free of {fmt_bytes(ram.total)}")
+    return gpu
+
+
+def frame(title: str, picker: bool = True):
     """Draw the sidebar and return the model config in use (the last valid one while a paste is invalid).
-    Sets session state: model_cfg, model_name, model_id (as in the URL), gpu."""
+    Sets session state: model_cfg, model_name, model_id (as in the URL), gpu. picker=False (a page with a
+    model of its own, the user's module): the links and the machine only; returns None."""
     st.set_page_config(page_title=f"{title} - Torch Memory Planner", page_icon=":material/memory:", layout="wide")
+    if not picker:
+        with st.sidebar:
+            st.markdown("### Torch Memory Planner")
+            for path, label, icon in LINKS:
+                st.page_link(path, label=label, icon=icon)
+            st.divider()
+            st.session_state["gpu"] = _machine()
+        return None
     c = _choice()
     _from_url(c)
     for key, field in (("source", "source"), ("preset", "preset"), ("config_text", "text")):
@@ -166,12 +186,7 @@ def frame(title: str):
             st.caption(md_escape(f"{human_count(n)} here: the book's GPT-2 has its own output head ({head:,}); "
                                  f"Hugging Face's ties it to the token embedding: {n - head:,} ({human_count(n - head)})."))
         st.divider()
-        st.markdown("**Machine**")
-        gpu = _gpu()
-        ram = psutil.virtual_memory()
-        st.caption(f"GPU: {gpu['name']}, {fmt_bytes(gpu['total_bytes'])}" if gpu
-                   else "CPU only — measurements run on the CPU")
-        st.caption(f"RAM: {fmt_bytes(ram.available)} free of {fmt_bytes(ram.total)}")
+        gpu = _machine()
     if st.query_params.get("model") != c["model"]:
         st.query_params["model"] = c["model"]
     c["url"] = c["model"]

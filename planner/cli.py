@@ -4,6 +4,7 @@
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
     python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
     python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--device ...] [--json] [--timeout S] [--progress]
+    python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--out FIT.json] [--json] [--progress]
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
@@ -522,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
             elif args.command == "simulate" and cli_parallel.parallel_requested(args):
                 cfg, spec = parse_train(args)
                 code = cli_parallel.cmd_simulate(args, cfg, spec)
+            elif args.command == "simulate" and args.what == "whatif":
+                from .cli_simulate import cmd_simulate_whatif
+
+                code = cmd_simulate_whatif(args)
             elif args.command == "simulate":
                 from .cli_simulate import cmd_simulate_train
 

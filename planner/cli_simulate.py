@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .config import ConfigError, config_to_dict
-from .spec import TrainSpec, check_device
+from .spec import WHATIF_POINTS, TrainSpec, check_device
 from .units import fmt_bytes
 
 
@@ -46,6 +46,73 @@ def add_simulate(top, command) -> None:
     from . import cli_parallel
 
     cli_parallel.add_parallel_args(p)
+
+    w = command(sub, "whatif", "Fit instant what-ifs: simulate a few small (batch, sequence) points, fit each op's "
+                               "live bytes as a polynomial in b and s, and answer any (b, s) from the fit.")
+    _add_model(w)
+    w.add_argument("--module", metavar="FILE.py:FUNCTION",
+                   help="your own model: FUNCTION() returns an nn.Module (this imports and runs your code; "
+                        "default: none, give --model or --config instead)")
+    _add_run(w)
+    w.add_argument("--points", default=",".join(f"{b}x{s}" for b, s in WHATIF_POINTS),
+                   help="the (batch)x(seq) points simulated for the fit, comma-separated (default: %(default)s)")
+    w.add_argument("--out", help="write the fit (every op's coefficients) to this JSON file; default: only with "
+                                 "--json, inside the printed record under \"fit\"")
+    w.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before each point's child is killed (exit 3; default: %(default)s)")
+    w.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+
+
+def _points(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        pts = tuple((int(b), int(s)) for b, s in (p.strip().lower().split("x") for p in text.split(",") if p.strip()))
+    except ValueError:
+        raise ConfigError(f"--points must be BxS pairs like 2x16,3x40; got {text!r}") from None
+    if any(b < 1 or s < 1 for b, s in pts):
+        raise ConfigError(f"--points: batch and sequence must be at least 1; got {text!r}")
+    return pts
+
+
+def cmd_simulate_whatif(args: argparse.Namespace) -> int:
+    """Simulate each point in a child (progress: one line per point), fit, answer the run's (b, s)."""
+    from .whatif import MisalignedError, child_trace, fit_whatif
+
+    cfg, spec, module = parse_simulate(args)
+    points = _points(args.points)
+    show_progress = args.json and args.progress
+    done: list = []
+
+    def simulate(c, point_spec, m):
+        trace = child_trace(c, point_spec, m, timeout_s=args.timeout)
+        done.append((point_spec.batch_size, point_spec.seq_len))
+        if show_progress:
+            print(json.dumps({"event": "progress", "stage": f"simulated b={done[-1][0]} s={done[-1][1]} "
+                              f"({len(done)}/{len(points)})", "fraction": len(done) / len(points)}), flush=True)
+        return trace
+
+    try:
+        what = fit_whatif(cfg, spec, points, module=module, simulate=simulate)
+    except MisalignedError as exc:
+        raise ConfigError(str(exc)) from None
+    except RuntimeError as exc:  # a point's simulation failed: its one line
+        raise ConfigError(str(exc)) from None
+    peak, phase, op = what.peak(spec.batch_size, spec.seq_len)
+    rec = {"kind": "whatif", "model": f"{module[0]}:{module[1]}" if module else config_to_dict(cfg),
+           "run": asdict(spec), "points": [list(p) for p in points], "peak_bytes": peak, "peak_phase": phase,
+           "peak_op": op, "phase_peak_bytes": what.phase_peak_bytes(spec.batch_size, spec.seq_len),
+           "summary": what.to_dict()}
+    if args.out:
+        Path(args.out).write_text(json.dumps(what.save_dict()))
+        rec["fit_file"] = str(Path(args.out).resolve())
+    if args.json:
+        if not args.out:
+            rec["fit"] = what.save_dict()
+        print(json.dumps(rec))
+        return 0
+    print(f"fitted peak at batch {spec.batch_size}, seq {spec.seq_len}: {fmt_bytes(peak)} ({peak:,} B) in {phase} "
+          f"(op {op}); {len(points)} points simulated, largest residual "
+          f"{max(f['max_residual_bytes'] for f in rec['summary']['fits']):,.0f} B")
+    return 0
 
 
 def parse_module_ref(text: str) -> tuple[Path, str]:

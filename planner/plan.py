@@ -153,3 +153,42 @@ def plan(cfg: ModelConfig, spec: TrainSpec, budget: int, pspec=None) -> Plan:
                 max_batch=best_batch, max_batch_reason=batch_reason, max_seq=best_seq, max_seq_reason=seq_reason,
                 advice=options, batch_curve=_sweep(cfg, any_batch, "batch_size", batch_end, pspec),
                 seq_curve=_sweep(cfg, any_seq, "seq_len", seq_end, pspec), rank=rank)
+
+
+# ---------------------------------------------------------------- a user's own module (no formula family)
+
+@dataclass
+class ModulePlan:
+    """The what-if answers for a --module model (planner.whatif: every op's live bytes fitted in b and s)."""
+    peak_bytes: int
+    peak_phase: str
+    peak_op: str
+    phase_peak_bytes: dict[str, int]
+    budget_bytes: int
+    max_batch: int
+    max_batch_reason: str
+    max_seq: int
+    max_seq_reason: str
+    batch_curve: list[dict]
+    seq_curve: list[dict]
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes
+
+
+def module_plan(fit: dict, batch: int, seq: int, budget: int, seq_limit: int) -> ModulePlan:
+    """fit: a WhatIf.save_dict() (from `simulate whatif`); every answer is a polynomial evaluation."""
+    from .whatif import WhatIf
+
+    w = WhatIf.from_dict(fit)
+    peak, phase, op = w.peak(batch, seq)
+    best_batch, batch_reason = w.max_batch(seq, budget, BATCH_LIMIT)
+    best_seq, seq_reason = w.max_seq(batch, budget, seq_limit)
+    first = 1 if w.covers_batch_one() else 2
+    batch_end = curve_end(best_batch, batch, BATCH_LIMIT)
+    seq_end = curve_end(best_seq, seq, seq_limit)
+    return ModulePlan(peak, phase, op, w.phase_peak_bytes(batch, seq), budget, best_batch, batch_reason, best_seq,
+                      seq_reason,
+                      [{"batch": b, "peak_bytes": w.peak_bytes(b, seq)} for b in _points(batch_end) if b >= first],
+                      [{"seq": s, "peak_bytes": w.peak_bytes(batch, s)} for s in _points(seq_end)])

@@ -14,6 +14,10 @@ OPTIMIZER_IMPLS = ("default", "foreach", "for-loop", "fused")
 LOSSES = ("default", "labels", "cross-entropy")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
+# planner.whatif's fit points (b, s): b >= 2 and b = 1 at a few short sequences (the polynomial is exact, so
+# short ones suffice). Here, not in whatif.py, so the CLI's --points default costs no numpy import.
+WHATIF_POINTS = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 40), (4, 24), (4, 48), (1, 16), (1, 32), (1, 48))
+
 
 def check_device(device: str) -> str:
     if not isinstance(device, str) or not _DEVICE_RE.match(device):

@@ -7,6 +7,7 @@ Databases written before the status column existed are migrated when opened (the
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -33,6 +34,13 @@ STATUSES = ("done", "failed", "timeout", "cancelled")
 def data_dir() -> Path:
     """User data folder (PLANNER_DATA overrides): survives restarts of the app."""
     return Path(os.environ.get("PLANNER_DATA", Path.home() / ".local" / "share" / "torch-memory-planner"))
+
+
+def whatif_fit_path(module_file: Path, function: str, run: dict) -> Path:
+    """Where the app keeps a module's what-if fit (planner.whatif): keyed by the file's contents, the function
+    and the run settings other than batch and sequence (what the fit answers for)."""
+    key = hashlib.sha256(Path(module_file).read_bytes() + json.dumps([function, run], sort_keys=True).encode())
+    return data_dir() / "whatif" / f"{key.hexdigest()[:16]}.json"
 
 
 class RunStore:

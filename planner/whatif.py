@@ -21,11 +21,10 @@ from typing import Callable
 import numpy as np
 
 from .config import ModelConfig
+from .spec import WHATIF_POINTS as DEFAULT_POINTS  # the fit points (in spec.py: the CLI's default, numpy-free)
 from .spec import TrainSpec
 
 TERMS = ("1", "s", "s^2", "b*s", "b*s^2")
-# Fit points: b >= 2 and b = 1 at a few short sequences (the polynomial is exact, so short ones suffice).
-DEFAULT_POINTS = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 40), (4, 24), (4, 48), (1, 16), (1, 32), (1, 48))
 
 
 class MisalignedError(ValueError):
@@ -108,6 +107,48 @@ class WhatIf:
     def to_dict(self) -> dict:
         return {"terms": list(TERMS), "fits": [{"batch_one": f.batch_one, "points": f.points, "ops": len(f.ops),
                                                 "max_residual_bytes": f.max_residual_bytes} for f in self.fits]}
+
+    def save_dict(self) -> dict:
+        """Everything a later process needs to answer queries (WhatIf.from_dict): JSON-able."""
+        return {"terms": list(TERMS), "fits": [
+            {"batch_one": f.batch_one, "points": [list(p) for p in f.points], "ops": f.ops, "phases": f.phases,
+             "coef": f.coef.tolist(), "max_residual_bytes": f.max_residual_bytes} for f in self.fits]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WhatIf":
+        if d.get("terms") != list(TERMS):
+            raise ValueError(f"a what-if fit with terms {d.get('terms')}, not {list(TERMS)}")
+        return cls([_Fit(f["batch_one"], [tuple(p) for p in f["points"]], list(f["ops"]), list(f["phases"]),
+                         np.array(f["coef"], dtype=float), float(f["max_residual_bytes"])) for f in d["fits"]])
+
+    def covers_batch_one(self) -> bool:
+        return len(self.fits) > 1 or any(p[0] == 1 for p in self.fits[0].points)
+
+    def max_batch(self, s: int, budget: int, limit: int = 1 << 20) -> tuple[int, str]:
+        """The largest batch whose fitted peak at sequence s fits `budget` (0 with the reason)."""
+        first = 1 if self.covers_batch_one() else 2
+        if self.peak_bytes(first, s) > budget:
+            return 0, f"batch {first} needs {self.peak_bytes(first, s):,} B > {budget:,} B"
+        return _largest(lambda b: self.peak_bytes(b, s) <= budget, first, limit, "batch")
+
+    def max_seq(self, b: int, budget: int, limit: int) -> tuple[int, str]:
+        """The longest sequence (up to `limit`) whose fitted peak at batch b fits `budget` (0 with the reason)."""
+        if self.peak_bytes(b, 1) > budget:
+            return 0, f"even a sequence of 1 needs {self.peak_bytes(b, 1):,} B > {budget:,} B"
+        return _largest(lambda s: self.peak_bytes(b, s) <= budget, 1, limit, "seq_len")
+
+
+def _largest(fits: Callable[[int], bool], lo: int, limit: int, what: str) -> tuple[int, str]:
+    """Doubling then bisection for the largest n in [lo, limit] with fits(n) (fits(lo) holds; the fitted peak
+    grows with b and s: every coefficient of b*s and b*s^2 that matters is an activation's size)."""
+    hi = lo * 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, (f"{what} {lo + 1} would not fit" if lo < limit else f"the limit ({limit:,}) fits")
 
 
 def _aligned(a: dict, b: dict) -> bool:

@@ -168,8 +168,20 @@ def test_upload_a_non_llama_config_json(server, page):
     sync_api.expect(page.get_by_text("Estimated peak").first).to_be_visible()
 
 
+def test_data_parallel_link_shows_per_rank_figures(server, page):
+    page.goto(f"{server}/?model=llama-3-8b&parallel=fsdp&world=8&batch=1&seq=4096&budget_gib=80&ckpt=true"
+              "&precision=bf16")
+    settle(page)
+    no_errors(page)
+    sync_api.expect(page.get_by_text("Estimated peak per rank", exact=True)).to_be_visible()
+    sync_api.expect(page.get_by_text("Fewest devices of").first).to_be_visible()
+    sync_api.expect(page.get_by_text("fsdp x8 reshard").first).to_be_visible()
+    page.screenshot(path=SHOTS / "planner-fsdp.png", full_page=True)
+
+
 def test_pages_render(server, page):
-    for path, heading, shot in (("loading", "Weight loading", "loading.png"), ("runs", "Runs", "runs-empty.png")):
+    for path, heading, shot in (("loading", "Weight loading", "loading.png"), ("runs", "Runs", "runs-empty.png"),
+                                ("module", "Your module: will it fit?", "module-empty.png")):
         page.goto(f"{server}/{path}")
         sync_api.expect(page.get_by_role("heading", name=heading)).to_be_visible()
         settle(page)

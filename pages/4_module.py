@@ -1,0 +1,156 @@
+"""Your module: will it fit? The Planner for a model with no formula family (your own nn.Module).
+
+THIS RUNS YOUR CODE, in child processes: `python -m planner simulate whatif --module FILE.py:FUNCTION`
+simulates the training step on fake tensors at a few small (batch, sequence) points and fits every op's live
+bytes as a polynomial in b and s (planner.whatif); the sliders then answer from that fit in microseconds.
+"Simulate this point" checks one answer against a fresh simulation. The fit is kept on disk (in the data
+folder), keyed by the file's contents and the run settings, so it survives a restart.
+"""
+import json
+
+import pandas as pd
+import streamlit as st
+
+from pages import frame, machine_budget, md_escape
+
+from planner.charts import curve_spec
+from planner.cli_simulate import parse_module_ref
+from planner.config import ConfigError
+from planner.jobs import Job, JobBusy
+from planner.plan import module_plan
+from planner.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
+from planner.store import RunStore, whatif_fit_path
+from planner.units import fmt_bytes
+
+TIMEOUT_S = 900  # ten small simulations, each a child importing torch; a big module takes longer per point
+EXAMPLE = "my_model.py:make_model"
+
+state = st.session_state
+frame("Your module", picker=False)
+st.title("Your module: will it fit?")
+st.caption("For a model the planner has no formulas for: a Python file with `make_model()` returning an "
+           "`nn.Module` (optionally `make_batch(batch_size, seq_len)` and `loss_fn(output, targets)`). "
+           "**This imports and runs your code** in child processes, on fake tensors (no memory used).")
+
+ref = st.text_input("Module (FILE.py:FUNCTION)", key="module_ref", bind="query-params", placeholder=EXAMPLE)
+r1, r2, r3, r4 = st.columns(4)
+precision = r1.selectbox("Precision", PRECISIONS, key="m_precision", bind="query-params")
+optimizer = r2.selectbox("Optimizer", OPTIMIZERS, OPTIMIZERS.index(TrainSpec(1, 1).optimizer), key="m_optimizer",
+                         bind="query-params")
+impl = r3.selectbox("Optimizer implementation", OPTIMIZER_IMPLS, key="m_impl", bind="query-params")
+accum = r4.number_input("Grad. accumulation", 1, 1024, 1, key="m_accum", bind="query-params")
+run = {"precision": precision, "optimizer": optimizer, "optimizer_impl": impl, "grad_accum": int(accum), "device": "cpu"}
+
+if not ref.strip():
+    st.info(f"Type the path of your file and its function, e.g. `{EXAMPLE}`.")
+    st.stop()
+try:
+    path, func = parse_module_ref(ref.strip())
+except ConfigError as exc:
+    st.error(str(exc))
+    st.stop()
+fit_file = whatif_fit_path(path, func, run)
+
+
+def start(kind: str, batch: int = 2, seq: int = 16) -> None:
+    args = ["simulate", kind, "--module", f"{path}:{func}", "--batch-size", str(batch), "--seq-len", str(seq),
+            "--precision", precision, "--optimizer", optimizer, "--optimizer-impl", impl, "--grad-accum", str(accum),
+            "--json", "--progress", "--timeout", str(TIMEOUT_S)]
+    if kind == "whatif":
+        fit_file.parent.mkdir(parents=True, exist_ok=True)
+        args += ["--out", str(fit_file)]
+    try:
+        state["module_job"] = Job(args, timeout_s=TIMEOUT_S * 10 + 60).start()
+        state["module_job_kind"] = kind
+        state["module_point"] = {"batch_size": batch, "seq_len": seq}
+        state.pop("module_check", None)
+    except JobBusy as exc:
+        state["module_message"] = str(exc)
+
+
+running = "module_job" in state
+
+
+@st.fragment(run_every=1.0 if running else None)
+def job_panel() -> None:
+    job = state.get("module_job")
+    if job is None:
+        return
+    status = job.state()
+    if status == "running":
+        fraction, stage = job.progress()
+        st.progress(min(max(fraction, 0.0), 1.0), text=f"Running: {stage}")
+        if st.button("Cancel", key="module_cancel"):
+            job.cancel()
+            status = job.state()
+    if status != "running":
+        record = job.result() or {}
+        kind = state.pop("module_job_kind", "whatif")
+        ok = status == "done" and "peak_bytes" in record
+        point = state.pop("module_point", {})
+        if kind == "train" and ok and fit_file.exists():
+            # Stored in Runs as a simulation, against what the fit answers at that point.
+            fitted = module_plan(json.loads(fit_file.read_text()), point["batch_size"], point["seq_len"], 1,
+                                 point["seq_len"]).peak_bytes
+            state["module_check"] = {**record, "fitted_bytes": fitted, **point}
+            RunStore().save("train", f"module {path.name}:{func}", {**run, **point}, "cpu", fitted,
+                            record["peak_bytes"], {"kind": "simulate", "estimate_source": "what-if fit",
+                                                   **{k: v for k, v in record.items() if k != "timeline"}})
+        elif not ok:
+            state["module_message"] = (("Cancelled: every process of the run has ended." if status == "cancelled" else
+                                        f"{status}: {record.get('error', 'no result')}"))
+        del state["module_job"]
+        st.rerun()
+
+
+b1, b2 = st.columns([1, 3])
+b1.button("Fit the what-ifs" if not fit_file.exists() else "Fit again", type="primary", disabled=running,
+          on_click=start, args=("whatif",), key="module_fit",
+          help="simulates 10 small (batch, sequence) points in child processes (a minute for a small model)")
+if msg := state.pop("module_message", None):
+    st.warning(msg)
+job_panel()
+if not fit_file.exists():
+    st.caption("No fit yet for this file and these settings.")
+    st.stop()
+
+fit = json.loads(fit_file.read_text())
+c1, c2, c3, c4 = st.columns(4)
+batch = c1.slider("Batch size", 1, 1024, 4, key="m_batch", bind="query-params")
+seq_limit = c4.number_input("Longest sequence to consider", 16, 1 << 20, 4096, key="m_seq_limit",
+                            bind="query-params", help="your model's context (the fit knows no limit of its own)")
+seq = c2.slider("Sequence length", 1, int(seq_limit), min(512, int(seq_limit)), key="m_seq", bind="query-params")
+default_bytes, default_source = machine_budget("cpu")
+budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, round(default_bytes / 2**30, 1), step=0.5,
+                             key="m_budget_gib", bind="query-params", help=f"default: {default_source}")
+try:
+    p = module_plan(fit, int(batch), int(seq), int(budget_gib * 2**30), int(seq_limit))
+except ValueError as exc:  # MisalignedError: batch 1 not covered by this fit
+    st.error(str(exc))
+    st.stop()
+
+m1, m2, m3 = st.columns(3)
+m1.metric("Fitted peak", fmt_bytes(p.peak_bytes),
+          delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.budget_bytes - p.peak_bytes))}",
+          delta_color="normal" if p.fits else "inverse")
+m2.metric("Peak phase", p.peak_phase, help=f"at op {p.peak_op}")
+m3.metric("Budget", fmt_bytes(p.budget_bytes))
+worst = max(f["max_residual_bytes"] for f in fit["fits"])
+st.caption(md_escape(f"From the fit of {sum(len(f['points']) for f in fit['fits'])} simulated points "
+                     f"(terms {', '.join(fit['terms'])}; largest residual at a fitted point {worst:,.0f} B)."))
+f1, f2 = st.columns(2)
+f1.metric("Largest batch that fits", p.max_batch, help=md_escape(p.max_batch_reason))
+f2.metric(f"Longest sequence at batch {batch}", p.max_seq, help=md_escape(p.max_seq_reason))
+k1, k2 = st.columns(2)
+k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.budget_bytes, f"Batch size (sequence {seq})"))
+k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", p.budget_bytes, f"Sequence length (batch {batch})"))
+st.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v} for k, v in p.phase_peak_bytes.items()]),
+             hide_index=True, width="stretch")
+
+st.button("Simulate this point", disabled=running, on_click=start, args=("train", int(batch), int(seq)),
+          key="module_check_button", help="the same step on fake tensors at this batch and sequence: checks the fit")
+if check := state.get("module_check"):
+    err = 100.0 * (check["fitted_bytes"] - check["peak_bytes"]) / check["peak_bytes"]
+    st.caption(f"Simulated at batch {check['batch_size']}, sequence {check['seq_len']}: "
+               f"{fmt_bytes(check['peak_bytes'])} ({check['peak_bytes']:,} B) in {check['peak_phase']}; the fit "
+               f"said {check['fitted_bytes']:,} B ({err:+.4f}%). Kept on the Runs page.")
