@@ -77,8 +77,13 @@ def cmd_simulate_whatif(args: argparse.Namespace) -> int:
     """Simulate each point in a child (progress: one line per point), fit, answer the run's (b, s)."""
     from .whatif import MisalignedError, child_trace, fit_whatif
 
+    from .whatif import TERMS
+
     cfg, spec, module = parse_simulate(args)
     points = _points(args.points)
+    if sum(b >= 2 for b, _ in points) < len(TERMS):  # refused before any child runs (WhatIf.fit says the same)
+        raise ConfigError(f"--points: need at least {len(TERMS)} points with batch >= 2 to fit the terms "
+                          f"{', '.join(TERMS)}; got {sum(b >= 2 for b, _ in points)}")
     show_progress = args.json and args.progress
     done: list = []
 
