@@ -234,7 +234,14 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
         others_last = saved_after_loss - head_bytes - blk_bytes - casts_blk - casts_head
     others_first = embed_bytes
     current = blk_bytes + casts_blk + (family.stash_extra(cfg, spec, w) if spec.checkpointing else 0)
-    grads_last = 0 if grads_exist else n["head"] * e_p
+    # A tied head's weight grad is not added to .grad at the head's backward: the engine holds it in the
+    # input buffer of the shared weight's AccumulateGrad node until the embedding's backward (the last
+    # one) adds its part. With fresh grads that is part of n["head"]; in a later micro-batch it is the
+    # one grad the sweep holds apart from the existing .grads (V*h*e_p; measured on GPT-2 V97 h96 b4 s8
+    # bf16-amp ckpt accum2: a 37,248 B fp32 (97, 96) tensor alive from the head's backward to the end).
+    tied_pending = (sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "embed") * e_p
+                    if grads_exist and family.tied(cfg) else 0)
+    grads_last = tied_pending if grads_exist else n["head"] * e_p
     ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=g, pending=pending, current=current,
                        mlp_saved=mlp_saved, norm_mlp_saved=norm_mlp_saved, casts_mlp=casts_mlp, mlp_n=n["mlp"],
                        down_n=n["down"], attn_n=n["attn_done"], saved_after_loss=saved_after_loss,
@@ -243,7 +250,7 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
                        attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                        mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"],
                        rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
-    grads_first = 0 if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
+    grads_first = tied_pending if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
     out_ = {"final norm": family.head_point(cfg, spec, w, ctx)}
     for name, value in family.block_points(cfg, spec, w, ctx).items():
         out_[f"last block {name}"] = others_last + grads_last + value
