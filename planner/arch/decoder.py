@@ -217,6 +217,15 @@ class RMSDecoder(HFCausalLM):
         ffn: the activation's backward, with the down projection's grad, the MLP output's grad (b*s*h*e_r)
              and two b*s*f gradients alive; autocast's MLP weight copies (2*f*h) already freed (a later
              micro-batch: the down projection's backward, whose grad is added in place right after).
+        mlp_in: the last MLP input projection's backward (gate_proj's; Phi-3's one gate_up_proj), at its
+             input-grad matmul: every MLP weight grad exists (gate's just made); alive are the MLP input
+             it saved (b*s*h*e_m), the residual's grad (b*s*h*e_r), the grad of its output (b*s*f*e_m; fused:
+             SplitBackward's cat of both halves, 2*b*s*f*e_m), the up projection's input grad, already in the
+             norm output's dtype (b*s*h*e_r; none when fused) and its own new input grad (b*s*h*e_m). Under
+             autocast its bf16 weight copy is still held by its node and its weight grad is still the bf16
+             one (4*f*h in place of the fp32 grad). Measured (fp32 Llama/Qwen 3 b4 s8 h96 f256): 12,288 B
+             each b*s*h and 32,768 B b*s*f above mlp_done's state; the first block's peak when b*s*f is
+             large beside the weights (Qwen 3 V97 h96 b4 s8 eager fp32: 1,727,016 B).
         mlp_done: the MLP's backward finished: its saved tensors freed, its grads made, the MLP input's grad
              and the residual's grad alive.
         mlp_cast (autocast): the last MLP weight's grad is made in bf16 then copied to fp32 (the cast
@@ -243,6 +252,9 @@ class RMSDecoder(HFCausalLM):
             "ffn": x.current + x.bsh * w.e_r + b * s * f * w.e_m - (2 * f * h if w.amp else 0)
             + (x.down_n * x.e_p + b * s * f * w.e_m if x.g else max(x.down_n * x.e_p, b * s * f * w.e_m)),
             "mlp_done": after_mlp + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m + self.mlp_done_extra(c, spec, w),
+            "mlp_in": after_mlp + x.bsh * (w.e_r + 2 * w.e_m) + (0 if self.fused_gate_up else x.bsh * w.e_r)
+            + (2 if self.fused_gate_up else 1) * b * s * f * w.e_m
+            + (4 * x.mlp_in_weight - x.mlp_in_weight * x.e_p if w.amp else 0),
             "norm": after_mlp + x.bsh * w.e_r + 16 * x.bsh,
             "attn_in": (x.block_n - x.norm_attn_n) * x.g + x.norm_attn_saved + x.attn_in_saved
             + 3 * x.bsh * w.e_m + b * s * sh.a * sh.d * w.e_m - rope_gone,

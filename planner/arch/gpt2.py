@@ -228,14 +228,24 @@ class HFGPT2(HFCausalLM):
         """In-block high points of the backward (book GPT-2's, whose block has the same ops but LayerNorm):
         ffn: the GELU's backward, with the MLP c_proj's grad, its input grad (b*s*h*e_r) and two b*s*f
              gradients alive; autocast's MLP weight copies freed.
+        c_proj: the MLP c_proj's backward, its grads made, its saved input not yet released.
         mlp_done: the MLP's backward finished.
         mlp_cast (autocast): the MLP c_proj's weight grad in bf16 and in fp32 at once.
         attention (eager; SDPA's math kernel): see _attention_backward_bytes."""
         b, s, h, f = spec.batch_size, spec.seq_len, c.n_embd, c.inner
         resid = b * s * h * (1 if spec.device_type == "cuda" else w.e_m) if c.resid_pdrop > 0 else 0
         points = {
-            "ffn": x.current + x.down_n * x.e_p + x.bsh * w.e_r + 2 * b * s * f * w.e_m - resid
+            # a later micro-batch (x.g == 0) has added c_proj's grad to its .grad in place and freed it
+            # before the GELU's backward starts
+            "ffn": x.current + (x.down_n * x.e_p if x.g else 0) + x.bsh * w.e_r + 2 * b * s * f * w.e_m - resid
             - (2 * f * h if w.amp else 0),
+            # c_proj's backward (its input grad, then its weight and bias grads, computed in the weight's
+            # working dtype: bf16 under autocast), before it releases its saved input: the MLP output's grad
+            # (the residual dropout's backward output, a tensor of its own when there is dropout) and the
+            # residual's grad are alive. The top in a later micro-batch, where the grads are added in place
+            # right after (measured: GPT-2 V97 h96 b4 s8 sdpa fp32 accum2, 587,648 B in the block).
+            "c_proj": x.current - resid + x.bsh * w.e_r + (x.bsh * w.e_m if resid else 0) + b * s * f * w.e_m
+            + x.down_n * (2 if w.amp else x.e_p),
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
@@ -244,11 +254,18 @@ class HFGPT2(HFCausalLM):
                                    - x.bsh * w.e_m  # c_proj's input copy, freed by its backward
                                    + (x.mlp_n + x.attn_n) * x.g + x.bsh * w.e_r
                                    + self._attention_backward_bytes(c, spec, w))
-        if w.amp and not spec.checkpointing:  # checkpointed: the GELU point is the higher (measured at s = 256)
+        if w.amp:
             # The MLP c_proj's weight grad is made in bf16, then copied to fp32 (ToCopyBackward of autocast's
-            # cast): both copies exist while the GELU's input grads have not started yet (measured: one
-            # b*s*f*e_m above the GELU point).
-            points["mlp_cast"] = points["ffn"] + b * s * f * w.e_m
+            # cast), checkpointed or not. At that copy c_proj's node has run and released what it saved (its
+            # input, the GELU output, b*s*f*e_m, and the bf16 weight copy, 2*f*h, which the bf16 grad
+            # replaces); alive are its input grad (b*s*f*e_m, which offsets the freed input), the residual's
+            # grad (b*s*h*e_r) and the fp32 copy (f*h*e_p; fresh grads: with c_proj's fp32 bias grad, made
+            # just before). The residual dropout's noise is freed. Measured: GPT-2 V97 h96 b4 s8 bf16-amp
+            # ckpt accum2, last block: 578,048 B in the block (the step's peak); V1000 h64 b2 s64 bf16-amp:
+            # 2,145,544 B, below the GELU point (the former ffn + b*s*f*e_m matched only where
+            # 3*b*s*f*e_m = 2*f*h*2).
+            points["mlp_cast"] = (x.current - resid + x.bsh * w.e_r + f * h * x.e_p
+                                  + (x.down_n - f * h) * x.g)
         return points
 
     @staticmethod

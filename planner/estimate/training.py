@@ -105,6 +105,22 @@ def _autocast_weight_bytes(cfg: ModelConfig, amp: bool, blocks_only: bool) -> in
     return total * 2
 
 
+def autocast_bias_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
+    return _autocast_bias_bytes(cfg, spec.autocast_dtype is not None)
+
+
+@per_config
+def _autocast_bias_bytes(cfg: ModelConfig, amp: bool) -> int:
+    """Low-precision copies of the fp32 biases that autocast casts for linear / addmm. cached_cast caches
+    every fp32 leaf that requires grad, biases included, until the outermost autocast region (forward +
+    loss) exits; no backward saves them (a bias's grad is a sum of the output's grad), so they are alive
+    in the forward and the loss only. Measured: GPT-2 V97 h96 L2 bf16-amp, 3,456 B (2 * 1,728 bias
+    elements) in both phases, checkpointed or not."""
+    if not amp:
+        return 0
+    return 2 * sum(t.numel for t in tensor_inventory(cfg) if t.autocast and t.is_bias and t.trainable)
+
+
 # CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every block is a multiple of 512 B.
 CUDA_BLOCK_BYTES = 512
 # cuBLAS workspace, allocated through the caching allocator and so counted by max_memory_allocated
@@ -234,7 +250,14 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
         others_last = saved_after_loss - head_bytes - blk_bytes - casts_blk - casts_head
     others_first = embed_bytes
     current = blk_bytes + casts_blk + (family.stash_extra(cfg, spec, w) if spec.checkpointing else 0)
-    grads_last = 0 if grads_exist else n["head"] * e_p
+    # A tied head's weight grad is not added to .grad at the head's backward: the engine holds it in the
+    # input buffer of the shared weight's AccumulateGrad node until the embedding's backward (the last
+    # one) adds its part. With fresh grads that is part of n["head"]; in a later micro-batch it is the
+    # one grad the sweep holds apart from the existing .grads (V*h*e_p; measured on GPT-2 V97 h96 b4 s8
+    # bf16-amp ckpt accum2: a 37,248 B fp32 (97, 96) tensor alive from the head's backward to the end).
+    tied_pending = (sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "embed") * e_p
+                    if grads_exist and family.tied(cfg) else 0)
+    grads_last = tied_pending if grads_exist else n["head"] * e_p
     ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=g, pending=pending, current=current,
                        mlp_saved=mlp_saved, norm_mlp_saved=norm_mlp_saved, casts_mlp=casts_mlp, mlp_n=n["mlp"],
                        down_n=n["down"], attn_n=n["attn_done"], saved_after_loss=saved_after_loss,
@@ -243,7 +266,7 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
                        attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                        mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"],
                        rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
-    grads_first = 0 if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
+    grads_first = tied_pending if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
     out_ = {"final norm": family.head_point(cfg, spec, w, ctx)}
     for name, value in family.block_points(cfg, spec, w, ctx).items():
         out_[f"last block {name}"] = others_last + grads_last + value
@@ -320,7 +343,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # Under checkpointing nothing in the blocks is saved, but autocast's cache still holds every block's
     # low-precision weight copy until the autocast region (forward + loss) exits.
     cached_casts = autocast_weight_bytes(cfg, spec, blocks_only=True) if spec.checkpointing else 0
-    a_before_loss += cached_casts
+    a_before_loss += cached_casts + autocast_bias_bytes(cfg, spec)
     # Alive at the end of the forward but not saved (transformers' KV cache, ...): with a loss computed
     # inside the model (labels=) they last through it; padded labels (8*b*(s+1)) live during it too.
     fwd = family.forward_terms(cfg, spec, w)
