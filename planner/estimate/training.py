@@ -264,6 +264,10 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+    if spec.finetuning:  # a trainable subset or LoRA: planner/estimate/finetune.py
+        from .finetune import estimate_finetune
+
+        return estimate_finetune(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))

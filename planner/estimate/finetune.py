@@ -1,0 +1,299 @@
+"""Peak memory of a fine-tuning step (issue #12): a trainable subset or LoRA on a frozen base (no torch).
+
+Autograd records an op only when one of its inputs requires grad, and saves of its inputs only what the
+gradients it must compute need (torch's generated autograd code saves `self` of a matmul only when the
+weight needs a grad). So the saved set follows from what needs grad, walked through the block in order
+from the family's inventory (roles, not names):
+  - nothing before the first tensor that needs grad is saved (a frozen prefix of blocks saves nothing);
+  - a frozen Linear saves nothing of its input (only its weight, a parameter, for the input's grad);
+  - RMSNorm saves its fp32 input and rsqrt when its input needs grad, and its normed x when its weight trains;
+  - the activation, the gated product and SDPA save as in full training once their inputs need grad;
+  - a LoRA adapter (peft/tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling,
+    x cast to the adapter's dtype first) saves lora_A's input (x itself, its fp32 copy on a bf16 base, or
+    the dropout's output when lora_dropout > 0, with the dropout's fp32 noise when x needs grad) and
+    lora_B's input, the b*s*r output of lora_A, in the adapter dtype (fp32: peft's autocast_adapter_dtype).
+With checkpointing, transformers' activation_checkpointing_enable (and peft) call enable_input_require_grads:
+the embeddings' output needs grad, every block stashes its input, and backward recomputes every block.
+Measured against transformers' models with peft 0.21 on the CPU (tests/test_finetune.py, `bench finetune`).
+"""
+from __future__ import annotations
+
+from ..accounting import DTYPE_BYTES, buffer_bytes, tensor_inventory
+from ..arch import family_of
+from ..arch.base import resolved_loss
+from ..config import ACTIVATION_SAVED, ConfigError
+from ..finetune import adapted_linears, trainable_names
+from .activations import Term, Widths
+
+ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32, bf16 and fp16 bases
+
+
+def check_supported(cfg, spec) -> None:
+    if spec.autocast_dtype is not None:
+        raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) is not modelled yet; use fp32 or a bf16 "
+                          "base (--precision bf16: peft keeps the adapters fp32)")
+    if spec.grad_accum > 1:
+        raise ConfigError("fine-tuning with gradient accumulation is not modelled yet")
+
+
+def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
+    """(name, numel, bytes per element) of every trainable tensor, in model.parameters() order (peft's
+    adapters come after their base layer's weight and bias)."""
+    family = family_of(cfg)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    keep = trainable_names(family, cfg, spec)
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    out = []
+    for t in tensor_inventory(cfg):
+        if t.kind != "param":
+            continue
+        if keep is None or t.name in keep:
+            out.append((t.name, t.numel, e_p))
+        module = t.name.rsplit(".", 1)[0]
+        last_of_module = module in adapted and (t.name.endswith(".bias") or not adapted[module].bias)
+        if last_of_module:
+            lin, r = adapted[module], spec.lora_r
+            out += [(f"{module}.lora_A", r * lin.n_in, ADAPTER_BYTES), (f"{module}.lora_B", lin.n_out * r, ADAPTER_BYTES)]
+    return out
+
+
+def _norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool) -> list[Term]:
+    """transformers' RMSNorm: x.float() (a copy below fp32), x * rsqrt(mean(x^2) + eps), weight * normed."""
+    terms = []
+    if rg_in:
+        terms += [Term(f"{label}: fp32 input, rsqrt (input needs grad)", "4*b*s*h + 4*b*s", 4 * b * s * h + 4 * b * s)]
+    if trains:
+        terms.append(Term(f"{label}: normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r))
+    return terms
+
+
+def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key) -> list[Term]:
+    """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
+    the inputs already saved (at p = 0 on an fp32 base lora_A saves x itself, one storage per input)."""
+    r, p = spec.lora_r, spec.lora_dropout
+    terms = []
+    if p > 0:
+        terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""),
+                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES))
+    elif e_x != ADAPTER_BYTES:
+        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES))
+    elif key not in shared:
+        shared.add(key)
+        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES))
+    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES))
+    return terms
+
+
+def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: bool) -> list[Term]:
+    """transformers' eager_attention_forward, by what needs grad (matmul saves each operand for the other's
+    grad): q (for k's grad) and the repeated k^T (for q's); softmax(dtype=float32) its fp32 output when the
+    scores need grad; probs @ v saves v when the probabilities need grad and the probabilities (fp32: the
+    softmax output itself; below fp32 its cast) when v does. Its output copy is o_proj's input (saved
+    there, if at all)."""
+    unit = b * sh.a * s * sh.d * w.e_m
+    ss = b * sh.a * s * s
+    terms = []
+    n = int(k) + int(q) + int(probs_rg)
+    if n:
+        terms.append(Term("eager attention q / k^T / v (as the grads need them)", "n*b*a*s*d*e_m", n * unit))
+    fp32_probs = probs_rg or (v and w.e_m == 4)
+    if fp32_probs:
+        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss))
+    if v and w.e_m < 4:
+        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m))
+    return terms
+
+
+def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
+    """Block i's saved tensors (no checkpointing), given whether its input needs grad; returns them, whether
+    its output needs grad, and whether RoPE's cos/sin are saved in it."""
+    from ..arch import parts
+
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h, f = spec.batch_size, spec.seq_len, sh.h, sh.f
+    e = w.e_r
+    pre = f"model.layers.{i}"
+    inv = [t for t in tensor_inventory(cfg) if t.kind == "param" and t.block == i]
+    role_trains = lambda role: any(t.name in trains for t in inv if t.role == role)
+    mods = {t.name.rsplit(".", 1)[0]: t.role for t in inv if not t.is_bias}
+    terms: list[Term] = []
+    shared: set = set()
+
+    def linear_group(role: str, x_rg: bool, n_in: int, key) -> dict[str, bool]:
+        """The role's linears reading one input: base saves (their input once, if a weight trains) and
+        adapters; returns output name -> needs grad."""
+        out = {}
+        names = [m for m, r in mods.items() if r == role]
+        if any(f"{m}.weight" in trains for m in names) and key not in shared:
+            terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e))
+            shared.add(key)
+        for m in names:
+            lora = m in adapted
+            if lora:
+                terms.extend(_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key))
+            out[m.rsplit(".", 1)[1]] = x_rg or lora or f"{m}.weight" in trains
+        return out
+
+    terms += _norm("input norm", b, s, h, e, g, role_trains("norm.attn"))
+    n1 = g or role_trains("norm.attn")
+    outs = linear_group("attn.in", n1, h, "n1")
+    q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
+    rope = q or k
+    attn_rg = q or k or v
+    if attn_rg and sh.attention == "sdpa":
+        # SDPA's CPU kernel saves q, k, v, its output and logsumexp whichever input needs grad (measured)
+        terms += parts.attention(sh, b, s, w, masked=family.masked(cfg, spec))
+        terms += family.mask_terms(cfg, spec, w)
+        shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
+    elif attn_rg:
+        terms += eager_attention(sh, b, s, w, q or k, q, k, v)
+    o = linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
+    g = g or any(o.values())
+    terms += _norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"))
+    n2 = g or role_trains("norm.mlp")
+    mlp = linear_group("mlp.in", n2, h, "n2")
+    gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
+    bsf = b * s * f
+    if gate:
+        terms.append(Term(f"{sh.act} saved input(s)", "n_act*b*s*f*e", ACTIVATION_SAVED[sh.act] * bsf * e))
+    if up:
+        terms.append(Term(f"{sh.act} output (the product's grad for up)", "b*s*f*e", bsf * e))
+    if gate:
+        terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * e))
+    prod_rg = gate or up
+    down = linear_group("mlp.out", prod_rg, f, "prod")
+    g = g or any(down.values())
+    return terms, g, rope
+
+
+def finetune_activations(cfg, spec, w) -> tuple[list[Term], int]:
+    """Saved tensors of the whole forward and the loss (as estimate_training's `activations`), and the
+    bytes saved for the loss (ce_saved)."""
+    from ..arch import parts
+
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h, V, L = spec.batch_size, spec.seq_len, sh.h, cfg.vocab_size, cfg.layers
+    e = w.e_r
+    keep = trainable_names(family, cfg, spec)
+    inv = [t for t in tensor_inventory(cfg) if t.kind == "param"]
+    trains = {t.name for t in inv} if keep is None else keep
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    masked = family.masked(cfg, spec)
+    terms: list[Term] = []
+    if spec.checkpointing:
+        # enable_input_require_grads: every block's input needs grad and is stashed by the checkpoint
+        terms.append(Term("checkpointed block inputs", "L*b*s*h*e_r", L * b * s * h * e, where="kept"))
+        terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
+        mask_bytes = b * s * s * w.e_r if cfg.attention == "eager" else s * s
+        terms += parts.checkpoint_inputs(sh, b, s, spec, w, masked, mask_bytes)
+        g = True
+    else:
+        g = any(t.name in trains for t in inv if t.role == "embed")
+        rope_saved = False
+        for i in range(L):
+            blk, g, rope = block_saved(cfg, spec, w, i, g, trains, adapted)
+            terms += blk
+            rope_saved = rope_saved or rope
+        if rope_saved:
+            terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
+    final_trains = any(t.name in trains for t in inv if t.role == "norm.final")
+    terms += _norm("final norm", b, s, h, e, g, final_trains)
+    if any(t.name in trains for t in inv if t.role == "head"):
+        terms.append(Term("lm_head input (head trains)", "b*s*h*e_m", b * s * h * e, where="head"))
+    loss_kind = resolved_loss(family, spec)
+    shifted_labels = 8 * b * s if loss_kind == "labels" else 0
+    ce_saved = b * s * V * w.e_ce + w.e_ce + shifted_labels
+    terms.append(Term("log_softmax output + nll total_weight (+ shifted labels)", "b*s*V*e_ce + e_ce + 8*b*s",
+                      ce_saved, where="head"))
+    return terms, ce_saved
+
+
+def forward_only_bytes(cfg, spec, w, terms) -> int:
+    """transformers' DynamicCache K/V copies (use_cache; off under checkpointing): extra unless attention
+    saves those very tensors (planner/arch/parts.py forward_only) — and a frozen block's attention saves
+    nothing, so there they are extra too."""
+    from ..arch import parts
+
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    if spec.checkpointing:
+        return 0
+    b, s, L = spec.batch_size, spec.seq_len, cfg.layers
+    as_is = sh.kv == sh.a or (sh.attention == "sdpa" and parts.sdpa_enable_gqa(sh, family.masked(cfg, spec)))
+    per_layer = 2 * b * sh.kv * s * sh.d * w.e_r
+    if not as_is:
+        return L * per_layer
+    recorded = sum(1 for t in terms if t.name.startswith("SDPA q and output") or t.name.startswith("attention q, k^T"))
+    return (L - recorded) * per_layer
+
+
+def optimizer_terms(params: list[tuple[str, int, int]], spec) -> tuple[int, int]:
+    """(state bytes, step temporaries) over the trainable tensors only (planner/estimate/training.py says
+    why: Adam(W) exp_avg, exp_avg_sq and a 0-d fp32 step each; the for-loop's sqrt/divide temporaries)."""
+    if spec.optimizer in ("adam", "adamw"):
+        state = sum(2 * n * eb + 4 for _, n, eb in params)
+        impl = spec.resolved_optimizer_impl
+        if impl == "fused":
+            tmp = 0
+        elif impl == "foreach":
+            tmp = sum(n * eb for _, n, eb in params)
+        else:
+            sizes = [n * eb for _, n, eb in params]
+            tmp = max((2 * x + (sizes[i - 1] if i else 0) for i, x in enumerate(sizes)), default=0)
+        return state, tmp
+    if spec.optimizer == "sgd-momentum":
+        return sum(n * eb for _, n, eb in params), 0
+    return 0, 0
+
+
+def estimate_finetune(cfg, spec):
+    from .training import TrainEstimate
+
+    check_supported(cfg, spec)
+    family = family_of(cfg)
+    loss_kind = resolved_loss(family, spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    b, s, V = spec.batch_size, spec.seq_len, cfg.vocab_size
+    bsV = b * s * V
+    train = trainable_params(cfg, spec)
+    base_params = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param") * e_p
+    adapter_bytes = sum(n * eb for name, n, eb in train if ".lora_" in name)
+    params = base_params + adapter_bytes
+    buffers = buffer_bytes(cfg, spec.param_dtype)
+    inputs = 2 * 8 * b * s
+    grads = sum(n * eb for _, n, eb in train)
+    opt_state, opt_tmp = optimizer_terms(train, spec)
+    terms, ce_saved = finetune_activations(cfg, spec, w)
+    activations = sum(t.bytes for t in terms)
+    logits = bsV * w.e_m
+    logits_fp32_copy = bsV * 4 if (loss_kind == "labels" and w.e_m < 4) else 0
+    ce_grads = 2 * bsV * w.e_ce
+    shifted_labels = 8 * b * s if loss_kind == "labels" else 0
+    fwd = forward_only_bytes(cfg, spec, w, terms)
+    in_model_loss = fwd + 8 * b * (s + 1) if loss_kind == "labels" else 0
+    base = params + buffers + inputs + opt_state
+    a_before_loss = activations - ce_saved
+    phase = {
+        "forward": base + a_before_loss + logits + fwd,
+        "loss": base + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        "backward": base + max(activations - shifted_labels + ce_grads, grads),
+        "optimizer": base + grads + opt_tmp,
+        "zero_grad": base + grads,
+    }
+    peak_phase = max(phase, key=phase.get)
+    out_terms = [dict(vars(t)) for t in terms]
+    out_terms.append(dict(vars(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads,
+                                    where="transient"))))
+    notes = [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
+             + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
+                if spec.lora_r else f" (train_layers {spec.train_layers})")]
+    return TrainEstimate(
+        params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
+        optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
+        peak_phase=peak_phase, phase_peak_bytes=phase,
+        transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
+                    "optimizer_temporaries": opt_tmp, "gradscaler": 0},
+        terms=out_terms, notes=notes, backward_points={})
