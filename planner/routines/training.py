@@ -62,11 +62,43 @@ def apply_finetuning(model, cfg: ModelConfig, spec: TrainSpec):
         config = LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
                             target_modules=list(lora_target_names(family, cfg, spec)), bias="none",
                             task_type="CAUSAL_LM")
-        return get_peft_model(model, config)
+        fake = _fake_mode_of(model)
+        if fake is None:
+            return get_peft_model(model, config)
+        return _peft_on_fake_model(model, config, fake)
     keep = trainable_names(family, cfg, spec)
     for name, p in model.named_parameters():
         p.requires_grad_(name in keep)
     return model
+
+
+def _fake_mode_of(model):
+    """The FakeTensorMode a simulated model's parameters belong to (planner/simulate.py), else None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    p = next(model.parameters(), None)
+    return p.fake_mode if isinstance(p, FakeTensor) else None
+
+
+def _peft_on_fake_model(model, config, fake_mode):
+    """peft on a simulated model: peft moves each new adapter to its base layer's device and dtype, and then
+    back to fp32 (autocast_adapter_dtype) with Module.to, which swaps a FakeTensor parameter in place, and
+    the swap is refused for a tensor the fake mode's converter keeps a weak reference to ("Couldn't swap
+    Linear.weight"). So peft runs with fake tensors off (the adapters are made real: r*(in + out) values
+    each), and every real adapter parameter is then replaced by a fake one of the same shape, dtype,
+    device and requires_grad: what the step holds is what the real step holds."""
+    from peft import get_peft_model
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        wrapped = get_peft_model(model, config)
+    with fake_mode:
+        for module in wrapped.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                if not isinstance(p, FakeTensor):
+                    setattr(module, name, torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=p.device),
+                                                             requires_grad=p.requires_grad))
+    return wrapped
 
 
 class TrainingStep:
