@@ -57,30 +57,34 @@ def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
     return out
 
 
-def _norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool) -> list[Term]:
+def _norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
+          where: str = "block") -> list[Term]:
     """transformers' RMSNorm: x.float() (a copy below fp32), x * rsqrt(mean(x^2) + eps), weight * normed."""
+    per_layer = where == "block"
     terms = []
     if rg_in:
-        terms += [Term(f"{label}: fp32 input, rsqrt (input needs grad)", "4*b*s*h + 4*b*s", 4 * b * s * h + 4 * b * s)]
+        terms += [Term(f"{label}: fp32 input, rsqrt (input needs grad)", "4*b*s*h + 4*b*s", 4 * b * s * h + 4 * b * s,
+                       per_layer, where, part)]
     if trains:
-        terms.append(Term(f"{label}: normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r))
+        terms.append(Term(f"{label}: normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r, per_layer, where, part))
     return terms
 
 
-def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key) -> list[Term]:
+def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
+             where: str = "block", part: str = "") -> list[Term]:
     """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
     the inputs already saved (at p = 0 on an fp32 base lora_A saves x itself, one storage per input)."""
     r, p = spec.lora_r, spec.lora_dropout
     terms = []
     if p > 0:
         terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""),
-                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES))
+                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES, True, where, part))
     elif e_x != ADAPTER_BYTES:
-        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES))
+        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
     elif key not in shared:
         shared.add(key)
-        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES))
-    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES))
+        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
+    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES, True, where, part))
     return terms
 
 
@@ -95,12 +99,12 @@ def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: 
     terms = []
     n = int(k) + int(q) + int(probs_rg)
     if n:
-        terms.append(Term("eager attention q / k^T / v (as the grads need them)", "n*b*a*s*d*e_m", n * unit))
+        terms.append(Term("eager attention q / k^T / v (as the grads need them)", "n*b*a*s*d*e_m", n * unit, True))
     fp32_probs = probs_rg or (v and w.e_m == 4)
     if fp32_probs:
-        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss))
+        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss, True))
     if v and w.e_m < 4:
-        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m))
+        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m, True))
     return terms
 
 
@@ -124,18 +128,20 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
         """The role's linears reading one input: base saves (their input once, if a weight trains) and
         adapters; returns output name -> needs grad."""
         out = {}
+        where = "mlp" if role.startswith("mlp") else "block"
+        part = role if role in ("attn.in", "mlp.out") else ""
         names = [m for m, r in mods.items() if r == role]
         if any(f"{m}.weight" in trains for m in names) and key not in shared:
-            terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e))
+            terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e, True, where, part))
             shared.add(key)
         for m in names:
             lora = m in adapted
             if lora:
-                terms.extend(_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key))
+                terms.extend(_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key, where, part))
             out[m.rsplit(".", 1)[1]] = x_rg or lora or f"{m}.weight" in trains
         return out
 
-    terms += _norm("input norm", b, s, h, e, g, role_trains("norm.attn"))
+    terms += _norm("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
     n1 = g or role_trains("norm.attn")
     outs = linear_group("attn.in", n1, h, "n1")
     q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
@@ -150,26 +156,28 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
         terms += eager_attention(sh, b, s, w, q or k, q, k, v)
     o = linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
     g = g or any(o.values())
-    terms += _norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"))
+    terms += _norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
     n2 = g or role_trains("norm.mlp")
     mlp = linear_group("mlp.in", n2, h, "n2")
     gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
     bsf = b * s * f
     if gate:
-        terms.append(Term(f"{sh.act} saved input(s)", "n_act*b*s*f*e", ACTIVATION_SAVED[sh.act] * bsf * e))
+        terms.append(Term(f"{sh.act} saved input(s)", "n_act*b*s*f*e", ACTIVATION_SAVED[sh.act] * bsf * e, True, "mlp"))
     if up:
-        terms.append(Term(f"{sh.act} output (the product's grad for up)", "b*s*f*e", bsf * e))
+        terms.append(Term(f"{sh.act} output (the product's grad for up)", "b*s*f*e", bsf * e, True, "mlp", "mlp.act_out"))
     if gate:
-        terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * e))
+        terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * e, True, "mlp",
+                          "mlp.up_out"))
     prod_rg = gate or up
     down = linear_group("mlp.out", prod_rg, f, "prod")
     g = g or any(down.values())
     return terms, g, rope
 
 
-def finetune_activations(cfg, spec, w) -> tuple[list[Term], int]:
-    """Saved tensors of the whole forward and the loss (as estimate_training's `activations`), and the
-    bytes saved for the loss (ce_saved)."""
+def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]]]:
+    """Saved tensors of the whole forward and the loss (as estimate_training's `activations`), the bytes
+    saved for the loss (ce_saved), and each block's saved set as backward meets it (recomputed under
+    checkpointing; empty for a block backward does not reach)."""
     from ..arch import parts
 
     family = family_of(cfg)
@@ -182,32 +190,37 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int]:
     adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
     masked = family.masked(cfg, spec)
     terms: list[Term] = []
+    per_block: list[list[Term]] = []  # what each block holds while backward runs through it ([] = not reached)
     if spec.checkpointing:
         # enable_input_require_grads: every block's input needs grad and is stashed by the checkpoint
-        terms.append(Term("checkpointed block inputs", "L*b*s*h*e_r", L * b * s * h * e, where="kept"))
+        terms.append(Term("checkpointed block inputs", "L*b*s*h*e_r", L * b * s * h * e, where="ckpt"))
         terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
         mask_bytes = b * s * s * w.e_r if cfg.attention == "eager" else s * s
         terms += parts.checkpoint_inputs(sh, b, s, spec, w, masked, mask_bytes)
         g = True
+        # backward recomputes each block with its input needing grad: this is what it saves again
+        per_block = [block_saved(cfg, spec, w, i, True, trains, adapted)[0] for i in range(L)]
     else:
         g = any(t.name in trains for t in inv if t.role == "embed")
         rope_saved = False
         for i in range(L):
-            blk, g, rope = block_saved(cfg, spec, w, i, g, trains, adapted)
+            blk, g_out, rope = block_saved(cfg, spec, w, i, g, trains, adapted)
             terms += blk
+            per_block.append(blk if g_out else [])
+            g = g_out
             rope_saved = rope_saved or rope
         if rope_saved:
             terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
     final_trains = any(t.name in trains for t in inv if t.role == "norm.final")
-    terms += _norm("final norm", b, s, h, e, g, final_trains)
+    terms += _norm("final norm", b, s, h, e, g, final_trains, where="head")
     if any(t.name in trains for t in inv if t.role == "head"):
         terms.append(Term("lm_head input (head trains)", "b*s*h*e_m", b * s * h * e, where="head"))
     loss_kind = resolved_loss(family, spec)
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     ce_saved = b * s * V * w.e_ce + w.e_ce + shifted_labels
     terms.append(Term("log_softmax output + nll total_weight (+ shifted labels)", "b*s*V*e_ce + e_ce + 8*b*s",
-                      ce_saved, where="head"))
-    return terms, ce_saved
+                      ce_saved, where="loss"))
+    return terms, ce_saved, per_block
 
 
 def forward_only_bytes(cfg, spec, w, terms) -> int:
@@ -248,6 +261,108 @@ def optimizer_terms(params: list[tuple[str, int, int]], spec) -> tuple[int, int]
     return 0, 0
 
 
+def _numels_by_block(cfg, spec, train: list[tuple[str, int, int]]) -> tuple[list[dict[str, int]], int]:
+    """The backward sweep's parameter counts by role (planner/estimate/training.py _grad_numels' keys) of
+    what trains, per block, in units of the base weights' bytes (an fp32 adapter on a bf16 base counts
+    twice), and the head's (output projection and final norm)."""
+    family = family_of(cfg)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    where = {t.name: (t.block, t.role, t.is_bias) for t in tensor_inventory(cfg) if t.kind == "param"}
+    for lin in adapted_linears(family, cfg, spec):
+        for ab in ("lora_A", "lora_B"):
+            where[f"{lin.module}.{ab}"] = (lin.block, lin.role, False)
+    units = [(where[n], numel * eb // e_p) for n, numel, eb in train]
+    head = sum(k for (blk, role, _), k in units if role in ("head", "norm.final"))
+    out = []
+    for i in range(cfg.layers):
+        blk = [(role, k, bias) for (b_, role, bias), k in units if b_ == i]
+        mlp = [(r, k, bias) for r, k, bias in blk if r in ("mlp.in", "mlp.out")]
+        out.append({"block": sum(k for _, k, _ in blk), "mlp": sum(k for _, k, _ in mlp),
+                    "down": sum(k for r, k, _ in blk if r == "mlp.out"),
+                    "mlp_weight": max((k for _, k, bias in mlp if not bias), default=0),
+                    "attn_done": sum(k for r, k, _ in blk if r in ("attn.out", "norm.mlp")),
+                    "norm_attn": sum(k for r, k, _ in blk if r == "norm.attn"),
+                    "attn_in": sum(k for r, k, _ in blk if r == "attn.in"),
+                    "mlp_in_weight": max((k for r, k, bias in blk if r == "mlp.in" and not bias), default=0)})
+    return out, head
+
+
+def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_after_loss: int,
+           train) -> dict[str, int]:
+    """The backward's high points, block by block from the last (planner/estimate/training.py
+    _backward_sweep, here per block: a fine-tuning step's blocks differ): the family's in-block points
+    (planner/arch/<family>.py block_points) on the block's own saved set and trainable counts, above what
+    the blocks before it still hold and the grads made so far; and the point before the blocks."""
+    from .training import SweepContext
+
+    family = family_of(cfg)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
+    bsh = b * s * h
+    numels, head_n = _numels_by_block(cfg, spec, train)
+    out = [t for t in terms if not t.per_layer and t.where != "loss"]
+    embed_bytes = sum(t.bytes for t in out if t.where in ("embed", "kept"))
+    head_bytes = sum(t.bytes for t in out if t.where == "head")
+    saved_blocks = [sum(t.bytes for t in blk) for blk in per_block]
+    stash = family.stash_extra(cfg, spec, w) if spec.checkpointing else 0
+    points = {}
+    grads = head_n * e_p
+    first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
+    for i in range(L - 1, first_reached - 1, -1):
+        blk, n = per_block[i], numels[i]
+        if spec.checkpointing:
+            others = embed_bytes + i * bsh * w.e_r
+        else:
+            others = embed_bytes + sum(saved_blocks[:i])
+        ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=e_p, pending=0,
+                           current=saved_blocks[i] + stash,
+                           mlp_saved=sum(t.bytes for t in blk if t.where == "mlp"),
+                           norm_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.mlp"), casts_mlp=0,
+                           mlp_n=n["mlp"], down_n=n["down"], attn_n=n["attn_done"],
+                           saved_after_loss=saved_after_loss, casts_head=0, grads_last=head_n * e_p,
+                           block_n=n["block"], norm_attn_n=n["norm_attn"],
+                           norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
+                           attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
+                           mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
+                           rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+        for name, value in family.block_points(cfg, spec, w, ctx).items():
+            points[f"block {i} {name}"] = others + grads + value
+        if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
+            # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
+            # block's saved set and the residual's grad (measured on the op timeline; a trained down
+            # projection's weight grad makes the family's "ffn" point the higher one)
+            points[f"block {i} gated product backward"] = (others + grads + ctx.current + bsh * w.e_r
+                                                           + 3 * b * s * cfg.intermediate_size * w.e_m)
+        grads += n["block"] * e_p
+        if i == L - 1:
+            points["final norm"] = family.head_point(cfg, spec, w, ctx)
+    return points
+
+
+def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], a_before_loss: int,
+                       fwd: int) -> int:
+    """The forward's high point inside the last block's gated MLP, at the product act(gate) * up (read off
+    the op timeline; it decides the forward when little is saved): everything saved so far but what the
+    last MLP and the head save after it, the K/V cache, and alive without being saved: the embeddings'
+    output (LlamaModel.forward keeps inputs_embeds), the block's input (its caller's variable), the
+    residual after attention, the MLP's input, the activation's output, up's output and the product
+    (b*s*f each), RoPE's cos/sin and the position ids. A tensor that is also saved counts once."""
+    family = family_of(cfg)
+    b, s, h, f = spec.batch_size, spec.seq_len, cfg.hidden, cfg.intermediate_size
+    bsh, bsf = b * s * h, b * s * f
+    last = per_block[-1]
+    later = sum(t.bytes for t in last if t.part in ("mlp.act_out", "mlp.up_out", "mlp.out"))
+    later += sum(t.bytes for t in terms if t.where == "head")
+    fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
+    rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
+    mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
+    alive = (bsh * w.e_r  # inputs_embeds
+             + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
+             + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
+             + bsh * w.e_m + 3 * bsf * w.e_m + rope + 8 * s + mask)
+    return a_before_loss - later + fwd + alive
+
+
 def estimate_finetune(cfg, spec):
     from .training import TrainEstimate
 
@@ -266,7 +381,7 @@ def estimate_finetune(cfg, spec):
     inputs = 2 * 8 * b * s
     grads = sum(n * eb for _, n, eb in train)
     opt_state, opt_tmp = optimizer_terms(train, spec)
-    terms, ce_saved = finetune_activations(cfg, spec, w)
+    terms, ce_saved, per_block = finetune_activations(cfg, spec, w)
     activations = sum(t.bytes for t in terms)
     logits = bsV * w.e_m
     logits_fp32_copy = bsV * 4 if (loss_kind == "labels" and w.e_m < 4) else 0
@@ -276,10 +391,12 @@ def estimate_finetune(cfg, spec):
     in_model_loss = fwd + 8 * b * (s + 1) if loss_kind == "labels" else 0
     base = params + buffers + inputs + opt_state
     a_before_loss = activations - ce_saved
+    backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
+    forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
     phase = {
-        "forward": base + a_before_loss + logits + fwd,
+        "forward": base + max(a_before_loss + logits + fwd, forward_mlp),
         "loss": base + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
-        "backward": base + max(activations - shifted_labels + ce_grads, grads),
+        "backward": base + max(activations - shifted_labels + ce_grads, grads, max(backward_points.values(), default=0)),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
@@ -296,4 +413,4 @@ def estimate_finetune(cfg, spec):
         peak_phase=peak_phase, phase_peak_bytes=phase,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": 0},
-        terms=out_terms, notes=notes, backward_points={})
+        terms=out_terms, notes=notes, backward_points=backward_points)
