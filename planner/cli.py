@@ -7,7 +7,7 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc [--quick] [--out FILE] [--family NAME]
+    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune [--quick] [--out FILE] [--family NAME]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
@@ -182,9 +182,10 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc"),
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
+                                    "finetune"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12); simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
