@@ -325,17 +325,26 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+        input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
         for name, value in family.block_points(cfg, spec, w, ctx).items():
+            if name == "input_norm" and not input_rg:
+                continue  # the block's input needs no grad: its input norm's backward makes no input grad
             points[f"block {i} {name}"] = others + grads + value
         if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
             # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
-            # block's saved set and the residual's grad (measured on the op timeline; a trained down
-            # projection's weight grad makes the family's "ffn" point the higher one)
-            points[f"block {i} gated product backward"] = (others + grads + ctx.current + bsh * w.e_r
-                                                           + 3 * b * s * cfg.intermediate_size * w.e_m)
+            # block's saved set less what the down projection saved (freed by its backward, which has
+            # made its grads), and the residual's grad (measured on the op timeline)
+            down_saved = sum(t.bytes for t in blk if t.part == "mlp.out")
+            points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * e_p
+                                                           + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
         grads += n["block"] * e_p
         if i == L - 1:
-            points["final norm"] = family.head_point(cfg, spec, w, ctx)
+            # the family's point frees the output head's saved input at the head's backward: a frozen head
+            # saved none. Below fp32 the final norm's output grad (from the head, in e_r) is alive beside
+            # its fp32 copy through the norm's backward (measured on fine-tuning steps' op timelines).
+            head_input = sum(t.bytes for t in out if t.where == "head" and t.name.startswith("lm_head input"))
+            points["final norm"] = (family.head_point(cfg, spec, w, ctx) + bsh * w.e_m - head_input
+                                    + (bsh * w.e_r if w.e_r < 4 else 0))
     return points
 
 
@@ -350,17 +359,30 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     family = family_of(cfg)
     b, s, h, f = spec.batch_size, spec.seq_len, cfg.hidden, cfg.intermediate_size
     bsh, bsf = b * s * h, b * s * f
-    last = per_block[-1]
-    later = sum(t.bytes for t in last if t.part in ("mlp.act_out", "mlp.up_out", "mlp.out"))
-    later += sum(t.bytes for t in terms if t.where == "head")
+    last = per_block[-1] if per_block else []
+    gated = sum(t.bytes for t in last if t.part in ("mlp.act_out", "mlp.up_out"))
+    down_saved = sum(t.bytes for t in last if t.part == "mlp.out")
+    later = gated + down_saved + sum(t.bytes for t in terms if t.where == "head")
     fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
     rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
     mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
     alive = (bsh * w.e_r  # inputs_embeds
              + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
              + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
-             + bsh * w.e_m + 3 * bsf * w.e_m + rope + 8 * s + mask)
-    return a_before_loss - later + fwd + alive
+             + bsh * w.e_m + rope + 8 * s + mask)                # the MLP's input
+    common = a_before_loss - later + fwd + alive
+    product = common + 3 * bsf * w.e_m
+    lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
+                    for lin in adapted_linears(family, cfg, spec))
+    if not lora_down:
+        return product
+    # peft's Linear.forward on down_proj, at `lora_B(...) * scaling`: the base result (b*s*h), the fp32
+    # copy of x on a bf16 base (its local `x` until the forward returns), what the adapter saves, and
+    # lora_B's output and its scaled copy (fp32, b*s*h each)
+    down = (common + gated + bsf * w.e_m + down_saved + bsh * w.e_m
+            + (bsf * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0)  # p = 0: saved
+            + 2 * bsh * ADAPTER_BYTES)
+    return max(product, down)
 
 
 def estimate_finetune(cfg, spec):
