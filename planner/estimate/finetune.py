@@ -129,7 +129,7 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
         adapters; returns output name -> needs grad."""
         out = {}
         where = "mlp" if role.startswith("mlp") else "block"
-        part = role if role in ("attn.in", "mlp.out") else ""
+        part = role if role in ("attn.in", "attn.out", "mlp.out") else ""
         names = [m for m, r in mods.items() if r == role]
         if any(f"{m}.weight" in trains for m in names) and key not in shared:
             terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e, True, where, part))
@@ -325,10 +325,27 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+        if spec.checkpointing and spec.lora_dropout > 0 and any(lin.role == "mlp.out" and lin.block == i
+                                      for lin in adapted_linears(family, cfg, spec)):
+            # the block's recompute (non-reentrant checkpoint, started by backward's first unpack) runs
+            # through the down projection's adapter (lora_B's input is the block's last saved tensor): the
+            # recomputed saved set, the block output's grad, and alive in the recompute the residual after
+            # attention, the MLP input, the product, down's base result and, on a bf16 base, the fp32 copy
+            # of the product that the dropout reads (measured on the op timeline with lora_dropout > 0,
+            # exact on an fp32 base; without dropout the recompute's high point is not modelled yet)
+            f_ = cfg.intermediate_size
+            points[f"block {i} recompute down adapter"] = (
+                others + grads + ctx.current + 2 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f_ * w.e_m
+                + (b * s * f_ * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
         for name, value in family.block_points(cfg, spec, w, ctx).items():
             if name == "input_norm" and not input_rg:
                 continue  # the block's input needs no grad: its input norm's backward makes no input grad
+            if name == "attention":
+                # eager attention's backward: the family's point has o_proj's input (a*d wide) freed by
+                # o_proj's backward; here what o_proj saved (its input, or its adapter's tensors) is
+                value += (b * s * cfg.num_attention_heads * cfg.head_dim * w.e_m
+                          - sum(t.bytes for t in blk if t.part == "attn.out"))
             points[f"block {i} {name}"] = others + grads + value
         if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
             # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
