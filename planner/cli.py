@@ -105,12 +105,12 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
                    help="fine-tuning: which parameters train: all; head (output projection and final norm); "
                         "last:N (the last N blocks, the final norm and an untied head); the rest is frozen")
     p.add_argument("--lora-r", type=int, default=None,
-                   help="fine-tuning with peft LoRA of this rank on a frozen base (default: no LoRA)")
+                   help="fine-tuning with peft LoRA of this rank on a frozen base (default: none, no LoRA)")
     p.add_argument("--lora-alpha", type=float, default=8.0, help="LoRA alpha (peft's default; no effect on memory)")
-    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout probability")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout probability (default: 0, peft's)")
     p.add_argument("--lora-targets", default="",
                    help="LoRA target modules, comma-separated (e.g. q_proj,v_proj), or all-linear (every linear "
-                        "layer but the output head); default: peft's default for the model type")
+                        "layer but the output head) (default: peft's default for the model type)")
     p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
                    help="cpu, cuda or cuda:N" + (" (required)" if device_required else ""))
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
