@@ -28,6 +28,17 @@ from .activations import Term, Widths
 ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32, bf16 and fp16 bases
 
 
+def known_gap(cfg, spec) -> str | None:
+    """A combination whose peak this estimate is known to miss by more than 1% (bench finetune measures
+    it), or None."""
+    if spec.checkpointing and spec.precision == "bf16" and spec.lora_r and any(
+            lin.role.startswith("mlp") for lin in adapted_linears(family_of(cfg), cfg, spec)):
+        return ("not modelled yet: on a bf16 base with checkpointing, LoRA on the MLP projections adds fp32 "
+                "transients to each block's recompute that this estimate under-counts (measured up to ~5.5% low "
+                "on tiny configs whose peak is in the recompute; where the loss decides the peak it is exact)")
+    return None
+
+
 def check_supported(cfg, spec) -> None:
     if spec.autocast_dtype is not None:
         raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) is not modelled yet; use fp32 or a bf16 "
@@ -337,10 +348,28 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             points[f"block {i} recompute down adapter"] = (
                 others + grads + ctx.current + 2 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f_ * w.e_m
                 + (b * s * f_ * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
+        if spec.checkpointing and any(lin.short == "up_proj" and lin.block == i
+                                      for lin in adapted_linears(family, cfg, spec)):
+            # the recompute at up_proj's adapter (`lora_B(...) * scaling`, measured on the op timeline): the
+            # block's saved set so far (not the product's inputs and the down projection's tensors yet),
+            # the activation's output, the block output's grad, the residual after attention, the MLP
+            # input (and its fp32 copy with dropout below fp32), up's base result, lora_B's output and
+            # its scaled copy (fp32, b*s*f each)
+            f_ = cfg.intermediate_size
+            later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out"))
+            act_saved = any(t.part == "mlp.act_out" for t in blk)
+            points[f"block {i} recompute up adapter"] = (
+                others + grads + ctx.current - later_saved + (0 if act_saved else b * s * f_ * w.e_m)
+                + 2 * bsh * w.e_r + bsh * w.e_m + b * s * f_ * w.e_m + 2 * b * s * f_ * ADAPTER_BYTES
+                + (bsh * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
         for name, value in family.block_points(cfg, spec, w, ctx).items():
             if name == "input_norm" and not input_rg:
                 continue  # the block's input needs no grad: its input norm's backward makes no input grad
+            if name == "ffn":
+                # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
+                # before the activation's (the family's point counts the block's whole saved set)
+                value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
             if name == "attention":
                 # eager attention's backward: the family's point has o_proj's input (a*d wide) freed by
                 # o_proj's backward; here what o_proj saved (its input, or its adapter's tensors) is
@@ -443,7 +472,11 @@ def estimate_finetune(cfg, spec):
     out_terms = [dict(vars(t)) for t in terms]
     out_terms.append(dict(vars(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads,
                                     where="transient"))))
-    notes = [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
+    if known_gap(cfg, spec):
+        notes_gap = [known_gap(cfg, spec)]
+    else:
+        notes_gap = []
+    notes = notes_gap + [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
              + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
                 if spec.lora_r else f" (train_layers {spec.train_layers})")]
     return TrainEstimate(
