@@ -144,3 +144,17 @@ def test_finetune_estimate_imports_neither_torch_transformers_nor_peft():
             "assert not {'torch', 'transformers', 'peft'} & set(sys.modules), 'imported'\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
+    """fit's advice for a LoRA run leaves out autocast and gradient accumulation (not modelled for
+    fine-tuning yet) instead of failing on them, and still finds the largest batch."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(TINY))
+    out = subprocess.run([sys.executable, "-m", "planner", "fit", "--config", str(path), "--seq-len", "64",
+                          "--batch-size", "8", "--lora-r", "4", "--budget", "3MB", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout)
+    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16") and o["spec"]["grad_accum"] == 1
+                                 and o["spec"]["lora_r"] == 4 for o in rec["advice"])
