@@ -8,12 +8,14 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc [--quick] [--out FILE] [--family NAME]
+    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune [--quick] [--out FILE] [--family NAME]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
            [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
            [--loss default|labels|cross-entropy]
+           [--train-layers all|head|last:N]
+           [--lora-r R [--lora-alpha A] [--lora-dropout P] [--lora-targets q_proj,v_proj,...|all-linear]]
     PARALLEL: [--reshard-after-forward true|false] [--mp-param-dtype D] [--mp-reduce-dtype D] [--cpu-offload]
               [--gradient-as-bucket-view]   (planner/cli_parallel.py)
 
@@ -100,6 +102,16 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
                    help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
                         "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
                         "returned logits")
+    p.add_argument("--train-layers", default="all",
+                   help="fine-tuning: which parameters train: all; head (output projection and final norm); "
+                        "last:N (the last N blocks, the final norm and an untied head); the rest is frozen")
+    p.add_argument("--lora-r", type=int, default=None,
+                   help="fine-tuning with peft LoRA of this rank on a frozen base (default: none, no LoRA)")
+    p.add_argument("--lora-alpha", type=float, default=8.0, help="LoRA alpha (peft's default; no effect on memory)")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout probability (default: 0, peft's)")
+    p.add_argument("--lora-targets", default="",
+                   help="LoRA target modules, comma-separated (e.g. q_proj,v_proj), or all-linear (every linear "
+                        "layer but the output head) (default: peft's default for the model type)")
     p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
                    help="cpu, cuda or cuda:N" + (" (required)" if device_required else ""))
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
@@ -171,9 +183,10 @@ def build_parser() -> _Parser:
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
-    b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc"),
+    b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
+                                    "finetune"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12); simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
@@ -194,8 +207,19 @@ def parse_train(args) -> tuple:
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
                      optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
-                     optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss)
+                     optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
+                     **finetune_args(args))
     return prepare(cfg, spec, args.attention), spec
+
+
+def finetune_args(args) -> dict:
+    """TrainSpec's fine-tuning fields from --train-layers and --lora-* (the LoRA options need --lora-r)."""
+    if args.lora_r is not None and args.lora_r <= 0:
+        raise ConfigError(f"--lora-r must be positive, got {args.lora_r}")
+    if args.lora_r is None and (args.lora_targets or args.lora_dropout):
+        raise ConfigError("--lora-targets and --lora-dropout need --lora-r R")
+    return {"train_layers": args.train_layers, "lora_r": args.lora_r or 0, "lora_alpha": args.lora_alpha,
+            "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets}
 
 
 def _estimate_record(cfg, spec) -> dict:

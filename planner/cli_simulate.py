@@ -147,6 +147,9 @@ def parse_simulate(args: argparse.Namespace) -> tuple:
                           "inside your model")
     if args.attention:
         raise ConfigError("--attention applies to presets and configs; with --module, choose attention in your model")
+    if args.lora_r is not None or args.train_layers != "all":
+        raise ConfigError("--lora-r and --train-layers apply to presets and configs; with --module, freeze or wrap "
+                          "your model inside make_model")
     path, func = parse_module_ref(args.module)
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,

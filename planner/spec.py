@@ -36,6 +36,12 @@ class TrainSpec:
     optimizer_impl: str = "default"  # default = PyTorch's pick: for-loop on CPU, foreach on CUDA
     device: str = "cpu"
     loss: str = "default"           # one of LOSSES
+    # Fine-tuning (issue #12, planner/finetune.py): which parameters train, or LoRA adapters on a frozen base.
+    train_layers: str = "all"       # all | head | last:N
+    lora_r: int = 0                 # 0: no LoRA; else the adapters' rank
+    lora_alpha: float = 8.0         # peft's LoraConfig default (scaling alpha/r: no effect on memory)
+    lora_dropout: float = 0.0       # peft's default; > 0 saves the dropout's noise and output per adapter
+    lora_targets: str = ""          # "": peft's default for the model type; "all-linear"; or "q_proj,v_proj,..."
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "grad_accum"):
@@ -56,6 +62,15 @@ class TrainSpec:
         if self.loss not in LOSSES:
             raise ConfigError(f"unknown loss {self.loss!r}; choose one of: {', '.join(LOSSES)}")
         check_device(self.device)
+        from .finetune import check_lora_settings, check_train_layers
+
+        check_train_layers(self.train_layers)
+        check_lora_settings(self)
+
+    @property
+    def finetuning(self) -> bool:
+        """True when part of the model is frozen (a trainable subset, or LoRA on a frozen base)."""
+        return bool(self.lora_r) or self.train_layers != "all"
 
     @property
     def device_type(self) -> str:
@@ -88,6 +103,9 @@ def check_fits_model(cfg: ModelConfig, spec: TrainSpec) -> None:
     if spec.loss == "labels" and family.default_loss != "labels":
         raise ConfigError(f"the {family.arch} model has no labels= loss; use --loss cross-entropy (or default)")
     family.check_run(cfg, spec)
+    from .finetune import check_finetune
+
+    check_finetune(family, cfg, spec)
 
 
 def prepare(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None) -> ModelConfig:

@@ -172,7 +172,10 @@ def test_estimate_side_imports_neither_torch_nor_transformers():
             "for cfg in PRESETS.values():\n"
             "    estimate_training(cfg, TrainSpec(1, 128, 'bf16-amp', checkpointing=True))\n"
             "load_config('tests/data/gemma-2-2b.config.json')\n"
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported'\n")
+            "cfg = PRESETS['llama-3-8b']\n"  # fine-tuning (issue #12): a trainable subset and LoRA
+            "estimate_training(cfg, TrainSpec(1, 128, 'bf16', train_layers='last:2'))\n"
+            "estimate_training(cfg, TrainSpec(1, 128, 'bf16', lora_r=16, lora_targets='all-linear', lora_dropout=0.1))\n"
+            "assert not {'torch', 'transformers', 'peft'} & set(sys.modules), 'imported'\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 

@@ -51,6 +51,12 @@ class Family:
     source: ClassVar[str] = "transformers"   # "transformers": the model measured is transformers' own
     default_loss: ClassVar[str] = "labels"   # what "--loss default" means for this family
     description: ClassVar[str] = ""
+    # Fine-tuning (planner/finetune.py): peft's default LoRA targets for the model type
+    # (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), and whether the
+    # estimator models LoRA / a trainable subset for this family.
+    lora_default_targets: ClassVar[tuple[str, ...]] = ()
+    lora_supported: ClassVar[bool] = False
+    subset_supported: ClassVar[bool] = False
 
     # ---- configs -------------------------------------------------------------------------------------
     def presets(self) -> dict[str, Any]:

@@ -70,6 +70,12 @@ class RMSDecoder(HFCausalLM):
     qk_norm: ClassVar[bool] = False        # Qwen 3: RMSNorm over head_dim on q and k
     fused_qkv: ClassVar[bool] = False      # Phi-3: one qkv_proj
     fused_gate_up: ClassVar[bool] = False  # Phi-3: one gate_up_proj
+    lora_default_targets: ClassVar[tuple[str, ...]] = ("q_proj", "v_proj")  # peft's mapping for llama, mistral,
+    # qwen2, qwen3, gemma, gemma2 (peft/utils/constants.py); Phi-3 has none there
+    # Fine-tuning terms are measured for the plain RMSNorm decoders (Llama, Mistral, Qwen 2, Qwen 3), which
+    # set these; Gemma's norms and Phi-3's fused projections are not modelled yet.
+    lora_supported: ClassVar[bool] = False
+    subset_supported: ClassVar[bool] = False
 
     # ---- options read from the config ------------------------------------------------------------
     def biases(self, c) -> tuple[bool, bool, bool]:

@@ -20,6 +20,7 @@ class Llama(RMSDecoder):
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers LlamaForCausalLM"
     mlp_bias_key = "mlp_bias"
+    lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py)
 
     def presets(self) -> dict:
         # Shapes copied from each model's published config.json (tests/data); the parameter count in

@@ -64,6 +64,7 @@ class Phi3(RMSDecoder):
     o_bias = False
     fused_qkv = True
     fused_gate_up = True
+    lora_default_targets = ()  # peft 0.21 maps no default LoRA targets for phi3
     grid_options = {"pad_token_id": 0, "sliding_window": 48}  # s64 runs beyond the window, s48 at it, s8 inside
 
     def attention_terms(self, c, spec, w) -> list[Term]:

@@ -218,7 +218,8 @@ class SweepContext:
 
 
 def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term], out: list[Term], e_p: int,
-                    saved_after_loss: int, amp_weights: int, grads_exist: bool = False) -> dict[str, int]:
+                    saved_after_loss: int, amp_weights: int, grads_exist: bool = False,
+                    numels: dict[str, int] | None = None) -> dict[str, int]:
     """Live bytes (without the persistent base) at the in-block high points of the first and last block.
 
     Each block frees its saved tensors and adds its weight grads, so the total is linear in the block
@@ -226,11 +227,13 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
     points (planner/arch/<family>.py block_points), and one before the blocks (head_point).
     grads_exist: a later micro-batch of gradient accumulation, where every .grad already exists (and is
     counted by the caller); new grads are then only transients added in place, so the grads "made so
-    far" by the sweep are not counted again."""
+    far" by the sweep are not counted again.
+    numels: parameter counts by role that get grads (_grad_numels' keys), for a fine-tuning step whose
+    frozen weights make none (planner/estimate/finetune.py); default: every parameter trains."""
     family = family_of(cfg)
     b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
     bsh = b * s * h
-    n = _grad_numels(cfg)
+    n = _grad_numels(cfg) if numels is None else numels
     blk_bytes = sum(t.bytes for t in blk)
     head_bytes = sum(t.bytes for t in out if t.where == "head")
     embed_bytes = sum(t.bytes for t in out if t.where in ("embed", "kept"))
@@ -287,6 +290,10 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+    if spec.finetuning:  # a trainable subset or LoRA: planner/estimate/finetune.py
+        from .finetune import estimate_finetune
+
+        return estimate_finetune(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))

@@ -47,6 +47,60 @@ def calc_loss_batch(input_batch, target_batch, model, on_phase: Callable[[str], 
     return F.cross_entropy(logits.flatten(0, 1), target_batch.flatten())
 
 
+def apply_finetuning(model, cfg: ModelConfig, spec: TrainSpec):
+    """Freeze what does not train (planner/finetune.py: the family inventory's roles decide, by the names
+    the inventory shares with the model), or wrap the model with peft's LoRA as its users do:
+    get_peft_model(model, LoraConfig(...)) after checkpointing is enabled (peft then calls
+    enable_input_require_grads itself; transformers' activation_checkpointing_enable already has).
+    peft's defaults stay: autocast_adapter_dtype=True keeps the adapters fp32 on a bf16/fp16 base."""
+    from ..finetune import lora_target_names, trainable_names
+
+    family = family_of(cfg)
+    if spec.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
+                            target_modules=list(lora_target_names(family, cfg, spec)), bias="none",
+                            task_type="CAUSAL_LM")
+        fake = _fake_mode_of(model)
+        if fake is None:
+            return get_peft_model(model, config)
+        return _peft_on_fake_model(model, config, fake)
+    keep = trainable_names(family, cfg, spec)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in keep)
+    return model
+
+
+def _fake_mode_of(model):
+    """The FakeTensorMode a simulated model's parameters belong to (planner/simulate.py), else None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    p = next(model.parameters(), None)
+    return p.fake_mode if isinstance(p, FakeTensor) else None
+
+
+def _peft_on_fake_model(model, config, fake_mode):
+    """peft on a simulated model: peft moves each new adapter to its base layer's device and dtype, and then
+    back to fp32 (autocast_adapter_dtype) with Module.to, which swaps a FakeTensor parameter in place, and
+    the swap is refused for a tensor the fake mode's converter keeps a weak reference to ("Couldn't swap
+    Linear.weight"). So peft runs with fake tensors off (the adapters are made real: r*(in + out) values
+    each), and every real adapter parameter is then replaced by a fake one of the same shape, dtype,
+    device and requires_grad: what the step holds is what the real step holds."""
+    from peft import get_peft_model
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        wrapped = get_peft_model(model, config)
+    with fake_mode:
+        for module in wrapped.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                if not isinstance(p, FakeTensor):
+                    setattr(module, name, torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=p.device),
+                                                             requires_grad=p.requires_grad))
+    return wrapped
+
+
 class TrainingStep:
     """Model, optimizer and one fixed batch; `run()` performs one full optimizer step."""
 
@@ -60,7 +114,9 @@ class TrainingStep:
         self.model.train()
         if spec.checkpointing:
             self.family.enable_checkpointing(self.model)
-        self.optimizer = make_optimizer(self.model.parameters(), spec)
+        if spec.finetuning:
+            self.model = apply_finetuning(self.model, cfg, spec)
+        self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], spec)
         self.scaler = torch.amp.GradScaler(spec.device_type) if spec.precision == "fp16-amp" else None
         self.inputs = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
         self.targets = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)

@@ -1,0 +1,488 @@
+"""Peak memory of a fine-tuning step (issue #12): a trainable subset or LoRA on a frozen base (no torch).
+
+Autograd records an op only when one of its inputs requires grad, and saves of its inputs only what the
+gradients it must compute need (torch's generated autograd code saves `self` of a matmul only when the
+weight needs a grad). So the saved set follows from what needs grad, walked through the block in order
+from the family's inventory (roles, not names):
+  - nothing before the first tensor that needs grad is saved (a frozen prefix of blocks saves nothing);
+  - a frozen Linear saves nothing of its input (only its weight, a parameter, for the input's grad);
+  - RMSNorm saves its fp32 input and rsqrt when its input needs grad, and its normed x when its weight trains;
+  - the activation, the gated product and SDPA save as in full training once their inputs need grad;
+  - a LoRA adapter (peft/tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling,
+    x cast to the adapter's dtype first) saves lora_A's input (x itself, its fp32 copy on a bf16 base, or
+    the dropout's output when lora_dropout > 0, with the dropout's fp32 noise when x needs grad) and
+    lora_B's input, the b*s*r output of lora_A, in the adapter dtype (fp32: peft's autocast_adapter_dtype).
+With checkpointing, transformers' activation_checkpointing_enable (and peft) call enable_input_require_grads:
+the embeddings' output needs grad, every block stashes its input, and backward recomputes every block.
+Measured against transformers' models with peft 0.21 on the CPU (tests/test_finetune.py, `bench finetune`).
+"""
+from __future__ import annotations
+
+from ..accounting import DTYPE_BYTES, buffer_bytes, tensor_inventory
+from ..arch import family_of
+from ..arch.base import resolved_loss
+from ..config import ACTIVATION_SAVED, ConfigError
+from ..finetune import adapted_linears, trainable_names
+from .activations import Term, Widths
+
+ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32, bf16 and fp16 bases
+
+
+def known_gap(cfg, spec) -> str | None:
+    """A combination whose peak this estimate is known to miss by more than 1% (bench finetune measures
+    it), or None."""
+    if spec.checkpointing and spec.precision == "bf16" and spec.lora_r and any(
+            lin.role.startswith("mlp") for lin in adapted_linears(family_of(cfg), cfg, spec)):
+        return ("not modelled yet: on a bf16 base with checkpointing, LoRA on the MLP projections adds fp32 "
+                "transients to each block's recompute that this estimate under-counts (measured up to ~5.5% low "
+                "on tiny configs whose peak is in the recompute; where the loss decides the peak it is exact)")
+    return None
+
+
+def check_supported(cfg, spec) -> None:
+    if spec.autocast_dtype is not None:
+        raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) is not modelled yet; use fp32 or a bf16 "
+                          "base (--precision bf16: peft keeps the adapters fp32)")
+    if spec.grad_accum > 1:
+        raise ConfigError("fine-tuning with gradient accumulation is not modelled yet")
+
+
+def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
+    """(name, numel, bytes per element) of every trainable tensor, in model.parameters() order (peft's
+    adapters come after their base layer's weight and bias)."""
+    family = family_of(cfg)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    keep = trainable_names(family, cfg, spec)
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    out = []
+    for t in tensor_inventory(cfg):
+        if t.kind != "param":
+            continue
+        if keep is None or t.name in keep:
+            out.append((t.name, t.numel, e_p))
+        module = t.name.rsplit(".", 1)[0]
+        last_of_module = module in adapted and (t.name.endswith(".bias") or not adapted[module].bias)
+        if last_of_module:
+            lin, r = adapted[module], spec.lora_r
+            out += [(f"{module}.lora_A", r * lin.n_in, ADAPTER_BYTES), (f"{module}.lora_B", lin.n_out * r, ADAPTER_BYTES)]
+    return out
+
+
+def _norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
+          where: str = "block") -> list[Term]:
+    """transformers' RMSNorm: x.float() (a copy below fp32), x * rsqrt(mean(x^2) + eps), weight * normed."""
+    per_layer = where == "block"
+    terms = []
+    if rg_in:
+        terms += [Term(f"{label}: fp32 input, rsqrt (input needs grad)", "4*b*s*h + 4*b*s", 4 * b * s * h + 4 * b * s,
+                       per_layer, where, part)]
+    if trains:
+        terms.append(Term(f"{label}: normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r, per_layer, where, part))
+    return terms
+
+
+def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
+             where: str = "block", part: str = "") -> list[Term]:
+    """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
+    the inputs already saved (at p = 0 on an fp32 base lora_A saves x itself, one storage per input)."""
+    r, p = spec.lora_r, spec.lora_dropout
+    terms = []
+    if p > 0:
+        terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""),
+                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES, True, where, part))
+    elif e_x != ADAPTER_BYTES:
+        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
+    elif key not in shared:
+        shared.add(key)
+        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
+    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES, True, where, part))
+    return terms
+
+
+def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: bool) -> list[Term]:
+    """transformers' eager_attention_forward, by what needs grad (matmul saves each operand for the other's
+    grad): q (for k's grad) and the repeated k^T (for q's); softmax(dtype=float32) its fp32 output when the
+    scores need grad; probs @ v saves v when the probabilities need grad and the probabilities (fp32: the
+    softmax output itself; below fp32 its cast) when v does. Its output copy is o_proj's input (saved
+    there, if at all)."""
+    unit = b * sh.a * s * sh.d * w.e_m
+    ss = b * sh.a * s * s
+    terms = []
+    n = int(k) + int(q) + int(probs_rg)
+    if n:
+        terms.append(Term("eager attention q / k^T / v (as the grads need them)", "n*b*a*s*d*e_m", n * unit, True))
+    fp32_probs = probs_rg or (v and w.e_m == 4)
+    if fp32_probs:
+        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss, True))
+    if v and w.e_m < 4:
+        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m, True))
+    return terms
+
+
+def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
+    """Block i's saved tensors (no checkpointing), given whether its input needs grad; returns them, whether
+    its output needs grad, and whether RoPE's cos/sin are saved in it."""
+    from ..arch import parts
+
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h, f = spec.batch_size, spec.seq_len, sh.h, sh.f
+    e = w.e_r
+    pre = f"model.layers.{i}"
+    inv = [t for t in tensor_inventory(cfg) if t.kind == "param" and t.block == i]
+    role_trains = lambda role: any(t.name in trains for t in inv if t.role == role)
+    mods = {t.name.rsplit(".", 1)[0]: t.role for t in inv if not t.is_bias}
+    terms: list[Term] = []
+    shared: set = set()
+
+    def linear_group(role: str, x_rg: bool, n_in: int, key) -> dict[str, bool]:
+        """The role's linears reading one input: base saves (their input once, if a weight trains) and
+        adapters; returns output name -> needs grad."""
+        out = {}
+        where = "mlp" if role.startswith("mlp") else "block"
+        part = role if role in ("attn.in", "attn.out", "mlp.out") else ""
+        names = [m for m, r in mods.items() if r == role]
+        if any(f"{m}.weight" in trains for m in names) and key not in shared:
+            terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e, True, where, part))
+            shared.add(key)
+        for m in names:
+            lora = m in adapted
+            if lora:
+                terms.extend(_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key, where, part))
+            out[m.rsplit(".", 1)[1]] = x_rg or lora or f"{m}.weight" in trains
+        return out
+
+    terms += _norm("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
+    n1 = g or role_trains("norm.attn")
+    outs = linear_group("attn.in", n1, h, "n1")
+    q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
+    rope = q or k
+    attn_rg = q or k or v
+    if attn_rg and sh.attention == "sdpa":
+        # SDPA's CPU kernel saves q, k, v, its output and logsumexp whichever input needs grad (measured)
+        terms += parts.attention(sh, b, s, w, masked=family.masked(cfg, spec))
+        terms += family.mask_terms(cfg, spec, w)
+        shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
+    elif attn_rg:
+        terms += eager_attention(sh, b, s, w, q or k, q, k, v)
+    o = linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
+    g = g or any(o.values())
+    terms += _norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
+    n2 = g or role_trains("norm.mlp")
+    mlp = linear_group("mlp.in", n2, h, "n2")
+    gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
+    bsf = b * s * f
+    if gate:
+        terms.append(Term(f"{sh.act} saved input(s)", "n_act*b*s*f*e", ACTIVATION_SAVED[sh.act] * bsf * e, True, "mlp"))
+    if up:
+        terms.append(Term(f"{sh.act} output (the product's grad for up)", "b*s*f*e", bsf * e, True, "mlp", "mlp.act_out"))
+    if gate:
+        terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * e, True, "mlp",
+                          "mlp.up_out"))
+    prod_rg = gate or up
+    down = linear_group("mlp.out", prod_rg, f, "prod")
+    g = g or any(down.values())
+    return terms, g, rope
+
+
+def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]]]:
+    """Saved tensors of the whole forward and the loss (as estimate_training's `activations`), the bytes
+    saved for the loss (ce_saved), and each block's saved set as backward meets it (recomputed under
+    checkpointing; empty for a block backward does not reach)."""
+    from ..arch import parts
+
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h, V, L = spec.batch_size, spec.seq_len, sh.h, cfg.vocab_size, cfg.layers
+    e = w.e_r
+    keep = trainable_names(family, cfg, spec)
+    inv = [t for t in tensor_inventory(cfg) if t.kind == "param"]
+    trains = {t.name for t in inv} if keep is None else keep
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    masked = family.masked(cfg, spec)
+    terms: list[Term] = []
+    per_block: list[list[Term]] = []  # what each block holds while backward runs through it ([] = not reached)
+    if spec.checkpointing:
+        # enable_input_require_grads: every block's input needs grad and is stashed by the checkpoint
+        terms.append(Term("checkpointed block inputs", "L*b*s*h*e_r", L * b * s * h * e, where="ckpt"))
+        terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
+        mask_bytes = b * s * s * w.e_r if cfg.attention == "eager" else s * s
+        terms += parts.checkpoint_inputs(sh, b, s, spec, w, masked, mask_bytes)
+        g = True
+        # backward recomputes each block with its input needing grad: this is what it saves again
+        per_block = [block_saved(cfg, spec, w, i, True, trains, adapted)[0] for i in range(L)]
+    else:
+        g = any(t.name in trains for t in inv if t.role == "embed")
+        rope_saved = False
+        for i in range(L):
+            blk, g_out, rope = block_saved(cfg, spec, w, i, g, trains, adapted)
+            terms += blk
+            per_block.append(blk if g_out else [])
+            g = g_out
+            rope_saved = rope_saved or rope
+        if rope_saved:
+            terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
+    final_trains = any(t.name in trains for t in inv if t.role == "norm.final")
+    terms += _norm("final norm", b, s, h, e, g, final_trains, where="head")
+    if any(t.name in trains for t in inv if t.role == "head"):
+        terms.append(Term("lm_head input (head trains)", "b*s*h*e_m", b * s * h * e, where="head"))
+    loss_kind = resolved_loss(family, spec)
+    shifted_labels = 8 * b * s if loss_kind == "labels" else 0
+    ce_saved = b * s * V * w.e_ce + w.e_ce + shifted_labels
+    terms.append(Term("log_softmax output + nll total_weight (+ shifted labels)", "b*s*V*e_ce + e_ce + 8*b*s",
+                      ce_saved, where="loss"))
+    return terms, ce_saved, per_block
+
+
+def forward_only_bytes(cfg, spec, w, terms) -> int:
+    """transformers' DynamicCache K/V copies (use_cache; off under checkpointing): extra unless attention
+    saves those very tensors (planner/arch/parts.py forward_only) — and a frozen block's attention saves
+    nothing, so there they are extra too."""
+    from ..arch import parts
+
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    if spec.checkpointing:
+        return 0
+    b, s, L = spec.batch_size, spec.seq_len, cfg.layers
+    as_is = sh.kv == sh.a or (sh.attention == "sdpa" and parts.sdpa_enable_gqa(sh, family.masked(cfg, spec)))
+    per_layer = 2 * b * sh.kv * s * sh.d * w.e_r
+    if not as_is:
+        return L * per_layer
+    recorded = sum(1 for t in terms if t.name.startswith("SDPA q and output") or t.name.startswith("attention q, k^T"))
+    return (L - recorded) * per_layer
+
+
+def optimizer_terms(params: list[tuple[str, int, int]], spec) -> tuple[int, int]:
+    """(state bytes, step temporaries) over the trainable tensors only (planner/estimate/training.py says
+    why: Adam(W) exp_avg, exp_avg_sq and a 0-d fp32 step each; the for-loop's sqrt/divide temporaries)."""
+    if spec.optimizer in ("adam", "adamw"):
+        state = sum(2 * n * eb + 4 for _, n, eb in params)
+        impl = spec.resolved_optimizer_impl
+        if impl == "fused":
+            tmp = 0
+        elif impl == "foreach":
+            tmp = sum(n * eb for _, n, eb in params)
+        else:
+            sizes = [n * eb for _, n, eb in params]
+            tmp = max((2 * x + (sizes[i - 1] if i else 0) for i, x in enumerate(sizes)), default=0)
+        return state, tmp
+    if spec.optimizer == "sgd-momentum":
+        return sum(n * eb for _, n, eb in params), 0
+    return 0, 0
+
+
+def _numels_by_block(cfg, spec, train: list[tuple[str, int, int]]) -> tuple[list[dict[str, int]], int]:
+    """The backward sweep's parameter counts by role (planner/estimate/training.py _grad_numels' keys) of
+    what trains, per block, in units of the base weights' bytes (an fp32 adapter on a bf16 base counts
+    twice), and the head's (output projection and final norm)."""
+    family = family_of(cfg)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    where = {t.name: (t.block, t.role, t.is_bias) for t in tensor_inventory(cfg) if t.kind == "param"}
+    for lin in adapted_linears(family, cfg, spec):
+        for ab in ("lora_A", "lora_B"):
+            where[f"{lin.module}.{ab}"] = (lin.block, lin.role, False)
+    units = [(where[n], numel * eb // e_p) for n, numel, eb in train]
+    head = sum(k for (blk, role, _), k in units if role in ("head", "norm.final"))
+    out = []
+    for i in range(cfg.layers):
+        blk = [(role, k, bias) for (b_, role, bias), k in units if b_ == i]
+        mlp = [(r, k, bias) for r, k, bias in blk if r in ("mlp.in", "mlp.out")]
+        out.append({"block": sum(k for _, k, _ in blk), "mlp": sum(k for _, k, _ in mlp),
+                    "down": sum(k for r, k, _ in blk if r == "mlp.out"),
+                    "mlp_weight": max((k for _, k, bias in mlp if not bias), default=0),
+                    "attn_done": sum(k for r, k, _ in blk if r in ("attn.out", "norm.mlp")),
+                    "norm_attn": sum(k for r, k, _ in blk if r == "norm.attn"),
+                    "attn_in": sum(k for r, k, _ in blk if r == "attn.in"),
+                    "mlp_in_weight": max((k for r, k, bias in blk if r == "mlp.in" and not bias), default=0)})
+    return out, head
+
+
+def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_after_loss: int,
+           train) -> dict[str, int]:
+    """The backward's high points, block by block from the last (planner/estimate/training.py
+    _backward_sweep, here per block: a fine-tuning step's blocks differ): the family's in-block points
+    (planner/arch/<family>.py block_points) on the block's own saved set and trainable counts, above what
+    the blocks before it still hold and the grads made so far; and the point before the blocks."""
+    from .training import SweepContext
+
+    family = family_of(cfg)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
+    bsh = b * s * h
+    numels, head_n = _numels_by_block(cfg, spec, train)
+    out = [t for t in terms if not t.per_layer and t.where != "loss"]
+    embed_bytes = sum(t.bytes for t in out if t.where in ("embed", "kept"))
+    head_bytes = sum(t.bytes for t in out if t.where == "head")
+    saved_blocks = [sum(t.bytes for t in blk) for blk in per_block]
+    stash = family.stash_extra(cfg, spec, w) if spec.checkpointing else 0
+    points = {}
+    grads = head_n * e_p
+    first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
+    for i in range(L - 1, first_reached - 1, -1):
+        blk, n = per_block[i], numels[i]
+        if spec.checkpointing:
+            others = embed_bytes + i * bsh * w.e_r
+        else:
+            others = embed_bytes + sum(saved_blocks[:i])
+        ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=e_p, pending=0,
+                           current=saved_blocks[i] + stash,
+                           mlp_saved=sum(t.bytes for t in blk if t.where == "mlp"),
+                           norm_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.mlp"), casts_mlp=0,
+                           mlp_n=n["mlp"], down_n=n["down"], attn_n=n["attn_done"],
+                           saved_after_loss=saved_after_loss, casts_head=0, grads_last=head_n * e_p,
+                           block_n=n["block"], norm_attn_n=n["norm_attn"],
+                           norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
+                           attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
+                           mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
+                           rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+        if spec.checkpointing and spec.lora_dropout > 0 and any(lin.role == "mlp.out" and lin.block == i
+                                      for lin in adapted_linears(family, cfg, spec)):
+            # the block's recompute (non-reentrant checkpoint, started by backward's first unpack) runs
+            # through the down projection's adapter (lora_B's input is the block's last saved tensor): the
+            # recomputed saved set, the block output's grad, and alive in the recompute the residual after
+            # attention, the MLP input, the product, down's base result and, on a bf16 base, the fp32 copy
+            # of the product that the dropout reads (measured on the op timeline with lora_dropout > 0,
+            # exact on an fp32 base; without dropout the recompute's high point is not modelled yet)
+            f_ = cfg.intermediate_size
+            points[f"block {i} recompute down adapter"] = (
+                others + grads + ctx.current + 2 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f_ * w.e_m
+                + (b * s * f_ * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
+        if spec.checkpointing and any(lin.short == "up_proj" and lin.block == i
+                                      for lin in adapted_linears(family, cfg, spec)):
+            # the recompute at up_proj's adapter (`lora_B(...) * scaling`, measured on the op timeline): the
+            # block's saved set so far (not the product's inputs and the down projection's tensors yet),
+            # the activation's output, the block output's grad, the residual after attention, the MLP
+            # input (and its fp32 copy with dropout below fp32), up's base result, lora_B's output and
+            # its scaled copy (fp32, b*s*f each)
+            f_ = cfg.intermediate_size
+            later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out"))
+            act_saved = any(t.part == "mlp.act_out" for t in blk)
+            points[f"block {i} recompute up adapter"] = (
+                others + grads + ctx.current - later_saved + (0 if act_saved else b * s * f_ * w.e_m)
+                + 2 * bsh * w.e_r + bsh * w.e_m + b * s * f_ * w.e_m + 2 * b * s * f_ * ADAPTER_BYTES
+                + (bsh * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
+        input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
+        for name, value in family.block_points(cfg, spec, w, ctx).items():
+            if name == "input_norm" and not input_rg:
+                continue  # the block's input needs no grad: its input norm's backward makes no input grad
+            if name == "ffn":
+                # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
+                # before the activation's (the family's point counts the block's whole saved set)
+                value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
+            if name == "attention":
+                # eager attention's backward: the family's point has o_proj's input (a*d wide) freed by
+                # o_proj's backward; here what o_proj saved (its input, or its adapter's tensors) is
+                value += (b * s * cfg.num_attention_heads * cfg.head_dim * w.e_m
+                          - sum(t.bytes for t in blk if t.part == "attn.out"))
+            points[f"block {i} {name}"] = others + grads + value
+        if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
+            # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
+            # block's saved set less what the down projection saved (freed by its backward, which has
+            # made its grads), and the residual's grad (measured on the op timeline)
+            down_saved = sum(t.bytes for t in blk if t.part == "mlp.out")
+            points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * e_p
+                                                           + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
+        grads += n["block"] * e_p
+        if i == L - 1:
+            # the family's point frees the output head's saved input at the head's backward: a frozen head
+            # saved none. Below fp32 the final norm's output grad (from the head, in e_r) is alive beside
+            # its fp32 copy through the norm's backward (measured on fine-tuning steps' op timelines).
+            head_input = sum(t.bytes for t in out if t.where == "head" and t.name.startswith("lm_head input"))
+            points["final norm"] = (family.head_point(cfg, spec, w, ctx) + bsh * w.e_m - head_input
+                                    + (bsh * w.e_r if w.e_r < 4 else 0))
+    return points
+
+
+def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], a_before_loss: int,
+                       fwd: int) -> int:
+    """The forward's high point inside the last block's gated MLP, at the product act(gate) * up (read off
+    the op timeline; it decides the forward when little is saved): everything saved so far but what the
+    last MLP and the head save after it, the K/V cache, and alive without being saved: the embeddings'
+    output (LlamaModel.forward keeps inputs_embeds), the block's input (its caller's variable), the
+    residual after attention, the MLP's input, the activation's output, up's output and the product
+    (b*s*f each), RoPE's cos/sin and the position ids. A tensor that is also saved counts once."""
+    family = family_of(cfg)
+    b, s, h, f = spec.batch_size, spec.seq_len, cfg.hidden, cfg.intermediate_size
+    bsh, bsf = b * s * h, b * s * f
+    last = per_block[-1] if per_block else []
+    gated = sum(t.bytes for t in last if t.part in ("mlp.act_out", "mlp.up_out"))
+    down_saved = sum(t.bytes for t in last if t.part == "mlp.out")
+    later = gated + down_saved + sum(t.bytes for t in terms if t.where == "head")
+    fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
+    rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
+    mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
+    alive = (bsh * w.e_r  # inputs_embeds
+             + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
+             + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
+             + bsh * w.e_m + rope + 8 * s + mask)                # the MLP's input
+    common = a_before_loss - later + fwd + alive
+    product = common + 3 * bsf * w.e_m
+    lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
+                    for lin in adapted_linears(family, cfg, spec))
+    if not lora_down:
+        return product
+    # peft's Linear.forward on down_proj, at `lora_B(...) * scaling`: the base result (b*s*h), the fp32
+    # copy of x on a bf16 base (its local `x` until the forward returns), what the adapter saves, and
+    # lora_B's output and its scaled copy (fp32, b*s*h each)
+    down = (common + gated + bsf * w.e_m + down_saved + bsh * w.e_m
+            + (bsf * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0)  # p = 0: saved
+            + 2 * bsh * ADAPTER_BYTES)
+    return max(product, down)
+
+
+def estimate_finetune(cfg, spec):
+    from .training import TrainEstimate
+
+    check_supported(cfg, spec)
+    family = family_of(cfg)
+    loss_kind = resolved_loss(family, spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    b, s, V = spec.batch_size, spec.seq_len, cfg.vocab_size
+    bsV = b * s * V
+    train = trainable_params(cfg, spec)
+    base_params = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param") * e_p
+    adapter_bytes = sum(n * eb for name, n, eb in train if ".lora_" in name)
+    params = base_params + adapter_bytes
+    buffers = buffer_bytes(cfg, spec.param_dtype)
+    inputs = 2 * 8 * b * s
+    grads = sum(n * eb for _, n, eb in train)
+    opt_state, opt_tmp = optimizer_terms(train, spec)
+    terms, ce_saved, per_block = finetune_activations(cfg, spec, w)
+    activations = sum(t.bytes for t in terms)
+    logits = bsV * w.e_m
+    logits_fp32_copy = bsV * 4 if (loss_kind == "labels" and w.e_m < 4) else 0
+    ce_grads = 2 * bsV * w.e_ce
+    shifted_labels = 8 * b * s if loss_kind == "labels" else 0
+    fwd = forward_only_bytes(cfg, spec, w, terms)
+    in_model_loss = fwd + 8 * b * (s + 1) if loss_kind == "labels" else 0
+    base = params + buffers + inputs + opt_state
+    a_before_loss = activations - ce_saved
+    backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
+    forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
+    phase = {
+        "forward": base + max(a_before_loss + logits + fwd, forward_mlp),
+        "loss": base + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        "backward": base + max(activations - shifted_labels + ce_grads, grads, max(backward_points.values(), default=0)),
+        "optimizer": base + grads + opt_tmp,
+        "zero_grad": base + grads,
+    }
+    peak_phase = max(phase, key=phase.get)
+    out_terms = [dict(vars(t)) for t in terms]
+    out_terms.append(dict(vars(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads,
+                                    where="transient"))))
+    if known_gap(cfg, spec):
+        notes_gap = [known_gap(cfg, spec)]
+    else:
+        notes_gap = []
+    notes = notes_gap + [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
+             + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
+                if spec.lora_r else f" (train_layers {spec.train_layers})")]
+    return TrainEstimate(
+        params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
+        optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
+        peak_phase=peak_phase, phase_peak_bytes=phase,
+        transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
+                    "optimizer_temporaries": opt_tmp, "gradscaler": 0},
+        terms=out_terms, notes=notes, backward_points=backward_points)

@@ -1,0 +1,151 @@
+"""Fine-tuning settings (issue #12): which parameters train, and LoRA adapters (no torch, no peft).
+
+Both sides read this: the estimator (planner/estimate/training.py) walks the family's inventory roles
+through it, and the measuring child (planner/routines/training.py) freezes the same parameters by the
+same names, or hands the same targets to peft's LoraConfig.
+
+train_layers
+  all      every parameter trains (the default)
+  head     the output projection and the final norm (roles head, norm.final); a tied head is the input
+           embedding itself, so it is refused there (training it trains the embedding: use last:N)
+  last:N   the last N blocks, the final norm and an untied output projection (a tied head stays frozen)
+
+LoRA (peft 0.21 LoraConfig(r, lora_alpha, lora_dropout, target_modules, bias="none")): the base model is
+frozen; each targeted nn.Linear gets lora_A (in -> r, no bias) and lora_B (r -> out, no bias), trainable,
+r*(in + out) parameters (peft/tuners/lora/layer.py update_layer). targets: "" = peft's default for the
+model type (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, copied into each
+family's `lora_default_targets`), "all-linear" = every linear layer but the output head (peft's
+INCLUDE_LINEAR_LAYERS_SHORTHAND), or comma-separated module names matched as peft does (the name's last
+component).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ConfigError
+
+ALL_LINEAR = "all-linear"
+
+
+def check_train_layers(value: str) -> None:
+    if value in ("all", "head"):
+        return
+    if isinstance(value, str) and value.startswith("last:"):
+        n = value[5:]
+        if n.isdigit() and int(n) > 0:
+            return
+    raise ConfigError(f"train_layers must be all, head or last:N with N > 0, got {value!r}")
+
+
+def check_lora_settings(spec) -> None:
+    """Checks that need no model (the targets are checked against the model in check_lora_targets)."""
+    if isinstance(spec.lora_r, bool) or not isinstance(spec.lora_r, int):
+        raise ConfigError(f"lora_r must be an integer, got {spec.lora_r!r}")
+    if spec.lora_r < 0:
+        raise ConfigError(f"lora r must be positive, got {spec.lora_r}")
+    if not spec.lora_r:
+        return
+    if not 0.0 <= spec.lora_dropout < 1.0:
+        raise ConfigError(f"lora_dropout must be in [0, 1), got {spec.lora_dropout}")
+    if spec.train_layers != "all":
+        raise ConfigError("LoRA freezes the base model: give either --lora-r or --train-layers, not both")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One nn.Linear of the model, from the family inventory (weight shape (out, in))."""
+    module: str          # its module path (the weight's name without ".weight")
+    n_in: int
+    n_out: int
+    block: int | None
+    role: str
+    bias: bool
+
+    @property
+    def short(self) -> str:
+        return self.module.rsplit(".", 1)[-1]
+
+
+def linears(inventory) -> list[Linear]:
+    """Every matmul weight of the inventory (TensorSpec.autocast and not a bias), in registration order."""
+    biases = {t.name[:-len(".bias")] for t in inventory if t.is_bias}
+    out = []
+    for t in inventory:
+        if t.kind == "param" and t.autocast and not t.is_bias and t.name.endswith(".weight"):
+            module = t.name[:-len(".weight")]
+            out.append(Linear(module, t.shape[1], t.shape[0], t.block, t.role, module in biases))
+    return out
+
+
+def linear_names(inventory) -> list[str]:
+    """The distinct short names of the model's linear layers (what --lora-targets may name)."""
+    return list(dict.fromkeys(lin.short for lin in linears(inventory)))
+
+
+def lora_target_names(family, cfg, spec) -> tuple[str, ...]:
+    """The short module names LoRA adapts, resolved as peft resolves them; ConfigError naming the model's
+    linear layers for a name it does not have."""
+    from .accounting import tensor_inventory
+
+    inv = tensor_inventory(cfg)
+    names = linear_names(inv)
+    text = (spec.lora_targets or "").strip()
+    if not text:
+        targets = tuple(family.lora_default_targets)
+        if not targets:
+            raise ConfigError(f"peft has no default LoRA targets for {family.arch}; give --lora-targets "
+                              f"(its linear layers: {', '.join(names)})")
+    elif text == ALL_LINEAR:
+        head = {lin.short for lin in linears(inv) if lin.role == "head"}
+        targets = tuple(n for n in names if n not in head)
+    else:
+        targets = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in targets if t not in names]
+    if unknown or not targets:
+        raise ConfigError(f"LoRA target(s) {', '.join(unknown) or repr(text)} not in the model; its linear layers: "
+                          f"{', '.join(names)}")
+    return targets
+
+
+def adapted_linears(family, cfg, spec) -> list[Linear]:
+    """The linears LoRA wraps (none without LoRA)."""
+    if not spec.lora_r:
+        return []
+    from .accounting import tensor_inventory
+
+    targets = set(lora_target_names(family, cfg, spec))
+    return [lin for lin in linears(tensor_inventory(cfg)) if lin.short in targets]
+
+
+def trainable_names(family, cfg, spec) -> set[str] | None:
+    """Names of the base model's parameters that train; None: all of them (no freezing)."""
+    from .accounting import tensor_inventory
+
+    if spec.lora_r:
+        return set()
+    if spec.train_layers == "all":
+        return None
+    inv = [t for t in tensor_inventory(cfg) if t.kind == "param"]
+    tied = family.tied(cfg)
+    if spec.train_layers == "head":
+        if tied:
+            raise ConfigError("the output head is tied to the input embedding: training it trains the embedding "
+                              "(and keeps every activation); use --train-layers last:N or all")
+        return {t.name for t in inv if t.role in ("head", "norm.final")}
+    n = int(spec.train_layers[5:])
+    if n > cfg.layers:
+        raise ConfigError(f"--train-layers last:{n}: the model has {cfg.layers} blocks")
+    first = cfg.layers - n
+    return {t.name for t in inv if (t.block is not None and t.block >= first) or t.role in ("head", "norm.final")}
+
+
+def check_finetune(family, cfg, spec) -> None:
+    """What the model decides (ConfigError, one line): targets it has, a trainable subset it allows."""
+    if spec.lora_r:
+        if not family.lora_supported:
+            raise ConfigError(f"LoRA is estimated for the nn.Linear decoders so far, not {family.arch}")
+        lora_target_names(family, cfg, spec)
+    else:
+        if spec.train_layers != "all" and not family.subset_supported:
+            raise ConfigError(f"--train-layers is estimated for transformers' RMSNorm decoders so far, not {family.arch}")
+        trainable_names(family, cfg, spec)

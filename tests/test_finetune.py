@@ -1,0 +1,160 @@
+"""Fine-tuning (issue #12): trainable subsets and peft LoRA, estimated from the config and measured on
+transformers' models wrapped by peft, within 1%; simulate equals measure; the CLI's fine-tuning flags."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.bench import FINETUNE_BAR_PCT, FINETUNE_GAP_BAR_PCT, finetune_gap, finetune_grid, run_accuracy
+from planner.config import ConfigError, config_from_dict
+from planner.estimate.training import estimate_training
+from planner.spec import TrainSpec, prepare
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 160,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+
+
+def test_finetune_quick_grid_within_1pct():
+    """Every 7th row of `bench finetune`'s grid (llama and qwen2; last:1, head, LoRA r=4/16 on attention
+    and on all linear layers, dropout 0 and 0.1, fp32 and a bf16 base, checkpointing off/on, AdamW/SGD),
+    measured in this process: every estimate within 1% of the exact peak."""
+    rows = finetune_grid(quick=True)
+    assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}
+    assert {spec.checkpointing for _, _, spec in rows} == {False, True}
+    assert any(spec.lora_r for _, _, spec in rows) and any(spec.train_layers != "all" for _, _, spec in rows)
+    results = run_accuracy(rows, in_process=True, progress=lambda *_: None)
+    gaps = [finetune_gap(row) is not None for row in rows]
+    modelled = [r for r, g in zip(results, gaps) if not g]
+    assert len(modelled) >= 20
+    worst = max(modelled, key=lambda r: abs(r["error_pct"]))
+    assert abs(worst["error_pct"]) <= FINETUNE_BAR_PCT, worst
+    # the documented gap (planner/estimate/finetune.py known_gap) is held to its own, looser bar
+    for r, g in zip(results, gaps):
+        if g:
+            assert abs(r["error_pct"]) <= FINETUNE_GAP_BAR_PCT, r
+
+
+@pytest.mark.parametrize("kw", [dict(train_layers="last:1"), dict(train_layers="head"), dict(lora_r=4),
+                                dict(lora_r=16, lora_targets="all-linear", lora_dropout=0.1)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_grads_and_optimizer_state_are_the_trainable_parameters(kw, precision):
+    """Grads and AdamW state exist for what trains only: the estimate's bytes equal the real model's
+    trainable parameters (LoRA: r*(in + out) per adapted linear, fp32 on a bf16 base)."""
+    from planner.routines.training import TrainingStep
+
+    cfg = config_from_dict(TINY)
+    spec = TrainSpec(2, 8, precision, "adamw", **kw)
+    step = TrainingStep(prepare(cfg, spec), spec)
+    step.run()
+    trainable = [p for p in step.model.parameters() if p.requires_grad]
+    est = estimate_training(cfg, spec)
+    assert est.grads_bytes == sum(p.numel() * p.element_size() for p in trainable)
+    assert est.optimizer_bytes == step.optimizer_state_bytes()
+    if kw.get("lora_r"):
+        assert all(p.dtype.is_floating_point and p.element_size() == 4 for p in trainable)
+        r, h, f, kv = kw["lora_r"], 64, 160, 2 * 16  # k/v projections: 2 heads of 16
+        q_v = r * (h + h) + r * (h + kv)  # r*(in + out) for q_proj and v_proj (peft's default targets)
+        per_block = q_v if "lora_targets" not in kw else q_v + r * (h + kv) + r * (h + h) + 3 * r * (h + f)
+        assert sum(p.numel() for p in trainable) == 2 * per_block  # 2 blocks
+
+
+@pytest.mark.parametrize("kw", [dict(precision="bf16", lora_r=4, lora_targets="all-linear", lora_dropout=0.1),
+                                dict(precision="fp32", lora_r=16, checkpointing=True, optimizer="sgd")])
+def test_simulate_equals_measure_on_lora_rows(kw):
+    """peft's adapters on a fake-tensor model (planner/simulate.py): the simulated step equals the real one,
+    to the byte, phase by phase."""
+    from planner.measure.training import measure_training
+    from planner.simulate import simulate_training
+
+    cfg = config_from_dict({**TINY, "model_type": "qwen2"})
+    spec = TrainSpec(2, 32, **kw)
+    cfg = prepare(cfg, spec)
+    sim, meas = simulate_training(cfg, spec), measure_training(cfg, spec)
+    assert sim["peak_bytes"] == meas["peak_bytes"]
+    assert sim["phase_peak_bytes"] == meas["phase_peak_bytes"]
+
+
+def test_frozen_prefix_saves_nothing_and_lora_saves_its_inputs():
+    """What needs grad decides the saved set: training only the head saves no block tensor; LoRA with
+    dropout saves more than without (the dropout's output and noise per adapter)."""
+    cfg = config_from_dict(TINY)
+    head = estimate_training(cfg, TrainSpec(2, 64, train_layers="head"))
+    assert not any("input norm" in t["name"] or "SDPA" in t["name"] for t in head.terms)
+    plain = estimate_training(cfg, TrainSpec(2, 64, lora_r=4, lora_targets="all-linear"))
+    dropout = estimate_training(cfg, TrainSpec(2, 64, lora_r=4, lora_targets="all-linear", lora_dropout=0.1))
+    assert dropout.activations_bytes > plain.activations_bytes
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lora-r", "0"], "--lora-r must be positive, got 0"),
+    (["--lora-r", "-4"], "--lora-r must be positive"),
+    (["--lora-r", "4", "--lora-targets", "q_proj,qkv"],
+     "qkv not in the model; its linear layers: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"),
+    (["--lora-targets", "q_proj"], "need --lora-r"),
+    (["--train-layers", "last:0"], "train_layers must be all, head or last:N"),
+    (["--train-layers", "last:3"], "the model has 2 blocks"),
+    (["--lora-r", "4", "--train-layers", "last:1"], "not both"),
+    (["--lora-r", "4", "--precision", "bf16-amp"], "not modelled yet"),
+])
+def test_cli_refuses_invalid_finetuning_with_one_line(tmp_path, args, message):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(TINY))
+    out = subprocess.run([sys.executable, "-m", "planner", "estimate", "train", "--config", str(path), "--batch-size",
+                          "2", "--seq-len", "16", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr, out.stderr
+
+
+def test_cli_estimate_and_measure_lora_agree(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**TINY, "model_type": "qwen2"}))
+    args = ["--config", str(path), "--batch-size", "2", "--seq-len", "32", "--lora-r", "8", "--lora-targets",
+            "all-linear", "--lora-dropout", "0.1", "--precision", "bf16", "--json"]
+    est = subprocess.run([sys.executable, "-m", "planner", "estimate", "train", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert est.returncode == 0, est.stderr
+    rec = json.loads(est.stdout)
+    assert rec["run"]["lora_r"] == 8 and rec["run"]["lora_targets"] == "all-linear"
+    meas = subprocess.run([sys.executable, "-m", "planner", "measure", "train", *args, "--device", "cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert meas.returncode == 0, meas.stderr
+    m = json.loads(meas.stdout)
+    assert m["estimate"]["peak_bytes"] == rec["peak_bytes"]
+    assert abs(m["error_pct"]) <= FINETUNE_BAR_PCT
+
+
+def test_head_of_a_tied_model_is_refused():
+    cfg = config_from_dict({**TINY, "tie_word_embeddings": True})
+    with pytest.raises(ConfigError, match="tied to the input embedding"):
+        prepare(cfg, TrainSpec(2, 16, train_layers="head"))
+
+
+def test_finetune_estimate_imports_neither_torch_transformers_nor_peft():
+    code = ("import sys\n"
+            "from planner.config import config_from_dict\n"
+            "from planner.estimate.training import estimate_training\n"
+            "from planner.spec import TrainSpec, prepare\n"
+            f"cfg = config_from_dict({TINY!r})\n"
+            "for kw in (dict(train_layers='last:1'), dict(lora_r=4, lora_targets='all-linear', lora_dropout=0.1)):\n"
+            "    spec = TrainSpec(2, 64, 'bf16', checkpointing=True, **kw)\n"
+            "    estimate_training(prepare(cfg, spec), spec)\n"
+            "assert not {'torch', 'transformers', 'peft'} & set(sys.modules), 'imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
+    """fit's advice for a LoRA run leaves out autocast and gradient accumulation (not modelled for
+    fine-tuning yet) instead of failing on them, and still finds the largest batch."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(TINY))
+    out = subprocess.run([sys.executable, "-m", "planner", "fit", "--config", str(path), "--seq-len", "64",
+                          "--batch-size", "8", "--lora-r", "4", "--budget", "3MB", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout)
+    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16") and o["spec"]["grad_accum"] == 1
+                                 and o["spec"]["lora_r"] == 4 for o in rec["advice"])
