@@ -224,22 +224,30 @@ def gpu_markdown(records_dir: str) -> str:
         recs = _read_jsonl(d / name)
         if not recs:
             continue
+        if name == "realistic.jsonl":  # their simulations ran beside them, on the CPU: joined by label
+            sims = {x["label"]: x for x in _read_jsonl(d / "realistic-simulated.jsonl")}
+            recs = [{**sims.get(r["label"], {}), **r} for r in recs]
         rows, worst_a, worst_r = [], 0.0, 0.0
         for r in recs:
             if r["exit_code"]:
-                rows.append(f"| {r['label']} | failed: {r.get('error')} | | | | | |")
+                rows.append(f"| {r['label']} | failed: {r.get('error')} | | | | | | |")
                 continue
             cfg, m = config_from_dict(r["config"]), r["measured"]
             est = estimate_training(cfg, TrainSpec(**r["spec"]))
             ea = 100 * (est.peak_bytes - m["peak_allocated_bytes"]) / m["peak_allocated_bytes"]
             er = 100 * (est.peak_bytes - m["peak_reserved_bytes"]) / m["peak_reserved_bytes"]
             worst_a, worst_r = max(worst_a, abs(ea)), max(worst_r, abs(er))
+            sim = r.get("simulated") or {}
+            # Simulated: live tensor bytes on fake CUDA tensors, against the real step's tracked live bytes.
+            sim_cell = (f"{sim['peak_bytes']:,} ({100 * (sim['peak_bytes'] - m['tracked_peak_bytes']) / m['tracked_peak_bytes']:+.3f})"
+                        if sim.get("peak_bytes") and m.get("tracked_peak_bytes") else r.get("simulate_error", ""))
             rows.append(f"| {r['label']} | {est.peak_bytes:,} | {m['peak_allocated_bytes']:,} | {ea:+.2f} | "
-                        f"{m['peak_reserved_bytes']:,} | {er:+.2f} | {est.peak_phase} / {m['peak_phase']} |")
+                        f"{m['peak_reserved_bytes']:,} | {er:+.2f} | {est.peak_phase} / {m['peak_phase']} | {sim_cell} |")
         lines += [f"## {title}", "", f"{len(recs)} rows; worst |error| against allocated {worst_a:.2f}% "
                   f"(bar {TRAIN_BAR_PCT}%), against reserved {worst_r:.2f}% (bar {RESERVED_BAR_PCT}%).", "",
-                  "| run | estimate (B) | allocated (B) | err % | reserved (B) | err % | phase est / meas |",
-                  "|---|---:|---:|---:|---:|---:|---|", *rows, ""]
+                  "| run | estimate (B) | allocated (B) | err % | reserved (B) | err % | phase est / meas | "
+                  "simulated (B) (% vs tracked live bytes) |",
+                  "|---|---:|---:|---:|---:|---:|---|---:|", *rows, ""]
     loads = _read_jsonl(d / "loading.jsonl")
     if loads:
         lines += ["## Weight loading (GPT-2 XL fp32 unless noted)", "",

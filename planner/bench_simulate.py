@@ -28,6 +28,15 @@ FULL_SIZE_ROWS: list[tuple[str, TrainSpec]] = [
     ("llama-2-7b", TrainSpec(1, 4096, "bf16", "adamw", checkpointing=True)),
     ("llama-3-8b", TrainSpec(1, 4096, "bf16", "adamw")),
     ("llama-3-8b", TrainSpec(1, 4096, "bf16-amp", "adamw")),
+    # One per other Hugging Face family (issue #11 item 5), at a size people fine-tune or pre-train them.
+    ("mistral-7b-v0.1", TrainSpec(1, 4096, "bf16", "adamw", checkpointing=True)),
+    ("qwen2.5-0.5b", TrainSpec(4, 2048, "bf16-amp", "adamw")),
+    ("qwen3-8b", TrainSpec(1, 4096, "bf16", "adamw", checkpointing=True)),
+    ("gemma-2b", TrainSpec(2, 2048, "bf16-amp", "adamw", checkpointing=True)),
+    ("gemma-2-2b", TrainSpec(1, 2048, "bf16", "adamw")),
+    ("phi-3-mini-4k", TrainSpec(1, 4096, "bf16", "adamw", checkpointing=True)),
+    ("hf-gpt2", TrainSpec(8, 1024, "fp32", "adamw")),
+    ("hf-gpt2-xl", TrainSpec(1, 1024, "bf16-amp", "adamw")),
 ]
 QUICK_ROWS = [("gpt2-small", TrainSpec(1, 128, "bf16-amp", "adamw")),
               ("llama-3.2-1b", TrainSpec(1, 256, "bf16", "sgd", checkpointing=True))]
