@@ -204,3 +204,20 @@ def test_mistral_equals_llama_inside_the_window_and_says_what_changes_beyond():
     assert diff == L * (b * s * s * 2 + 2 * b * (a - kv) * s * d * 2)
     names = {t["name"] for t in estimate_training(mistral, beyond).terms}
     assert any("sliding-window mask" in n for n in names)
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_simulate_equals_measure_on_the_family(family):
+    """The fake-tensor step takes the real step's branches on transformers' models too (planner.simulate:
+    real_run_branches, the packed-sequence read): equal to the byte, phase by phase, on two rows per family
+    (SDPA with checkpointing where the family has SDPA, and a bf16 row without)."""
+    from planner.simulate import simulate_training
+
+    rows = family_grid(family, quick=True)
+    ckpt = [r for r in rows if " ckpt" in r[0]]
+    with_ckpt = next((r for r in ckpt if " sdpa " in r[0]), ckpt[0])  # SDPA + checkpointing: the mask branch
+    without = next(r for r in rows if " ckpt" not in r[0] and " bf16" in r[0])
+    for label, cfg, spec in (with_ckpt, without):
+        sim, meas = simulate_training(cfg, spec), measure_training(cfg, spec)
+        assert sim["peak_bytes"] == meas["peak_bytes"], label
+        assert sim["phase_peak_bytes"] == meas["phase_peak_bytes"], label
