@@ -9,6 +9,7 @@ off whatever budget is given.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import shutil
 import subprocess
@@ -63,6 +64,22 @@ def _peak(cfg: ModelConfig, spec: TrainSpec) -> int:
     return estimate_training(cfg, spec).peak_bytes
 
 
+def bisect_fitting(fits: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest n in [lo, hi) with fits(n), given fits(lo) and a monotone fits (hi fails or is past the end)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def largest_fitting(fits: Callable[[int], bool], lo: int, limit: int) -> int:
+    """The largest n in [lo, limit] with fits(n), given fits(lo): doubling from lo, then bisection."""
+    hi = lo * 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    return bisect_fitting(fits, lo, min(hi, limit + 1))
+
+
 @per_config
 def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 1 << 20) -> tuple[int, str]:
     """The largest batch whose estimated peak fits `budget` (spec.batch_size is ignored); 0 with the reason.
@@ -75,13 +92,7 @@ def max_batch_size(cfg: ModelConfig, spec: TrainSpec, budget: int, limit: int = 
                else "batch 1 (its activations and transients)")
         return 0, (f"{why} need more than the budget: peak at batch 1 is {fmt_bytes(one.peak_bytes)} > "
                    f"{fmt_bytes(budget)}")
-    lo, hi = 1, 2
-    while hi <= limit and at(hi) <= budget:
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    lo = largest_fitting(lambda b: at(b) <= budget, 1, limit)
     return lo, f"batch {lo + 1} would need {fmt_bytes(at(lo + 1))}" if lo < limit else "search limit reached"
 
 
@@ -92,12 +103,9 @@ def max_seq_len(cfg: ModelConfig, spec: TrainSpec, budget: int) -> tuple[int, st
     at = lambda s: _peak(cfg, dataclasses.replace(spec, seq_len=s))
     if at(1) > budget:
         return 0, f"even a sequence of 1 needs {fmt_bytes(at(1))} > {fmt_bytes(budget)}"
-    lo, hi = 1, cfg.max_seq_len + 1
     if at(cfg.max_seq_len) <= budget:
         return cfg.max_seq_len, "the model's full context fits"
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    lo = bisect_fitting(lambda s: at(s) <= budget, 1, cfg.max_seq_len + 1)
     return lo, f"seq_len {lo + 1} would need {fmt_bytes(at(lo + 1))}"
 
 
@@ -305,13 +313,7 @@ def max_batch_per_rank(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int, li
     at = lambda b: _rank_peak(cfg, dataclasses.replace(spec, batch_size=b), pspec)
     if at(1) > budget:
         return 0, f"batch 1 per rank needs {fmt_bytes(at(1))} on its largest rank > {fmt_bytes(budget)}"
-    lo, hi = 1, 2
-    while hi <= limit and at(hi) <= budget:
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    lo = largest_fitting(lambda b: at(b) <= budget, 1, limit)
     return lo, (f"batch {lo + 1} per rank would need {fmt_bytes(at(lo + 1))}" if lo < limit else "search limit reached")
 
 
@@ -323,10 +325,7 @@ def max_seq_per_rank(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int) -> t
         return 0, f"even a sequence of 1 needs {fmt_bytes(at(1))} per rank > {fmt_bytes(budget)}"
     if at(cfg.max_seq_len) <= budget:
         return cfg.max_seq_len, "the model's full context fits"
-    lo, hi = 1, cfg.max_seq_len + 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    lo = bisect_fitting(lambda s: at(s) <= budget, 1, cfg.max_seq_len + 1)
     return lo, f"seq_len {lo + 1} would need {fmt_bytes(at(lo + 1))} per rank"
 
 
@@ -344,11 +343,11 @@ def fewest_ranks(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int) -> tuple
                        "rank, so more ranks add throughput, not room")
         return 0, (f"DDP keeps a whole replica (weights, grads, optimizer state) on every rank: {fmt_bytes(rank)} "
                    "per rank at any world size; FSDP shards them")
-    at = lambda n: _rank_peak(cfg, spec, dataclasses.replace(pspec, world_size=n))
+    at = functools.cache(lambda n: _rank_peak(cfg, spec, dataclasses.replace(pspec, world_size=n)))
     # Doubling from 2. Past the largest dim-0 (rows) a shard is one padded row and every all-gather output
     # N rows, so the per-rank peak rises again: the search stops at the first fit or at RANK_LIMIT.
     lo, hi, best = 1, 2, None
-    while at(hi) > budget:
+    while at(hi) > budget:  # each world size is estimated once (at is cached)
         best = min(best or (at(hi), hi), (at(hi), hi))
         if hi >= RANK_LIMIT:
             return 0, (f"no world size up to {RANK_LIMIT:,} fits: the lowest per-rank peak is {fmt_bytes(best[0])} "

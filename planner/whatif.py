@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from .config import ModelConfig
+from .fit import largest_fitting  # the fitted peak grows with b and s, as the formula's does
 from .spec import WHATIF_POINTS as DEFAULT_POINTS  # the fit points (in spec.py: the CLI's default, numpy-free)
 from .spec import TrainSpec
 
@@ -129,26 +130,16 @@ class WhatIf:
         first = 1 if self.covers_batch_one() else 2
         if self.peak_bytes(first, s) > budget:
             return 0, f"batch {first} needs {self.peak_bytes(first, s):,} B > {budget:,} B"
-        return _largest(lambda b: self.peak_bytes(b, s) <= budget, first, limit, "batch")
+        best = largest_fitting(lambda b: self.peak_bytes(b, s) <= budget, first, limit)
+        return best, (f"batch {best + 1} would not fit" if best < limit else f"the limit ({limit:,}) fits")
 
     def max_seq(self, b: int, budget: int, limit: int) -> tuple[int, str]:
         """The longest sequence (up to `limit`) whose fitted peak at batch b fits `budget` (0 with the reason)."""
         if self.peak_bytes(b, 1) > budget:
             return 0, f"even a sequence of 1 needs {self.peak_bytes(b, 1):,} B > {budget:,} B"
-        return _largest(lambda s: self.peak_bytes(b, s) <= budget, 1, limit, "seq_len")
+        best = largest_fitting(lambda s: self.peak_bytes(b, s) <= budget, 1, limit)
+        return best, (f"seq_len {best + 1} would not fit" if best < limit else f"the limit ({limit:,}) fits")
 
-
-def _largest(fits: Callable[[int], bool], lo: int, limit: int, what: str) -> tuple[int, str]:
-    """Doubling then bisection for the largest n in [lo, limit] with fits(n) (fits(lo) holds; the fitted peak
-    grows with b and s: every coefficient of b*s and b*s^2 that matters is an activation's size)."""
-    hi = lo * 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo, (f"{what} {lo + 1} would not fit" if lo < limit else f"the limit ({limit:,}) fits")
 
 
 def _aligned(a: dict, b: dict) -> bool:

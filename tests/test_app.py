@@ -18,11 +18,7 @@ TINY = {"arch": "gpt2", "vocab_size": 300, "context_length": 64, "emb_dim": 32, 
         "drop_rate": 0.1}
 
 
-@pytest.fixture(autouse=True)
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PLANNER_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("PLANNER_CACHE", str(tmp_path / "cache"))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("data_dir")  # tests/conftest.py: the data folders in tmp_path
 
 
 def app() -> AppTest:

@@ -35,11 +35,7 @@ def make_model():
 RUN = {"precision": "fp32", "optimizer": "adamw", "optimizer_impl": "default", "grad_accum": 1, "device": "cpu"}
 
 
-@pytest.fixture(autouse=True)
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PLANNER_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("PLANNER_CACHE", str(tmp_path / "cache"))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("data_dir")  # tests/conftest.py: the data folders in tmp_path
 
 
 @pytest.fixture

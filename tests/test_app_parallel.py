@@ -19,11 +19,7 @@ from tests.test_app import TINY, metric, paste, shown
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PLANNER_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("PLANNER_CACHE", str(tmp_path / "cache"))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("data_dir")  # tests/conftest.py: the data folders in tmp_path
 
 
 def app() -> AppTest:
