@@ -14,8 +14,10 @@ import streamlit as st
 from pages import frame, machine_budget, md_escape
 from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
 from planner.config import ATTENTION_KINDS, ConfigError
+from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, target_choices, tune_fields, tune_mode
 from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
-from planner.plan import plan
+from planner.plan import longest_context, plan
+from planner.reference import UNSLOTH_LLAMA31_8B
 from planner.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
 from planner.units import fmt_bytes
 
@@ -33,6 +35,7 @@ START = TrainSpec(batch_size=4, seq_len=512)
 SEQ_CAP = 32768  # the slider's top for long-context models (a typed URL may not exceed the model's context)
 OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision", "optimizer": "optimizer",
                "opt_impl": "optimizer_impl", "accum": "grad_accum", "ckpt": "checkpointing"}
+QUANT_TYPES = ["nf4", "fp4"]  # bitsandbytes' 4-bit types (BitsAndBytesConfig bnb_4bit_quant_type)
 
 state = st.session_state
 
@@ -136,6 +139,22 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     else:
         st.caption("No single change or combination lowers this estimated peak.")
 
+    published = UNSLOTH_LLAMA31_8B
+    if model == published.model and spec.lora_r:
+        box = st.expander(f"Longest context at each GPU size, beside {published.source}", key="published_open",
+                          on_change="rerun")
+        if box.open:
+            rows = longest_context(run_cfg, spec, published)
+            box.dataframe(pd.DataFrame([{"GPU (GiB)": r["budget_gb"],
+                                         f"this estimate (your settings, batch {spec.batch_size})": r["this estimate"],
+                                         **{f"{k} (theirs)": ("OOM" if r[k] is None else f"{r[k]:,}")
+                                            for k in published.columns}, "why": r["why"]} for r in rows]),
+                          hide_index=True, width="stretch")
+            box.caption(f"Their columns are their published figures, not measurements of ours: {published.setting} "
+                        f"([source]({published.url})); Unsloth's own column uses its offloaded checkpointing and "
+                        "fused loss. Ours is this estimate of transformers + peft + bitsandbytes at the settings above, "
+                        "on the budget less the CUDA context, up to the model's context.")
+
     st.subheader("Peak against batch size and sequence length")
     k1, k2 = st.columns(2)
     k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, f"Batch size{per}"))
@@ -170,9 +189,19 @@ model, gpu = state["model_id"], state["gpu"]
 # context), and by the fragment when the device changes an untyped budget's default.
 if option := state.pop("apply_option", None):
     state.update({key: option["spec"][field] for key, field in OPTION_KEYS.items()}, attention=option["attention"])
+    tuned = option["spec"]
+    state["tune"] = tune_mode(TrainSpec(**tuned))
+    if tuned["lora_r"]:
+        state.update(lora_r=tuned["lora_r"], lora_targets=tuned["lora_targets"])
+    if tuned.get("quantize_base", "none") != "none":
+        state.update(quant=tuned["quantize_base"], double_quant=tuned["double_quant"])
+targets = target_choices(cfg)
 if state.get("planner_model", model) != model:
     state["attention"] = cfg.attention
     state["seq"] = min(state.get("seq", START.seq_len), min(cfg.max_seq_len, SEQ_CAP))
+    if state.get("lora_targets") not in targets:
+        state["lora_targets"] = next(iter(targets.values()))
+    state["train_last"] = min(state.get("train_last", 1), cfg.layers)
 state["planner_model"] = model
 
 r1, r2, r3 = st.columns([3, 1.2, 1.2])
@@ -203,9 +232,27 @@ mp = q4.selectbox("FSDP mixed precision", list(MP_CHOICES), key="mp", bind="quer
                   help="MixedPrecisionPolicy(param_dtype=...): FSDP casts the fp32 weights it gathers (needs precision fp32)")
 offload = q5.toggle("CPU offload", False, key="offload", bind="query-params", disabled=layout != "fsdp",
                     help="FSDP2 CPUOffloadPolicy: sharded weights, grads and optimizer state in host RAM")
+t1, t2, t3, t4, t5 = st.columns([2.2, 1, 2, 1, 1])
+tune = t1.selectbox("Fine-tuning", list(TUNE_MODES), format_func=TUNE_MODES.get, key="tune", bind="query-params",
+                    help="What trains. Frozen weights need no grads and no optimizer state, and autograd saves only "
+                         "what the trainable part's gradients need.")
+last_n = t2.number_input("Blocks that train", 0, cfg.layers, 1, key="train_last", bind="query-params",
+                         disabled=tune != "freeze",
+                         help="the last N blocks, the final norm and an untied output head; 0: only the head")
+lora_r = t2.number_input("LoRA rank r", 1, 4096, DEFAULT_LORA_R, key="lora_r", bind="query-params",
+                         disabled=tune not in ("lora", "qlora"), help="trainable r*(in + out) per adapted linear layer")
+lora_targets = t3.selectbox("LoRA targets", list(targets.values()), format_func={v: k for k, v in targets.items()}.get,
+                            key="lora_targets", bind="query-params", disabled=tune not in ("lora", "qlora"),
+                            help="the linear layers peft wraps (LoraConfig target_modules)")
+quant = t4.selectbox("4-bit type", QUANT_TYPES, key="quant", bind="query-params", disabled=tune != "qlora",
+                     help="bitsandbytes' 4-bit data type for the frozen base (nf4: QLoRA's NormalFloat)")
+double_quant = t5.toggle("Double quant.", True, key="double_quant", bind="query-params", disabled=tune != "qlora",
+                         help="bnb_4bit_use_double_quant: the per-64-weight scales themselves in 8 bits (QLoRA's recipe)")
+tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=lora_targets, quantize=quant,
+                     double_quant=bool(double_quant))
 par = None if layout == LAYOUTS[0] else {
     "world_size": int(world), "parallel": layout, **({"reshard_after_forward": bool(reshard),
                                                        "mp_param_dtype": MP_CHOICES[mp], "cpu_offload": bool(offload)}
                                                       if layout == "fsdp" else {})}
 planner(cfg, model, {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt),
-                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device}, attention, par)
+                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device, **tuning}, attention, par)

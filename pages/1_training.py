@@ -17,7 +17,8 @@ from planner.estimate.training import estimate_training
 from planner.fit import max_batch_size
 from planner.jobs import Job, JobBusy, running_pid
 from planner.parallel import ParallelSpec
-from planner.spec import TrainSpec, prepare
+from planner.finetune import describe_tuning
+from planner.spec import TrainSpec, prepare, run_args
 from planner.store import RunStore
 from planner.units import fmt_bytes
 
@@ -51,7 +52,7 @@ budget = settings.get("budget") or (gpu["total_bytes"] if gpu and spec.device_ty
 name = st.session_state.get("model_name") or model_label(cfg)  # the frame names presets and pasted configs
 st.write(f"**{name}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.precision}, "
          f"{spec.optimizer}, {'checkpointing, ' if spec.checkpointing else ''}{run_cfg.attention} attention, "
-         f"grad. accumulation {spec.grad_accum}, on {spec.device}"
+         f"grad. accumulation {spec.grad_accum}, on {spec.device}" + (f", {describe_tuning(spec)}" if spec.finetuning else "")
          + (f", **{pspec.label}** (batch per rank)" if pspec else "") + ". Change these on the Planner page.")
 st.metric("Estimated peak" + (" per rank" if pspec else ""), fmt_bytes(est.peak_bytes), help=f"phase: {est.peak_phase}")
 
@@ -73,10 +74,7 @@ elif refused:
 def start(kind: str = "measure") -> None:
     """Start `python -m planner measure|simulate train` for these settings (the job writes and removes the
     config file)."""
-    args = [kind, "train", "--batch-size", str(spec.batch_size), "--seq-len",
-            str(spec.seq_len), "--precision", spec.precision, "--optimizer", spec.optimizer, "--grad-accum",
-            str(spec.grad_accum), "--optimizer-impl", spec.optimizer_impl, "--device", spec.device,
-            "--json", "--progress", "--timeout", str(TIMEOUT_S)] + (["--checkpointing"] if spec.checkpointing else [])
+    args = [kind, "train", *run_args(spec), "--json", "--progress", "--timeout", str(TIMEOUT_S)]
     if pspec:
         args += ["--world-size", str(pspec.world_size), "--parallel", pspec.parallel]
         if pspec.parallel == "fsdp":

@@ -149,3 +149,72 @@ def check_finetune(family, cfg, spec) -> None:
         if spec.train_layers != "all" and not family.subset_supported:
             raise ConfigError(f"--train-layers is estimated for transformers' RMSNorm decoders so far, not {family.arch}")
         trainable_names(family, cfg, spec)
+
+
+# ---------------------------------------------------------------- the Planner page's fine-tuning modes
+
+# (mode, label): what the page's "Fine-tuning" control offers; tune_fields turns a choice into TrainSpec fields.
+TUNE_MODES = {
+    "full": "full training (every weight trains)",
+    "freeze": "frozen layers (train the last N blocks and the head)",
+    "lora": "LoRA (peft adapters on a frozen base)",
+    "qlora": "QLoRA (LoRA on a 4-bit bitsandbytes base)",
+}
+# LoRA's rank where the page or the advice has to pick one: the QLoRA paper's and Unsloth's recipe is r=16..64
+# on every linear layer; 16 is peft's documented example value (peft docs, "LoRA" conceptual guide).
+DEFAULT_LORA_R = 16
+
+
+def target_choices(cfg) -> dict[str, str]:
+    """What --lora-targets may be on this model, for a picker: label -> lora_targets ("" = peft's default)."""
+    from .accounting import tensor_inventory
+    from .arch import family_of
+
+    inv = tensor_inventory(cfg)
+    attn = [n for n in dict.fromkeys(lin.short for lin in linears(inv) if lin.role.startswith("attn"))]
+    default = family_of(cfg).lora_default_targets
+    out = {}
+    if default:
+        out[f"peft's default ({', '.join(default)})"] = ""
+    if attn and tuple(attn) != tuple(default):
+        out[f"attention ({', '.join(attn)})"] = ",".join(attn)
+    out["every linear layer (all-linear)"] = ALL_LINEAR
+    return out
+
+
+def tune_fields(mode: str, *, last_n: int = 1, lora_r: int = DEFAULT_LORA_R, lora_targets: str = "",
+                quantize: str = "nf4", double_quant: bool = True) -> dict:
+    """TrainSpec's fine-tuning fields for one of TUNE_MODES (last_n 0: the head only)."""
+    if mode not in TUNE_MODES:
+        raise ConfigError(f"fine-tuning mode must be one of {', '.join(TUNE_MODES)}, got {mode!r}")
+    if mode == "full":
+        return {}
+    if mode == "freeze":
+        return {"train_layers": f"last:{last_n}" if last_n > 0 else "head"}
+    fields = {"lora_r": lora_r, "lora_targets": lora_targets}
+    if mode == "qlora":
+        fields |= {"quantize_base": quantize, "double_quant": double_quant}
+    return fields
+
+
+def tune_mode(spec) -> str:
+    """Which of TUNE_MODES a run is (the inverse of tune_fields)."""
+    if getattr(spec, "quantize_base", "none") != "none":
+        return "qlora"
+    if spec.lora_r:
+        return "lora"
+    return "freeze" if spec.train_layers != "all" else "full"
+
+
+def describe_tuning(spec) -> str:
+    """The fine-tuning settings in words ("" for full training)."""
+    if not spec.finetuning:
+        return ""
+    if not spec.lora_r:
+        return "training only the head" if spec.train_layers == "head" else f"training the {spec.train_layers[5:]} last blocks and the head"
+    text = f"LoRA r={spec.lora_r} on {spec.lora_targets or 'peft default targets'}" + (
+        f", dropout {spec.lora_dropout}" if spec.lora_dropout else "")
+    quant = getattr(spec, "quantize_base", "none")
+    if quant != "none":
+        text = f"QLoRA ({quant}{' + double quant' if spec.double_quant else ''} base), " + text
+    return text

@@ -19,7 +19,7 @@ from typing import Callable
 from .accounting import per_config
 from .config import ConfigError, ModelConfig, with_attention
 from .estimate.training import CUDA_CONTEXT_BYTES, estimate_training
-from .spec import TrainSpec
+from .spec import OPTIMIZERS, TrainSpec, check_fits_model
 from .units import fmt_bytes
 
 # Cost rank of each change, cheapest first, and what it costs. The order is this project's judgement:
@@ -35,6 +35,15 @@ CHANGES = {
     "sgd-momentum": (5, "a different optimizer: needs its own learning rate; often slower to converge than AdamW"),
     "bf16": (6, "weights, grads and optimizer states in bf16: updates below ~1/256 of a weight are lost"),
     "shorter-seq": (7, "less context per sample: the model learns shorter dependencies"),
+    # Fine-tuning (issue #12): each says plainly what it costs in quality, with its source.
+    "adamw-8bit": (4, "AdamW's two states kept in 8 bits, blockwise-quantized (bitsandbytes AdamW8bit; Dettmers et al. "
+                      "2022, '8-bit Optimizers via Block-wise Quantization', report 32-bit Adam's results); tensors "
+                      "under 4,096 elements keep 32-bit states"),
+    "lora": (6, "a different fine-tune: trains a low-rank update of each linear layer, not the weights (peft LoRA); "
+                "less capacity than full fine-tuning, so it can fall short on tasks far from pre-training (Biderman et "
+                "al. 2024, 'LoRA Learns Less and Forgets Less')"),
+    "qlora": (6, "LoRA on frozen weights stored in 4-bit NF4 (QLoRA, Dettmers et al. 2023, matched 16-bit LoRA on "
+                 "their benchmarks): the base carries quantization error, and dequantizing it every step costs time"),
 }
 # Changes that combine with each other (each combination is offered only if every change in it lowers the peak).
 COMBINABLE = ("sdpa", "fused", "checkpointing", "bf16-amp")
@@ -131,11 +140,31 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     if spec.optimizer in ("adam", "adamw"):
         new = dataclasses.replace(spec, optimizer="sgd-momentum")
         out.append(_Change("sgd-momentum", "sgd-momentum optimizer", new, att))
+    if spec.optimizer == "adamw" and "adamw-8bit" in OPTIMIZERS:
+        new = dataclasses.replace(spec, optimizer="adamw-8bit", optimizer_impl="default")
+        out.append(_Change("adamw-8bit", "AdamW8bit optimizer", new, att))
+    out += _finetune_changes(cfg, spec)
     s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
         out.append(_Change("shorter-seq", f"seq {s} instead of {spec.seq_len}", dataclasses.replace(spec, seq_len=s), att))
-    if spec.finetuning:  # autocast and gradient accumulation are not modelled for fine-tuning yet (estimate/finetune.py)
-        out = [c for c in out if c.spec.autocast_dtype is None and c.spec.grad_accum == 1]
+    return out
+
+
+def _finetune_changes(cfg: ModelConfig, spec: TrainSpec) -> list[_Change]:
+    """LoRA for a full training run, and a 4-bit base (QLoRA) for a LoRA run or a full one (planner/finetune.py's
+    defaults: r=16 on every linear layer, NF4 with double quantization as in the QLoRA paper)."""
+    from .finetune import ALL_LINEAR, DEFAULT_LORA_R
+
+    out, att = [], cfg.attention
+    if spec.finetuning and not spec.lora_r:
+        return out  # a trainable subset: the user chose what trains
+    lora = {} if spec.lora_r else {"lora_r": DEFAULT_LORA_R, "lora_targets": ALL_LINEAR}
+    what = f"LoRA r={spec.lora_r or DEFAULT_LORA_R}" + ("" if spec.lora_r else " on all linear layers")
+    if not spec.lora_r:
+        out.append(_Change("lora", what, dataclasses.replace(spec, **lora), att))
+    if getattr(spec, "quantize_base", "none") == "none" and "quantize_base" in {f.name for f in dataclasses.fields(spec)}:
+        new = dataclasses.replace(spec, **lora, quantize_base="nf4", double_quant=True)
+        out.append(_Change("qlora", f"QLoRA: NF4 base + {what}", new, att))
     return out
 
 
@@ -164,9 +193,22 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
     rank = {c: r for c, (r, _) in CHANGES.items()}
     if "checkpointing" in costs and "grad-accum" in costs and costs["checkpointing"] < costs["grad-accum"]:
         rank["checkpointing"], rank["grad-accum"] = rank["grad-accum"], rank["checkpointing"]
-    peak_of = lambda s, att: _peak(with_attention(cfg, att), s)
+    known: dict = {}
+
+    def peak_of(s: TrainSpec, att: str) -> int | None:
+        """The option's estimated peak; None for a run this model refuses or the estimate does not model
+        (such a change is not offered)."""
+        if (s, att) not in known:
+            try:
+                run_cfg = with_attention(cfg, att)
+                check_fits_model(run_cfg, s)
+                known[(s, att)] = _peak(run_cfg, s)
+            except ConfigError:
+                known[(s, att)] = None
+        return known[(s, att)]
+
     now = peak_of(spec, cfg.attention)
-    singles = _singles(cfg, spec, budget)
+    singles = [c for c in _singles(cfg, spec, budget) if peak_of(c.spec, c.attention) is not None]
     candidates = [((c,), c.spec, c.attention) for c in singles]
     base = [c for c in singles if c.key in COMBINABLE]
     peaks = {frozenset(): now} | {frozenset([c.key]): peak_of(c.spec, c.attention) for c in base}
@@ -179,10 +221,11 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
     for combo, new_spec, attention in candidates:
         keys = frozenset(c.key for c in combo)
         if len(combo) == 1:
-            peak, before = peaks.get(keys) or peak_of(new_spec, attention), now
+            peak, before = peak_of(new_spec, attention), now
         else:  # each change must lower the peak of the others alone
-            peak, before = peaks[keys], min(peaks[keys - {k}] for k in keys)
-        if peak >= before:
+            others = [peaks[keys - {k}] for k in keys]
+            peak, before = peaks[keys], min((p for p in others if p is not None), default=now)
+        if peak is None or peak >= before:
             continue  # a change that leaves the peak where it was is not a remedy
         words = []
         for c in combo:

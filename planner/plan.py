@@ -192,3 +192,17 @@ def module_plan(fit: dict, batch: int, seq: int, budget: int, seq_limit: int) ->
                       seq_reason,
                       [{"batch": b, "peak_bytes": w.peak_bytes(b, seq)} for b in _points(batch_end) if b >= first],
                       [{"seq": s, "peak_bytes": w.peak_bytes(batch, s)} for s in _points(seq_end)])
+
+
+# ---------------------------------------------------------------- the longest context, beside published figures
+
+def longest_context(cfg: ModelConfig, spec: TrainSpec, reference) -> list[dict]:
+    """For each budget of a published table (planner.reference.LongestContext, GB read as GiB of device
+    memory, the CUDA context taken off on cuda): the longest sequence this estimate fits at spec's batch and
+    settings (up to the model's context), beside the published columns, which are theirs, not ours."""
+    rows = []
+    for row in reference.rows():
+        usable = tensor_budget(row["budget_gb"] * 2**30, spec.device)
+        seq, reason = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), usable)
+        rows.append({**row, "this estimate": seq, "why": reason})
+    return rows

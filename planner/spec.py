@@ -113,3 +113,18 @@ def prepare(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None) -> 
     cfg = with_attention(cfg, attention)
     check_fits_model(cfg, spec)
     return cfg
+
+
+def run_args(spec: TrainSpec) -> list[str]:
+    """The command line's RUN options for this spec (`python -m planner measure|simulate train ...`): what the
+    app passes to the child it starts, so the child runs exactly the settings on the screen."""
+    args = ["--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len), "--precision", spec.precision,
+            "--optimizer", spec.optimizer, "--grad-accum", str(spec.grad_accum), "--optimizer-impl",
+            spec.optimizer_impl, "--device", spec.device, "--loss", spec.loss]
+    args += ["--checkpointing"] if spec.checkpointing else []
+    args += ["--train-layers", spec.train_layers] if spec.train_layers != "all" else []
+    if spec.lora_r:
+        args += ["--lora-r", str(spec.lora_r), "--lora-alpha", repr(spec.lora_alpha),
+                 "--lora-dropout", repr(spec.lora_dropout)]
+        args += ["--lora-targets", spec.lora_targets] if spec.lora_targets else []
+    return args

@@ -46,6 +46,15 @@ class Llama(RMSDecoder):
                                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                                       max_position_embeddings=8192, rms_norm_eps=1e-5,
                                       rope_theta=500000.0, torch_dtype="bfloat16"),  # 8,030,261,248
+            # Llama-3-8B's shapes with the 128K context of Llama 3.1 (meta-llama/Llama-3.1-8B config.json:
+            # rope_scaling llama3, factor 8): the model Unsloth's long-context fine-tuning figures are for
+            "llama-3.1-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 8192},
+                                        torch_dtype="bfloat16"),  # 8,030,261,248
         }
 
     def normalise(self, data: dict) -> dict:
