@@ -14,7 +14,7 @@ import streamlit as st
 from pages import frame, machine_budget, md_escape
 from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
 from planner.config import ATTENTION_KINDS, ConfigError
-from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, target_choices, tune_fields, tune_mode
+from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
 from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
 from planner.plan import longest_context, plan
 from planner.reference import UNSLOTH_LLAMA31_8B
@@ -146,7 +146,7 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         if box.open:
             rows = longest_context(run_cfg, spec, published)
             box.dataframe(pd.DataFrame([{"GPU (GiB)": r["budget_gb"],
-                                         f"this estimate (your settings, batch {spec.batch_size})": r["this estimate"],
+                                         f"this estimate (your settings, batch {spec.batch_size})": f"{r['this estimate']:,}",
                                          **{f"{k} (theirs)": ("OOM" if r[k] is None else f"{r[k]:,}")
                                             for k in published.columns}, "why": r["why"]} for r in rows]),
                           hide_index=True, width="stretch")
@@ -192,7 +192,8 @@ if option := state.pop("apply_option", None):
     tuned = option["spec"]
     state["tune"] = tune_mode(TrainSpec(**tuned))
     if tuned["lora_r"]:
-        state.update(lora_r=tuned["lora_r"], lora_targets=tuned["lora_targets"])
+        picked = [k for k, v in target_choices(cfg).items() if v == tuned["lora_targets"]]
+        state.update(lora_r=tuned["lora_r"], **({"lora_targets": picked[0]} if picked else {}))
     if tuned.get("quantize_base", "none") != "none":
         state.update(quant=tuned["quantize_base"], double_quant=tuned["double_quant"])
 targets = target_choices(cfg)
@@ -200,7 +201,7 @@ if state.get("planner_model", model) != model:
     state["attention"] = cfg.attention
     state["seq"] = min(state.get("seq", START.seq_len), min(cfg.max_seq_len, SEQ_CAP))
     if state.get("lora_targets") not in targets:
-        state["lora_targets"] = next(iter(targets.values()))
+        state["lora_targets"] = next(iter(targets))
     state["train_last"] = min(state.get("train_last", 1), cfg.layers)
 state["planner_model"] = model
 
@@ -233,22 +234,23 @@ mp = q4.selectbox("FSDP mixed precision", list(MP_CHOICES), key="mp", bind="quer
 offload = q5.toggle("CPU offload", False, key="offload", bind="query-params", disabled=layout != "fsdp",
                     help="FSDP2 CPUOffloadPolicy: sharded weights, grads and optimizer state in host RAM")
 t1, t2, t3, t4, t5 = st.columns([2.2, 1, 2, 1, 1])
-tune = t1.selectbox("Fine-tuning", list(TUNE_MODES), format_func=TUNE_MODES.get, key="tune", bind="query-params",
-                    help="What trains. Frozen weights need no grads and no optimizer state, and autograd saves only "
-                         "what the trainable part's gradients need.")
+tune = t1.selectbox("Fine-tuning", list(TUNE_MODES), key="tune", bind="query-params",
+                    help="What trains: " + "; ".join(f"{k}: {v}" for k, v in TUNE_MODES.items()) + ". Frozen weights "
+                         "need no grads and no optimizer state, and autograd saves only what the trainable part's "
+                         "gradients need.")
 last_n = t2.number_input("Blocks that train", 0, cfg.layers, 1, key="train_last", bind="query-params",
                          disabled=tune != "freeze",
                          help="the last N blocks, the final norm and an untied output head; 0: only the head")
 lora_r = t2.number_input("LoRA rank r", 1, 4096, DEFAULT_LORA_R, key="lora_r", bind="query-params",
                          disabled=tune not in ("lora", "qlora"), help="trainable r*(in + out) per adapted linear layer")
-lora_targets = t3.selectbox("LoRA targets", list(targets.values()), format_func={v: k for k, v in targets.items()}.get,
-                            key="lora_targets", bind="query-params", disabled=tune not in ("lora", "qlora"),
-                            help="the linear layers peft wraps (LoraConfig target_modules)")
+target = t3.selectbox("LoRA targets", list(targets), key="lora_targets", bind="query-params",
+                      disabled=tune not in ("lora", "qlora"),
+                      help=f"the linear layers peft wraps (LoraConfig target_modules). {describe_targets(cfg, targets)}")
 quant = t4.selectbox("4-bit type", QUANT_TYPES, key="quant", bind="query-params", disabled=tune != "qlora",
                      help="bitsandbytes' 4-bit data type for the frozen base (nf4: QLoRA's NormalFloat)")
 double_quant = t5.toggle("Double quant.", True, key="double_quant", bind="query-params", disabled=tune != "qlora",
                          help="bnb_4bit_use_double_quant: the per-64-weight scales themselves in 8 bits (QLoRA's recipe)")
-tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=lora_targets, quantize=quant,
+tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=targets[target], quantize=quant,
                      double_quant=bool(double_quant))
 par = None if layout == LAYOUTS[0] else {
     "world_size": int(world), "parallel": layout, **({"reshard_after_forward": bool(reshard),

@@ -166,20 +166,28 @@ DEFAULT_LORA_R = 16
 
 
 def target_choices(cfg) -> dict[str, str]:
-    """What --lora-targets may be on this model, for a picker: label -> lora_targets ("" = peft's default)."""
+    """What --lora-targets may be on this model, for a picker: a short name that reads well in a link
+    ("default": peft's default for the model type, "attention": every attention projection, "all-linear")
+    -> the lora_targets value ("" = peft's default)."""
     from .accounting import tensor_inventory
     from .arch import family_of
 
-    inv = tensor_inventory(cfg)
-    attn = [n for n in dict.fromkeys(lin.short for lin in linears(inv) if lin.role.startswith("attn"))]
-    default = family_of(cfg).lora_default_targets
-    out = {}
-    if default:
-        out[f"peft's default ({', '.join(default)})"] = ""
-    if attn and tuple(attn) != tuple(default):
-        out[f"attention ({', '.join(attn)})"] = ",".join(attn)
-    out["every linear layer (all-linear)"] = ALL_LINEAR
+    attn = list(dict.fromkeys(lin.short for lin in linears(tensor_inventory(cfg)) if lin.role.startswith("attn")))
+    out = {"default": ""} if family_of(cfg).lora_default_targets else {}
+    if attn:
+        out["attention"] = ",".join(attn)
+    out[ALL_LINEAR] = ALL_LINEAR
     return out
+
+
+def describe_targets(cfg, choices: dict[str, str]) -> str:
+    """The picker's help: what each choice adapts on this model."""
+    from .arch import family_of
+
+    default = ", ".join(family_of(cfg).lora_default_targets)
+    words = {"default": f"peft's default for this model type ({default})", ALL_LINEAR: "every linear layer but the "
+             "output head (peft's all-linear)"}
+    return "; ".join(f"{k}: {words.get(k, v.replace(',', ', '))}" for k, v in choices.items())
 
 
 def tune_fields(mode: str, *, last_n: int = 1, lora_r: int = DEFAULT_LORA_R, lora_targets: str = "",

@@ -149,5 +149,5 @@ def test_longest_context_beside_unsloth_is_ours_and_labelled_theirs():
     assert list(table["GPU (GiB)"]) == [8, 12, 16, 24, 40, 48, 80]
     assert list(table["Unsloth (theirs)"])[:4] == ["2,972", "21,848", "40,724", "78,475"]
     assert list(table["Hugging Face + FA2 (theirs)"])[0] == "OOM"
-    assert list(table.iloc[:, 1]) == [r["this estimate"] for r in ours]
+    assert list(table.iloc[:, 1]) == [f"{r['this estimate']:,}" for r in ours]
     assert any("not measurements of ours" in c.value for c in at.caption)

@@ -179,6 +179,23 @@ def test_data_parallel_link_shows_per_rank_figures(server, page):
     page.screenshot(path=SHOTS / "planner-fsdp.png", full_page=True)
 
 
+def test_fine_tuning_link_shows_the_longest_context_beside_unsloth(server, page):
+    """A LoRA run of Llama-3.1-8B on a 24 GiB GPU: the fine-tuning controls hold the link's settings, and the
+    longest-context table stands beside Unsloth's figures, labelled as theirs."""
+    page.goto(f"{server}/?model=llama-3.1-8b&tune=lora&lora_r=32&lora_targets=all-linear&batch=1&seq=4096"
+              "&device=cuda&ckpt=true&precision=bf16&budget_gib=24")
+    settle(page)
+    no_errors(page)
+    sync_api.expect(page.get_by_text("LoRA r=32 on").first).to_be_visible()
+    page.get_by_text("Longest context at each GPU size").click()
+    settle(page)
+    no_errors(page)
+    # the table is computed when the expander opens (a bisection per GPU size)
+    sync_api.expect(page.get_by_text("not measurements of ours", exact=False).first).to_be_visible(timeout=60_000)
+    settle(page)
+    page.screenshot(path=SHOTS / "planner-lora-longest-context.png", full_page=True)
+
+
 def test_pages_render(server, page):
     for path, heading, shot in (("loading", "Weight loading", "loading.png"), ("runs", "Runs", "runs-empty.png"),
                                 ("module", "Your module: will it fit?", "module-empty.png")):
