@@ -14,7 +14,8 @@ State per parameter tensor of n elements (Optimizer2State.init_state):
     absmax1, absmax2 fp32 (ceil(n/256) each: blocksize = 256);
   - otherwise (n < 4096, or the 32-bit optimizer): state1, state2 fp32, whatever the parameter's dtype
     (get_state_buffer: zeros_like(p, dtype=torch.float32));
-  - `step` is a Python int, not a tensor; max_unorm = 0 (the default) makes no unorm_vec.
+  - `step` is a Python int, not a tensor; max_unorm = 0 (the default) makes no unorm_vec; bitsandbytes 0.50's
+    AdamW8bit has no percentile_clipping (no gnorm_vec): the step's gnorm_scale is 1.0.
   - The 8-bit optimizers build two 256-entry fp32 quantization maps once, in Optimizer8bit.__init__
     (fill_qmap: create_dynamic_map signed and unsigned); every 8-bit parameter's qmap1 / qmap2 is that same
     tensor (init_state: state["qmap1"] = self.name2qmap["dynamic"]), so they count once: 2 * 256 * 4 B.
@@ -152,6 +153,9 @@ def notes(optimizer: str, numels, device_type: str) -> list[str]:
         out.append(f"{optimizer} (bitsandbytes): 8-bit blockwise states (2 B per element + 8 B per 256) "
                    f"for {len(numels) - small} tensors, fp32 states for the {small} under {MIN_8BIT_SIZE} elements, "
                    "and 2 shared 256-entry fp32 quantization maps")
+    if device_type == "cuda":
+        out.append("bitsandbytes on CUDA: the update is one in-place kernel per parameter (backends/cuda/ops.py), so "
+                   "no step temporaries are counted; from bitsandbytes' source, not yet verified on a GPU")
     if optimizer in PAGED and device_type == "cuda":
         out.append(f"paged: {paged_state_bytes(optimizer, numels):,} B of state (state1/state2 of tensors with >= "
                    f"{PAGED_MIN_NUMEL:,} elements) live in CUDA unified memory (cudaMallocManaged), outside the caching "
