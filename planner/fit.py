@@ -114,7 +114,8 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     out, att = [], cfg.attention
     if att == "eager":
         out.append(_Change("sdpa", "sdpa attention", spec, "sdpa"))
-    impl = spec.resolved_optimizer_impl
+    # bitsandbytes' optimizers run their own kernel: torch's implementations are no change for them
+    impl = "fused" if spec.optimizer in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw") else spec.resolved_optimizer_impl
     if impl != "fused":
         out.append(_Change("fused", "fused optimizer", dataclasses.replace(spec, optimizer_impl="fused"), att))
     if impl == "foreach":

@@ -160,3 +160,15 @@ def test_estimate_imports_neither_torch_nor_bitsandbytes():
             "assert not {'torch', 'bitsandbytes'} & set(sys.modules), 'imported'\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_fit_advises_without_torch_optimizer_kernels(capsys, tmp_path):
+    """fit's single changes leave --optimizer-impl alone for bitsandbytes (its own kernel), on CUDA too."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(TINY))
+    code = cli.main(["fit", "--config", str(path), "--seq-len", "64", "--batch-size", "8", "--optimizer", "adamw-8bit",
+                     "--device", "cuda", "--budget", "12MB", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rec = json.loads(out)
+    assert rec["advice"] and all(o["spec"]["optimizer_impl"] == "default" for o in rec["advice"])
