@@ -61,7 +61,7 @@ class TrainSpec:
                               f"choose one of: {', '.join(OPTIMIZER_IMPLS)}")
         from .estimate.bnb_optim import check_spec as check_bnb_optimizer
 
-        check_bnb_optimizer(self.optimizer, self.optimizer_impl, check_device(self.device).split(":")[0])
+        check_bnb_optimizer(self.optimizer, self.optimizer_impl, str(self.device).split(":")[0])
         if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
             raise ConfigError(f"fused is not available for {self.optimizer}")
         if self.loss not in LOSSES:

@@ -305,9 +305,12 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     if spec.finetuning:  # a trainable subset or LoRA: planner/estimate/finetune.py
-        from .finetune import estimate_finetune
+        from .finetune import estimate_finetune, trainable_params
 
-        return estimate_finetune(cfg, spec)
+        est = estimate_finetune(cfg, spec)
+        if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
+            est.transients.update(bnb_extra_lines(spec, [n for _, n, _ in trainable_params(cfg, spec)], est.notes))
+        return est
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
