@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from .config import GPT2Config, LlamaConfig, ModelConfig
 from .estimate.training import estimate_training
-from .spec import OPTIMIZERS, PRECISIONS, TrainSpec
+from .spec import PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 ACCURACY_BAR_PCT = 2.0  # issue #3: worst |error| on CPU
 
@@ -59,7 +59,7 @@ def accuracy_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec
         i = next(cycle)
         if i % 3:  # a third of the full product keeps the grid under ~5 minutes on 2 cores
             continue
-        optimizer = OPTIMIZERS[(i // 3) % len(OPTIMIZERS)]
+        optimizer = TORCH_OPTIMIZERS[(i // 3) % len(TORCH_OPTIMIZERS)]
         if arch == "gpt2":
             cfg = _gpt(**gkw, attention=attention, drop_rate=0.1 if (i // 3) % 2 else 0.0)
         else:
@@ -514,11 +514,22 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         print(f"worst |error| {worst:.3f}% ({'meets' if worst <= FAMILY_BAR_PCT else 'MISSES'} the "
               f"{FAMILY_BAR_PCT}% bar)")
         return 0
+    if what == "finetune-8bit":  # planner/bench_bnb.py: its subsection of the fine-tuning section
+        from .bench_bnb import main as bnb_main, write_subsection
+
+        code, text = bnb_main(quick=quick, device=device, progress=lambda line: print(line, flush=True))
+        print(text)
+        if out:
+            write_subsection(out, text)
+        return code
     if what == "finetune":
         rows = finetune_grid(quick)
         results = run_accuracy(rows, device=device, in_process=True, progress=lambda line: print(line, flush=True))
         gaps = [finetune_gap(row) is not None for row in rows]
         text = finetune_markdown(results, device, gaps)
+        from .bench_bnb import main as bnb_main  # 8-bit optimizers (issue #12): a subsection of this section
+
+        text += "\n" + bnb_main(quick=quick, device=device, progress=lambda line: print(line, flush=True))[1]
         print(text)
         if out:
             write_section(out, text)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .bench import GRID_SHAPES, _gpt, _llama
 from .config import PRESETS, ModelConfig, config_to_dict
-from .spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
+from .spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 GRID_WORKERS = 8  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
 
@@ -33,8 +33,8 @@ def cuda_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
     rows = []
     for i, ((label, gkw, lkw, b, s), arch, attention, precision, ckpt) in enumerate(itertools.product(
             GRID_SHAPES, ("gpt2", "llama"), ("eager", "sdpa"), PRECISIONS, (False, True))):
-        optimizer = OPTIMIZERS[i % len(OPTIMIZERS)]
-        impl = OPTIMIZER_IMPLS[(i // len(OPTIMIZERS)) % len(OPTIMIZER_IMPLS)]
+        optimizer = TORCH_OPTIMIZERS[i % len(TORCH_OPTIMIZERS)]
+        impl = OPTIMIZER_IMPLS[(i // len(TORCH_OPTIMIZERS)) % len(OPTIMIZER_IMPLS)]
         drop = 0.1 if (i // 2) % 2 else 0.0
         cfg = (_gpt(**gkw, attention=attention, drop_rate=drop) if arch == "gpt2"
                else _llama(**lkw, attention=attention))

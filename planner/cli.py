@@ -8,10 +8,11 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune [--quick] [--out FILE] [--family NAME]
+    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit [--quick] [--out FILE] [--family NAME]
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
-           --optimizer sgd|sgd-momentum|adam|adamw [--checkpointing] [--attention eager|sdpa]
+           --optimizer sgd|sgd-momentum|adam|adamw|adamw-8bit|paged-adamw-8bit|paged-adamw
+           [--checkpointing] [--attention eager|sdpa]
            [--grad-accum N] [--optimizer-impl default|foreach|for-loop|fused]
            [--loss default|labels|cross-entropy]
            [--train-layers all|head|last:N]
@@ -38,6 +39,7 @@ from dataclasses import asdict
 
 from . import cli_parallel
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model, with_dtype
+from .estimate.bnb_optim import require_bitsandbytes
 from .spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
 from .units import fmt_bytes, parse_size
 
@@ -184,9 +186,9 @@ def build_parser() -> _Parser:
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
-                                    "finetune"),
+                                    "finetune", "finetune-8bit"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12); simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
@@ -260,6 +262,7 @@ def cmd_measure_train(args) -> int:
     from .runner import run_worker
 
     cfg, spec = parse_train(args)
+    require_bitsandbytes(spec.optimizer)  # the measuring child imports it; the estimate does not
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
     est = _estimate_record(cfg, spec)
@@ -415,6 +418,8 @@ def cmd_fit(args) -> int:
     if not batch_given:
         args.batch_size = 1
     cfg, spec = parse_train(args)
+    if args.measure_costs:
+        require_bitsandbytes(spec.optimizer)
     if args.budget:
         try:
             budget, source = parse_size(args.budget), "--budget"

@@ -123,7 +123,8 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     out, att = [], cfg.attention
     if att == "eager":
         out.append(_Change("sdpa", "sdpa attention", spec, "sdpa"))
-    impl = spec.resolved_optimizer_impl
+    # bitsandbytes' optimizers run their own kernel: torch's implementations are no change for them
+    impl = "fused" if spec.optimizer in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw") else spec.resolved_optimizer_impl
     if impl != "fused":
         out.append(_Change("fused", "fused optimizer", dataclasses.replace(spec, optimizer_impl="fused"), att))
     if impl == "foreach":
@@ -283,7 +284,9 @@ def measure_costs(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 300,
     from .runner import run_worker
 
     proxy = family_of(cfg).with_layers(cfg, 2)
-    base = dataclasses.replace(spec, grad_accum=1, device="cpu")
+    # a paged bitsandbytes optimizer is GPU only; on the CPU bitsandbytes itself runs the unpaged one
+    unpaged = {"paged-adamw-8bit": "adamw-8bit", "paged-adamw": "adamw"}.get(spec.optimizer, spec.optimizer)
+    base = dataclasses.replace(spec, grad_accum=1, device="cpu", optimizer=unpaged)
     while _peak(proxy, base) > 2 * 2**30 and (base.batch_size > 1 or base.seq_len > 64):
         base = (dataclasses.replace(base, batch_size=base.batch_size // 2) if base.batch_size > 1
                 else dataclasses.replace(base, seq_len=base.seq_len // 2))

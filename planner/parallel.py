@@ -79,6 +79,11 @@ class ParallelSpec:
 
 def check_parallel_run(spec, pspec: ParallelSpec) -> None:
     """What the combination of a run and a parallel layout cannot do (one clear reason)."""
+    from .estimate.bnb_optim import is_bnb
+
+    if is_bnb(spec.optimizer):
+        raise ConfigError(f"--optimizer {spec.optimizer} with --parallel is not modelled yet (bitsandbytes' 8-bit / "
+                          "paged states per rank, and on FSDP's flat shards, are not in the per-rank estimate)")
     if pspec.parallel != "fsdp":
         return
     if (pspec.mp_param_dtype or pspec.mp_reduce_dtype) and spec.precision != "fp32":

@@ -187,6 +187,11 @@ def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[
     problem = cuda_problem(spec.device)
     if problem:
         raise SimulationError(problem)
+    if spec.optimizer in ("paged-adamw-8bit", "paged-adamw"):
+        raise SimulationError(f"{spec.optimizer} cannot be simulated: bitsandbytes allocates its paged states in real "
+                              "CUDA unified memory (functional.get_paged, cudaMallocManaged), not as tensors fake "
+                              "tensors could stand in for; use measure, or simulate adamw-8bit (the same device state "
+                              "plus the paged part)")
     holder: dict = {}
     try:
         return _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace)

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from .config import ConfigError, ModelConfig, with_attention
 
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+TORCH_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+# Then bitsandbytes' (planner/estimate/bnb_optim.py): AdamW8bit, PagedAdamW8bit, PagedAdamW.
+OPTIMIZERS = TORCH_OPTIMIZERS + ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
 OPTIMIZER_IMPLS = ("default", "foreach", "for-loop", "fused")
 # default: as the model's users train it (transformers: model(input_ids=x, labels=y).loss; the book's
 # GPT-2: cross-entropy over its logits); labels / cross-entropy force one.
@@ -57,6 +59,9 @@ class TrainSpec:
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise ConfigError(f"unknown optimizer implementation {self.optimizer_impl!r}; "
                               f"choose one of: {', '.join(OPTIMIZER_IMPLS)}")
+        from .estimate.bnb_optim import check_spec as check_bnb_optimizer
+
+        check_bnb_optimizer(self.optimizer, self.optimizer_impl, str(self.device).split(":")[0])
         if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
             raise ConfigError(f"fused is not available for {self.optimizer}")
         if self.loss not in LOSSES:

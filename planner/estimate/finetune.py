@@ -256,6 +256,11 @@ def forward_only_bytes(cfg, spec, w, terms) -> int:
 def optimizer_terms(params: list[tuple[str, int, int]], spec) -> tuple[int, int]:
     """(state bytes, step temporaries) over the trainable tensors only (planner/estimate/training.py says
     why: Adam(W) exp_avg, exp_avg_sq and a 0-d fp32 step each; the for-loop's sqrt/divide temporaries)."""
+    from . import bnb_optim
+
+    if bnb_optim.is_bnb(spec.optimizer):  # bitsandbytes: planner/estimate/bnb_optim.py (adapters fp32: eb = 4)
+        tmp, _ = bnb_optim.step_temporary_bytes(spec.optimizer, [(n, eb) for _, n, eb in params], spec.device_type)
+        return bnb_optim.state_bytes(spec.optimizer, [n for _, n, _ in params]), tmp
     if spec.optimizer in ("adam", "adamw"):
         state = sum(2 * n * eb + 4 for _, n, eb in params)
         impl = spec.resolved_optimizer_impl

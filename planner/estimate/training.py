@@ -18,6 +18,7 @@ from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ModelConfig
 from ..spec import TrainSpec
+from . import bnb_optim
 from .activations import Term, Widths, block_terms, outside_terms
 
 
@@ -53,6 +54,8 @@ def _optimizer_state_bytes(cfg: ModelConfig, optimizer: str, param_dtype: str) -
     """Adam(W): exp_avg + exp_avg_sq in the weights' dtype, plus a 0-d fp32 `step` per parameter tensor
     (torch/optim/adam.py _init_group). SGD with momentum: one momentum_buffer. Plain SGD: nothing."""
     e_p = DTYPE_BYTES[param_dtype]
+    if bnb_optim.is_bnb(optimizer):  # bitsandbytes: planner/estimate/bnb_optim.py (fp32/8-bit whatever e_p)
+        return bnb_optim.state_bytes(optimizer, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"])
     n_params = param_count(cfg)
     n_tensors = sum(1 for t in tensor_inventory(cfg) if t.kind == "param")
     if optimizer in ("adam", "adamw"):
@@ -63,6 +66,8 @@ def _optimizer_state_bytes(cfg: ModelConfig, optimizer: str, param_dtype: str) -
 
 
 def optimizer_temporary_bytes(cfg: ModelConfig, spec: TrainSpec) -> tuple[int, str]:
+    if bnb_optim.is_bnb(spec.optimizer):  # bitsandbytes' kernels: planner/estimate/bnb_optim.py
+        return _bnb_temporary_bytes(cfg, spec.optimizer, spec.param_dtype, spec.device_type)
     return _optimizer_temporary_bytes(cfg, spec.optimizer, spec.resolved_optimizer_impl, spec.param_dtype)
 
 
@@ -83,6 +88,12 @@ def _optimizer_temporary_bytes(cfg: ModelConfig, optimizer: str, impl: str, para
     sizes = [t.numel for t in tensor_inventory(cfg) if t.kind == "param"]
     worst = max(2 * n + (sizes[i - 1] if i else 0) for i, n in enumerate(sizes))
     return worst * e_p, "max_i(numel[i-1] + 2*numel[i]) * e_p (for-loop sqrt, divide, previous denom)"
+
+
+@per_config
+def _bnb_temporary_bytes(cfg: ModelConfig, optimizer: str, param_dtype: str, device_type: str) -> tuple[int, str]:
+    tensors = [(t.numel, DTYPE_BYTES[param_dtype]) for t in tensor_inventory(cfg) if t.kind == "param"]
+    return bnb_optim.step_temporary_bytes(optimizer, tensors, device_type)
 
 
 def autocast_weight_bytes(cfg: ModelConfig, spec: TrainSpec, blocks_only: bool = False) -> int:
@@ -137,7 +148,10 @@ def _round_up(n: int, to: int) -> int:
 
 def cuda_rounding_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
     nbytes = 8 * spec.batch_size * spec.seq_len  # the two int64 index tensors
-    return (_persistent_rounding_bytes(cfg, spec.optimizer, spec.param_dtype)
+    bnb_states = (bnb_optim.cuda_rounding_bytes(spec.optimizer, [t.numel for t in tensor_inventory(cfg)
+                                                                 if t.kind == "param"])
+                  if bnb_optim.is_bnb(spec.optimizer) else 0)  # bitsandbytes' state tensors, rounded the same way
+    return (_persistent_rounding_bytes(cfg, spec.optimizer, spec.param_dtype) + bnb_states
             + 2 * (_round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes))
 
 
@@ -291,9 +305,12 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     if spec.finetuning:  # a trainable subset or LoRA: planner/estimate/finetune.py
-        from .finetune import estimate_finetune
+        from .finetune import estimate_finetune, trainable_params
 
-        return estimate_finetune(cfg, spec)
+        est = estimate_finetune(cfg, spec)
+        if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
+            est.transients.update(bnb_extra_lines(spec, [n for _, n, _ in trainable_params(cfg, spec)], est.notes))
+        return est
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
@@ -395,10 +412,22 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     if spec.checkpointing:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
+    bnb_lines = bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
     return TrainEstimate(
         params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
         optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
         peak_phase=peak_phase, phase_peak_bytes=phase,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
-                    "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines},
+                    "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines, **bnb_lines},
         terms=terms, notes=notes, backward_points=backward_points)
+
+
+def bnb_extra_lines(spec: TrainSpec, numels: list[int], notes: list[str]) -> dict[str, int]:
+    """bitsandbytes' notes (appended to `notes`) and, for a paged optimizer on CUDA, its unified-memory state
+    as a line outside peak_bytes (planner/estimate/bnb_optim.py says why it is not in the allocator's peak)."""
+    if not bnb_optim.is_bnb(spec.optimizer):
+        return {}
+    notes.extend(bnb_optim.notes(spec.optimizer, numels, spec.device_type))
+    if spec.optimizer in bnb_optim.PAGED:
+        return {"paged_optimizer_state_not_counted": bnb_optim.paged_state_bytes(spec.optimizer, numels)}
+    return {}

@@ -67,7 +67,34 @@ class LiveBytesTracker(TorchDispatchMode):
             self.samples.append((time.perf_counter() - self.t0, self.current, self.phase))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kernel = python_kernel(func, args) if func.namespace == "bitsandbytes" else None
+        if kernel is not None:
+            with self:  # re-entered: the kernel's own ops (its temporaries) are tracked one by one
+                out = kernel(*args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
         self.track(out)
         self._sample()
         return out
+
+
+def python_kernel(func, args):
+    """bitsandbytes' CPU optimizer updates, as the Python functions their ops run, else None.
+
+    bitsandbytes 0.50 registers `bitsandbytes::optimizer_update_8bit_blockwise` / `optimizer_update_32bit`
+    with torch.library (bitsandbytes/_ops.py) and implements them on the CPU in Python
+    (bitsandbytes/backends/cpu/ops.py: dequantize both states to fp32, update, re-quantize). A dispatch mode
+    sees such an op as one call returning nothing and runs it with the mode off, which would hide its fp32
+    temporaries (up to 24 bytes per element of the parameter: planner/estimate/bnb_optim.py). So the tracker
+    runs that very Python function itself, under the mode. Only on CPU tensors (on CUDA the op is one C
+    kernel that allocates nothing, and the allocator's own counter is read). Fake tensors (planner/simulate.py)
+    are CPU tensors too: the function's inner bitsandbytes ops then run their registered fake kernels."""
+    if func.__name__ not in ("optimizer_update_8bit_blockwise.default", "optimizer_update_32bit.default"):
+        return None
+    p = args[2] if len(args) > 2 else None
+    if not isinstance(p, torch.Tensor) or p.device.type != "cpu":
+        return None
+    from bitsandbytes.backends.cpu import ops as cpu_ops
+
+    return {"optimizer_update_8bit_blockwise.default": cpu_ops._optimizer_update_8bit_blockwise_cpu,
+            "optimizer_update_32bit.default": cpu_ops._optimizer_update_32bit_cpu}[func.__name__]

@@ -29,6 +29,8 @@ MOMENTUM = 0.9
 
 
 def make_optimizer(params, spec: TrainSpec) -> torch.optim.Optimizer:
+    if spec.optimizer in BNB_CLASSES:
+        return make_bnb_optimizer(params, spec)
     impl = spec.resolved_optimizer_impl
     kw = {"foreach": True} if impl == "foreach" else {"foreach": False} if impl == "for-loop" else {"fused": True}
     if spec.optimizer == "sgd":
@@ -38,6 +40,39 @@ def make_optimizer(params, spec: TrainSpec) -> torch.optim.Optimizer:
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=LEARNING_RATE, **kw)
     return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, **kw)
+
+
+# bitsandbytes' optimizers (planner/estimate/bnb_optim.py): --optimizer name -> bnb.optim class name.
+BNB_CLASSES = {"adamw-8bit": "AdamW8bit", "paged-adamw-8bit": "PagedAdamW8bit", "paged-adamw": "PagedAdamW"}
+
+
+def make_bnb_optimizer(params, spec: TrainSpec) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW8bit / PagedAdamW8bit / PagedAdamW with the AdamW settings above (betas and eps are
+    both libraries' defaults, (0.9, 0.999) and 1e-8; min_8bit_size stays bitsandbytes' 4096)."""
+    import bitsandbytes as bnb
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    make = getattr(bnb.optim, BNB_CLASSES[spec.optimizer])
+    params = list(params)
+    fake = next((p.fake_mode for p in params if isinstance(p, FakeTensor)), None)
+    if fake is None:
+        return make(params, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    # A simulated step (planner/simulate.py): Optimizer8bit.__init__ builds its quantization maps from Python
+    # lists (functional.create_dynamic_map reads torch.linspace(...).tolist()), which fake tensors cannot
+    # answer. So it is built with fake tensors off, and its two maps are replaced by fake tensors of the same
+    # shape, dtype and device: the step holds what the real one holds.
+    with unset_fake_temporarily():
+        opt = make(params, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    with fake:
+        opt.name2qmap = {k: torch.empty(v.shape, dtype=v.dtype, device=v.device) for k, v in opt.name2qmap.items()}
+    return opt
+
+
+def _optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """Every state tensor of the optimizer: its per-parameter state, and bitsandbytes' quantization maps, made
+    once in Optimizer8bit.__init__ (name2qmap) and shared by every 8-bit parameter's qmap1 / qmap2."""
+    out = [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return out + [v for v in getattr(optimizer, "name2qmap", {}).values() if isinstance(v, torch.Tensor)]
 
 
 def calc_loss_batch(input_batch, target_batch, model, on_phase: Callable[[str], None]):
@@ -162,11 +197,17 @@ class TrainingStep:
     def persistent_tensors(self) -> list[torch.Tensor]:
         """What lives across steps: weights, buffers, the batch, optimizer and GradScaler state."""
         out = list(self.model.parameters()) + list(self.model.buffers()) + [self.inputs, self.targets]
-        out += [v for st in self.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        out += _optimizer_tensors(self.optimizer)
         if self.scaler is not None:
             out += [t for t in (self.scaler._scale, self.scaler._growth_tracker) if t is not None]
         return out
 
     def optimizer_state_bytes(self) -> int:
-        return sum(v.untyped_storage().nbytes() for st in self.optimizer.state.values()
-                   for v in st.values() if isinstance(v, torch.Tensor))
+        """Bytes of the distinct storages of the optimizer's state (a shared tensor, as bitsandbytes' qmaps,
+        counts once), without bitsandbytes' paged buffers (CUDA unified memory, outside the allocator)."""
+        storages = {}
+        for v in _optimizer_tensors(self.optimizer):
+            if not getattr(v, "is_paged", False):
+                storage = v.untyped_storage()
+                storages[id(storage)] = storage
+        return sum(st.nbytes() for st in storages.values())
