@@ -94,6 +94,10 @@ def test_advice_offers_lora_and_says_what_it_costs():
     assert "LoRA Learns Less and Forgets Less" in lora.cost
     assert lora.peak_bytes == estimate_training(cfg, TrainSpec(**lora.spec)).peak_bytes < estimate_training(
         cfg, spec).peak_bytes
+    eight = options["adamw-8bit"]  # bitsandbytes AdamW8bit: two uint8 states instead of two bf16 ones
+    assert eight.spec["optimizer"] == "adamw-8bit" and "Block-wise Quantization" in eight.cost
+    assert eight.peak_bytes == estimate_training(cfg, TrainSpec(**eight.spec)).peak_bytes < estimate_training(
+        cfg, spec).peak_bytes
 
 
 def test_applying_lora_advice_sets_the_fine_tuning_controls():
