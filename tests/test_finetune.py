@@ -218,7 +218,7 @@ def test_simulate_equals_measure_on_qlora():
     (["--quantize-base", "fp4", "--lora-r", "4", "--precision", "fp32"], "computes in bf16"),
     (["--double-quant", "--lora-r", "4"], "--double-quant needs --quantize-base nf4|fp4"),
     (["--quantize-base", "int8", "--lora-r", "4", "--double-quant"], "applies to 4-bit bases"),
-    (["--quantize-base", "int8", "--lora-r", "4"], "int8 is measured"),
+    (["--quantize-base", "int8", "--lora-r", "4"], "int8 is not estimated yet"),
     (["--quantize-base", "q3", "--lora-r", "4"], "invalid choice"),
 ])
 def test_cli_refuses_invalid_qlora_with_one_line(tmp_path, args, message):

@@ -82,8 +82,9 @@ def weights_delta(cfg, spec) -> int:
 
 def check_supported(cfg, spec) -> None:
     if spec.quantize_base == "int8":
-        raise ConfigError("--quantize-base int8 is measured (bitsandbytes' Linear8bitLt, whose CPU path saves "
-                          "each linear's input) but not estimated yet; use nf4 or fp4")
+        raise ConfigError("--quantize-base int8 is not estimated yet (bitsandbytes' Linear8bitLt trains through "
+                          "MatMul8bitFp on the CPU, which keeps each linear's fp32 input and dequantizes the weight to "
+                          "fp32 in forward and backward; the measuring child runs it); use nf4 or fp4")
     family = family_of(cfg)
     if not family.lora_supported or getattr(family, "source", "") != "transformers":
         raise ConfigError(f"QLoRA is estimated for transformers' decoders with LoRA so far, not {family.arch}")
@@ -117,14 +118,26 @@ def dequant_points(cfg, spec, twin) -> dict[str, int]:
         if prod_rg and at("ffn") is not None:
             # down_proj, the block's first backward op: the twin's activation-backward point less its two
             # fp32 b*s*f grads, with the dequantized f*h weight, the bf16 b*s*f input grad and the bf16
-            # b*s*h output grad
-            points[f"block {i} down_proj dequantized"] = (at("ffn") - 8 * b * s * f + COMPUTE_BYTES * (f * h + b * s * f
-                                                                                                    + b * s * h))
+            # b*s*h output grad. With checkpointing and no adapter on down_proj, nothing down_proj's
+            # backward unpacks is a saved tensor (MatMul4Bit keeps the packed weight on ctx), so the block's
+            # recompute has not run yet: its recomputed saved set is not alive there (measured)
+            before_recompute = spec.checkpointing and not any(t.part == "mlp.out" for t in blk)
+            points[f"block {i} down_proj dequantized"] = (
+                at("ffn") - 8 * b * s * f + COMPUTE_BYTES * (f * h + b * s * f + b * s * h)
+                - (sum(t.bytes for t in blk) - 4 * b * s * h if before_recompute else 0))
+        up_adapted = any(t.name.startswith(("up_proj LoRA", "up_proj lora_A")) for t in blk)  # _adapter's terms
+        if fp32_in("norm.mlp") and not up_adapted and at("gated product backward") is not None:
+            # up_proj (the first MLP input projection backward meets, right after the gated product's
+            # backward) when it has no adapter: the twin's product-backward point with the dequantized f*h
+            # weight, less 14*b*s*f and plus 2*b*s*h (fitted on the op timelines of Llama / Qwen2 steps,
+            # b*s 4 and 16, f 384 and 512, with and without checkpointing: exact to 8 B); with an adapter
+            # on up_proj it was measured below down_proj's point
+            points[f"block {i} up_proj dequantized"] = (at("gated product backward") + COMPUTE_BYTES * f * h
+                                                        - 14 * b * s * f + 2 * b * s * h)
         if fp32_in("norm.mlp") and at("mlp_in") is not None:
             # gate_proj (the last MLP input projection backward meets): the twin's mlp_in point with its fp32
             # output grad and input grad in bf16, the dequantized weight, and no fp32 b*s*h grad of up's
-            # input beside it (measured: 4*b*s*h below the twin's). up_proj's point, between the two,
-            # measured below down_proj's (Llama / Qwen2, b*s 4 and 16)
+            # input beside it (measured: 4*b*s*h below the twin's)
             points[f"block {i} gate_proj dequantized"] = (at("mlp_in") - 2 * b * s * (f + h) - 4 * b * s * h
                                                           + COMPUTE_BYTES * f * h)
         if fp32_in("norm.attn") and at("attn_in") is not None:

@@ -72,7 +72,8 @@ def load_quantized(cfg: ModelConfig, spec: TrainSpec, device: torch.device):
 def quant_state_tensors(model) -> list[torch.Tensor]:
     """The tensors bitsandbytes keeps beside the packed weights, which model.parameters() does not list:
     each Params4bit's QuantState (bitsandbytes/functional.py QuantState: absmax, code, and with double
-    quantization offset and state2's absmax and code) and each Int8Params' SCB (row scales)."""
+    quantization offset and state2's absmax and code) and each int8 weight's SCB (fp32 row scales: on
+    Int8Params until the first forward, then on the module's MatmulLtState, Linear8bitLt.init_8bit_state)."""
     out = []
     for p in model.parameters():
         qs = getattr(p, "quant_state", None)
@@ -80,9 +81,11 @@ def quant_state_tensors(model) -> list[torch.Tensor]:
             out += [qs.absmax, qs.code]
             if getattr(qs, "nested", False):
                 out += [qs.offset, qs.state2.absmax, qs.state2.code]
-        scb = getattr(p, "SCB", None)
-        if isinstance(scb, torch.Tensor):
-            out.append(scb)
+        out.append(getattr(p, "SCB", None))
+    for m in model.modules():
+        state = getattr(m, "state", None)
+        if type(state).__name__ == "MatmulLtState":
+            out += [state.SCB, state.CB]  # CB is the weight's own int8 data (one storage, counted once)
     return [t for t in out if isinstance(t, torch.Tensor)]
 
 
