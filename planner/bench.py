@@ -236,7 +236,8 @@ def qlora_markdown(results: list[dict], device: str) -> str:
                    f"estimated in {1000 * (time.perf_counter() - t0):.0f} ms)")
     lines += ["", "Not modelled (known gaps): `--quantize-base int8` (refused by the estimate: bitsandbytes' CPU "
               "training path MatMul8bitFp keeps each linear's fp32 input and dequantizes the weight to fp32); the "
-              "dequantized-weight points of o_proj and up_proj (measured below down_proj's on these shapes); the "
+              "dequantized-weight points of o_proj, k_proj and v_proj, and of up_proj when it has an adapter "
+              "(measured below down_proj's or q_proj's on these shapes); the "
               "weight gemm_4bit dequantizes inside one custom op in the forward is not seen by a dispatch-level "
               "tracker (the measured figures are live tensors seen op by op; on CUDA the allocator would see an "
               "out*in bf16 transient there).",

@@ -120,11 +120,16 @@ def dequant_points(cfg, spec, twin) -> dict[str, int]:
             # fp32 b*s*f grads, with the dequantized f*h weight, the bf16 b*s*f input grad and the bf16
             # b*s*h output grad. With checkpointing and no adapter on down_proj, nothing down_proj's
             # backward unpacks is a saved tensor (MatMul4Bit keeps the packed weight on ctx), so the block's
-            # recompute has not run yet: its recomputed saved set is not alive there (measured)
+            # recompute has not run yet: its recomputed saved set is not alive there (measured; the block's
+            # stashed input, 4*b*s*h, excepted). With an adapter with dropout on down_proj, the
+            # adapter's backward, which runs first, has freed one b*s*f fp32 tensor of the twin's point (measured)
             before_recompute = spec.checkpointing and not any(t.part == "mlp.out" for t in blk)
+            dropout_down = spec.lora_dropout > 0 and any(t.name.startswith(("down_proj LoRA", "down_proj lora_A"))
+                                                         for t in blk)
             points[f"block {i} down_proj dequantized"] = (
                 at("ffn") - 8 * b * s * f + COMPUTE_BYTES * (f * h + b * s * f + b * s * h)
-                - (sum(t.bytes for t in blk) - 4 * b * s * h if before_recompute else 0))
+                - (sum(t.bytes for t in blk) - 4 * b * s * h if before_recompute else 0)
+                - (4 * b * s * f if dropout_down else 0))
         up_adapted = any(t.name.startswith(("up_proj LoRA", "up_proj lora_A")) for t in blk)  # _adapter's terms
         if fp32_in("norm.mlp") and not up_adapted and at("gated product backward") is not None:
             # up_proj (the first MLP input projection backward meets, right after the gated product's
