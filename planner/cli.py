@@ -116,7 +116,8 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
                         "layer but the output head) (default: peft's default for the model type)")
     p.add_argument("--quantize-base", choices=("nf4", "fp4", "int8"), default=None,
                    help="QLoRA: the frozen base's linear layers quantized by bitsandbytes (needs --lora-r; computes "
-                        "in bf16: implies --precision bf16; measuring needs bitsandbytes installed)")
+                        "in bf16: implies --precision bf16; measuring needs bitsandbytes installed) (default: none, "
+                        "no quantization)")
     p.add_argument("--double-quant", action="store_true",
                    help="QLoRA: bnb_4bit_use_double_quant (the 4-bit absmax quantized again, 8-bit per 256)")
     p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
