@@ -16,10 +16,13 @@ Hence: the step's saved set and phases are those of the same LoRA run on an fp32
   - the weights: each quantized linear's packed storage and quantization statistics instead of its fp32
     weight (quantized_linear_bytes), a bias in the compute dtype (Linear4bit.forward re-assigns
     `bias.data = bias.data.to(x.dtype)` on the first forward, so it is bf16 in every later step);
-  - the transients of a quantized linear in the forward and in the backward (linear_points), measured on
-    the op timeline. What a custom bitsandbytes op does inside (gemm_4bit dequantizes the weight and then
-    multiplies) is one op to a dispatch-level tracker: only its output is seen (the dequantized weight of the
-    backward, made by a separate dequantize_4bit call, is seen).
+  - the backward's high points at a quantized linear's input-grad matmul, where the weight is dequantized
+    (dequant_points: down_proj, up_proj, gate_proj, q_proj), measured on the op timeline. The forward's
+    bf16 casts (b*s*in and b*s*out in bf16 beside the fp32 output) were not a high point on the grid. What a
+    custom bitsandbytes op does inside (the forward's gemm_4bit dequantizes the weight and then multiplies)
+    is one op to a dispatch-level tracker: only its output is seen, so that out*in bf16 transient is in
+    neither the measured nor the estimated figure (the backward's, made by a separate dequantize_4bit
+    call, is in both).
 """
 from __future__ import annotations
 
