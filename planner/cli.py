@@ -17,6 +17,7 @@
            [--loss default|labels|cross-entropy]
            [--train-layers all|head|last:N]
            [--lora-r R [--lora-alpha A] [--lora-dropout P] [--lora-targets q_proj,v_proj,...|all-linear]]
+           [--quantize-base nf4|fp4|int8 [--double-quant]]   (QLoRA: needs --lora-r; implies --precision bf16)
     PARALLEL: [--reshard-after-forward true|false] [--mp-param-dtype D] [--mp-reduce-dtype D] [--cpu-offload]
               [--gradient-as-bucket-view]   (planner/cli_parallel.py)
 
@@ -91,8 +92,9 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
                    help="samples per micro-batch" if batch_required else
                    "samples per micro-batch (default: none, and fit reports the largest batch that fits)")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sample (at most the model's context)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32; fp16-amp / bf16-amp (autocast, fp32 master weights); bf16 (everything in bf16)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="fp32 (the default; bf16 with --quantize-base); fp16-amp / bf16-amp (autocast, fp32 master "
+                        "weights); bf16 (everything in bf16)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer whose states are held")
     p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
                    help="PyTorch's optimizer kernel; default is its own pick (for-loop on CPU, foreach on CUDA)")
@@ -114,6 +116,12 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--lora-targets", default="",
                    help="LoRA target modules, comma-separated (e.g. q_proj,v_proj), or all-linear (every linear "
                         "layer but the output head) (default: peft's default for the model type)")
+    p.add_argument("--quantize-base", choices=("nf4", "fp4", "int8"), default=None,
+                   help="QLoRA: the frozen base's linear layers quantized by bitsandbytes (needs --lora-r; computes "
+                        "in bf16: implies --precision bf16; measuring needs bitsandbytes installed) (default: none, "
+                        "no quantization)")
+    p.add_argument("--double-quant", action="store_true",
+                   help="QLoRA: bnb_4bit_use_double_quant (the 4-bit absmax quantized again, 8-bit per 256)")
     p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
                    help="cpu, cuda or cuda:N" + (" (required)" if device_required else ""))
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
@@ -211,6 +219,9 @@ def parse_train(args) -> tuple:
                      optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
                      optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
                      **finetune_args(args))
+    if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
+        raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
+                          "for one process)")
     return prepare(cfg, spec, args.attention), spec
 
 
@@ -220,8 +231,17 @@ def finetune_args(args) -> dict:
         raise ConfigError(f"--lora-r must be positive, got {args.lora_r}")
     if args.lora_r is None and (args.lora_targets or args.lora_dropout):
         raise ConfigError("--lora-targets and --lora-dropout need --lora-r R")
-    return {"train_layers": args.train_layers, "lora_r": args.lora_r or 0, "lora_alpha": args.lora_alpha,
-            "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets}
+    out = {"train_layers": args.train_layers, "lora_r": args.lora_r or 0, "lora_alpha": args.lora_alpha,
+           "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets}
+    if getattr(args, "quantize_base", None) or getattr(args, "double_quant", False):
+        out.update(quantize_base=args.quantize_base or "none", double_quant=bool(args.double_quant))
+    return out
+
+
+def default_precision(args) -> None:
+    """--precision's default: fp32, or bf16 with --quantize-base (QLoRA computes in bf16)."""
+    if getattr(args, "precision", "") is None:
+        args.precision = "bf16" if getattr(args, "quantize_base", None) else "fp32"
 
 
 def _estimate_record(cfg, spec) -> dict:
@@ -263,6 +283,9 @@ def cmd_measure_train(args) -> int:
 
     cfg, spec = parse_train(args)
     require_bitsandbytes(spec.optimizer)  # the measuring child imports it; the estimate does not
+    from .finetune import check_quantize_runnable
+
+    check_quantize_runnable(spec)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
     est = _estimate_record(cfg, spec)
@@ -545,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     with _signals_stop_the_command():
         try:
             args = parser.parse_args(argv)
+            default_precision(args)
             if args.command == "estimate":
                 code = cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
             elif args.command == "measure":

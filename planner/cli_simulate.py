@@ -147,6 +147,9 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
         raise ConfigError("give one of --model PRESET, --config FILE.json or --module FILE.py:FUNCTION")
     if not args.module:
         cfg, spec = parse_train(args)
+        from .finetune import check_quantize_runnable
+
+        check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
         return cfg, spec, None
     if args.model or args.config:
         raise ConfigError("give either --module or --model/--config, not both")
@@ -155,8 +158,8 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
                           "inside your model")
     if args.attention:
         raise ConfigError("--attention applies to presets and configs; with --module, choose attention in your model")
-    if args.lora_r is not None or args.train_layers != "all":
-        raise ConfigError("--lora-r and --train-layers apply to presets and configs; with --module, freeze or wrap "
+    if args.lora_r is not None or args.train_layers != "all" or getattr(args, "quantize_base", None):
+        raise ConfigError("--lora-r, --quantize-base and --train-layers apply to presets and configs; with --module, freeze or wrap "
                           "your model inside make_model")
     path, func = parse_module_ref(args.module)
     check_device(args.device)

@@ -135,7 +135,7 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
             out.append(_Change("grad-accum", f"grad-accum {new.grad_accum} x batch {new.batch_size}", new, att))
     if not spec.checkpointing:
         out.append(_Change("checkpointing", "checkpointing", dataclasses.replace(spec, checkpointing=True), att))
-    for prec in ("bf16-amp", "fp16-amp", "bf16"):
+    for prec in (() if spec.quantize_base != "none" else ("bf16-amp", "fp16-amp", "bf16")):  # QLoRA: bf16 only
         if spec.precision != prec:
             out.append(_Change(prec, prec, dataclasses.replace(spec, precision=prec), att))
     if spec.optimizer in ("adam", "adamw"):

@@ -44,6 +44,13 @@ class TrainSpec:
     lora_alpha: float = 8.0         # peft's LoraConfig default (scaling alpha/r: no effect on memory)
     lora_dropout: float = 0.0       # peft's default; > 0 saves the dropout's noise and output per adapter
     lora_targets: str = ""          # "": peft's default for the model type; "all-linear"; or "q_proj,v_proj,..."
+    # QLoRA (issue #12, planner/estimate/quantized.py): the frozen base's linear layers quantized by bitsandbytes
+    # (transformers' BitsAndBytesConfig: nf4 / fp4 = load_in_4bit + bnb_4bit_quant_type, int8 = load_in_8bit),
+    # prepared with peft's prepare_model_for_kbit_training, LoRA on top (needs lora_r > 0). `precision` must be
+    # "bf16" there (the CLI implies it): the checkpoint's dtype and bnb_4bit_compute_dtype, the QLoRA recipe;
+    # prepare_model_for_kbit_training then casts every non-quantized parameter (norms, embeddings, head) to fp32.
+    quantize_base: str = "none"     # none | nf4 | fp4 | int8
+    double_quant: bool = False      # bnb_4bit_use_double_quant (BitsAndBytesConfig's default: False)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "grad_accum"):
@@ -71,6 +78,9 @@ class TrainSpec:
 
         check_train_layers(self.train_layers)
         check_lora_settings(self)
+        from .finetune import check_quantize_settings
+
+        check_quantize_settings(self)
 
     @property
     def finetuning(self) -> bool:

@@ -31,6 +31,9 @@ ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32
 def known_gap(cfg, spec) -> str | None:
     """A combination whose peak this estimate is known to miss by more than 1% (bench finetune measures
     it), or None."""
+    if getattr(spec, "quantize_base", "none") != "none":  # QLoRA: planner/estimate/quantized.py
+        from .quantized import known_gap as quantized_gap
+        return quantized_gap(cfg, spec)
     if spec.checkpointing and spec.precision == "bf16" and spec.lora_r and any(
             lin.role.startswith("mlp") for lin in adapted_linears(family_of(cfg), cfg, spec)):
         return ("not modelled yet: on a bf16 base with checkpointing, LoRA on the MLP projections adds fp32 "
@@ -439,6 +442,9 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
 def estimate_finetune(cfg, spec):
     from .training import TrainEstimate
 
+    if getattr(spec, "quantize_base", "none") != "none":  # QLoRA: planner/estimate/quantized.py
+        from .quantized import estimate_quantized
+        return estimate_quantized(cfg, spec)
     check_supported(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)

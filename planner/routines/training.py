@@ -145,9 +145,14 @@ class TrainingStep:
         self.device = torch.device(spec.device)
         self.family = family_of(cfg)
         self.loss_kind = resolved_loss(self.family, spec)
-        self.model = build_model(cfg, self.device, spec.param_dtype)
+        if spec.quantize_base != "none":  # QLoRA: the recipe's quantized, prepared base (routines/quantized.py)
+            from .quantized import load_quantized
+
+            self.model = load_quantized(cfg, spec, self.device)
+        else:
+            self.model = build_model(cfg, self.device, spec.param_dtype)
         self.model.train()
-        if spec.checkpointing:
+        if spec.checkpointing and spec.quantize_base == "none":
             self.family.enable_checkpointing(self.model)
         if spec.finetuning:
             self.model = apply_finetuning(self.model, cfg, spec)
@@ -197,6 +202,10 @@ class TrainingStep:
     def persistent_tensors(self) -> list[torch.Tensor]:
         """What lives across steps: weights, buffers, the batch, optimizer and GradScaler state."""
         out = list(self.model.parameters()) + list(self.model.buffers()) + [self.inputs, self.targets]
+        if self.spec.quantize_base != "none":  # bitsandbytes' quantization statistics (not parameters)
+            from .quantized import quant_state_tensors
+
+            out += quant_state_tensors(self.model)
         out += _optimizer_tensors(self.optimizer)
         if self.scaler is not None:
             out += [t for t in (self.scaler._scale, self.scaler._growth_tracker) if t is not None]
