@@ -206,8 +206,12 @@ if state.get("planner_model", model) != model:
 state["planner_model"] = model
 
 r1, r2, r3 = st.columns([3, 1.2, 1.2])
+qlora = state.get("tune", st.query_params.get("tune")) == "qlora"
+if qlora:  # bitsandbytes computes in bf16 (planner/finetune.py check_quantize_settings): the control shows it
+    state["precision"] = "bf16"
 precision = r1.segmented_control("Precision", PRECISIONS, default=START.precision, required=True,
-                                 key="precision", bind="query-params", width="stretch")
+                                 key="precision", bind="query-params", width="stretch", disabled=qlora,
+                                 help="QLoRA computes in bf16" if qlora else None)
 device = r2.selectbox("Device", ["cuda", "cpu"] if gpu else ["cpu", "cuda"], key="device", bind="query-params")
 ckpt = r3.toggle("Checkpointing", START.checkpointing, key="ckpt", bind="query-params",
                  help="per-block activation checkpointing")

@@ -76,17 +76,11 @@ def check_quantize_settings(spec) -> None:
                           f"use --precision bf16, not {spec.precision}")
 
 
-def bitsandbytes_available() -> bool:
-    """Whether the measuring child can import bitsandbytes (found without importing it: the CLI's process
-    imports no torch)."""
-    import importlib.util
-
-    return importlib.util.find_spec("bitsandbytes") is not None
-
-
 def check_quantize_runnable(spec) -> None:
     """A QLoRA run that is measured or simulated needs bitsandbytes (the estimate does not)."""
-    if getattr(spec, "quantize_base", "none") != "none" and not bitsandbytes_available():
+    from .estimate.bnb_optim import bnb_available  # the one check (found without importing it)
+
+    if getattr(spec, "quantize_base", "none") != "none" and not bnb_available():
         raise ConfigError(f"--quantize-base {spec.quantize_base} needs bitsandbytes to measure or simulate "
                           "(pip install bitsandbytes); the estimate alone does not")
 
@@ -258,8 +252,8 @@ def tune_fields(mode: str, *, last_n: int = 1, lora_r: int = DEFAULT_LORA_R, lor
     if mode == "freeze":
         return {"train_layers": f"last:{last_n}" if last_n > 0 else "head"}
     fields = {"lora_r": lora_r, "lora_targets": lora_targets}
-    if mode == "qlora":
-        fields |= {"quantize_base": quantize, "double_quant": double_quant}
+    if mode == "qlora":  # bitsandbytes computes in bf16 (check_quantize_settings)
+        fields |= {"quantize_base": quantize, "double_quant": double_quant, "precision": "bf16"}
     return fields
 
 

@@ -163,9 +163,9 @@ def _finetune_changes(cfg: ModelConfig, spec: TrainSpec) -> list[_Change]:
     what = f"LoRA r={spec.lora_r or DEFAULT_LORA_R}" + ("" if spec.lora_r else " on all linear layers")
     if not spec.lora_r:
         out.append(_Change("lora", what, dataclasses.replace(spec, **lora), att))
-    if getattr(spec, "quantize_base", "none") == "none" and "quantize_base" in {f.name for f in dataclasses.fields(spec)}:
-        new = dataclasses.replace(spec, **lora, quantize_base="nf4", double_quant=True)
-        out.append(_Change("qlora", f"QLoRA: NF4 base + {what}", new, att))
+    if spec.quantize_base == "none":  # bitsandbytes computes in bf16 (planner/finetune.py check_quantize_settings)
+        new = dataclasses.replace(spec, **lora, quantize_base="nf4", double_quant=True, precision="bf16")
+        out.append(_Change("qlora", f"QLoRA: NF4 base (bf16 compute) + {what}", new, att))
     return out
 
 

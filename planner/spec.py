@@ -142,4 +142,6 @@ def run_args(spec: TrainSpec) -> list[str]:
         args += ["--lora-r", str(spec.lora_r), "--lora-alpha", repr(spec.lora_alpha),
                  "--lora-dropout", repr(spec.lora_dropout)]
         args += ["--lora-targets", spec.lora_targets] if spec.lora_targets else []
+    args += ["--quantize-base", spec.quantize_base] if spec.quantize_base != "none" else []
+    args += ["--double-quant"] if spec.double_quant else []
     return args

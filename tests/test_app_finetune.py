@@ -41,6 +41,9 @@ def tuned(at) -> TrainSpec:
     TrainSpec(1, 128, "bf16", "sgd", checkpointing=True, train_layers="last:2", loss="labels"),
     TrainSpec(3, 32, lora_r=8, lora_alpha=16.0, lora_dropout=0.1, lora_targets="all-linear", device="cuda"),
     TrainSpec(3, 32, lora_r=4),
+    TrainSpec(1, 64, "bf16", "adamw-8bit", checkpointing=True, lora_r=32, lora_targets="all-linear",
+              quantize_base="nf4", double_quant=True),
+    TrainSpec(1, 64, "bf16", lora_r=8, quantize_base="fp4"),
 ])
 def test_run_args_give_the_cli_the_same_run(spec):
     """What the Training step page passes its child (planner.spec.run_args) parses back to the same TrainSpec."""
@@ -51,8 +54,6 @@ def test_run_args_give_the_cli_the_same_run(spec):
 def test_tune_fields_and_tune_mode_are_inverse():
     for mode in TUNE_MODES:
         fields = tune_fields(mode, last_n=2, lora_r=8, lora_targets="all-linear")
-        if mode == "qlora" and "quantize_base" not in {f.name for f in dataclasses.fields(TrainSpec)}:
-            continue
         assert tune_mode(TrainSpec(1, 8, **fields)) == mode
     assert tune_fields("freeze", last_n=0) == {"train_layers": "head"}
 
@@ -155,3 +156,32 @@ def test_longest_context_beside_unsloth_is_ours_and_labelled_theirs():
     assert list(table["Hugging Face + FA2 (theirs)"])[0] == "OOM"
     assert list(table.iloc[:, 1]) == [f"{r['this estimate']:,}" for r in ours]
     assert any("not measurements of ours" in c.value for c in at.caption)
+
+
+def test_qlora_mode_computes_in_bf16_and_gives_the_estimate_of_that_run():
+    at = paste(app(), TINY_LLAMA)
+    lora = None
+    for mode in ("lora", "qlora"):
+        at.selectbox(key="tune").set_value(mode).run()
+        at.number_input(key="lora_r").set_value(8).run()
+        assert not at.exception and not at.error
+        spec = tuned(at)
+        if mode == "lora":
+            lora = metric(at, "Estimated peak")
+            continue
+        assert (spec.quantize_base, spec.double_quant, spec.precision) == ("nf4", True, "bf16")
+        assert at.segmented_control(key="precision").value == "bf16" and at.segmented_control(key="precision").disabled
+        cfg = prepare(config_from_dict(TINY_LLAMA), spec, at.selectbox(key="attention").value)
+        assert metric(at, "Estimated peak") == fmt_bytes(estimate_training(cfg, spec).peak_bytes) != lora
+    at.selectbox(key="quant").set_value("fp4").run()
+    at.toggle(key="double_quant").set_value(False).run()
+    assert (tuned(at).quantize_base, tuned(at).double_quant) == ("fp4", False)
+
+
+def test_advice_offers_qlora_in_bf16():
+    cfg, spec = PRESETS["llama-3-8b"], TrainSpec(1, 2048, "bf16", "adamw", device="cuda", checkpointing=True,
+                                                 lora_r=32, lora_targets="all-linear")
+    qlora = next(o for o in advice(prepare(cfg, spec), spec, tensor_budget(16 * 2**30, "cuda")) if o.changes == ["qlora"])
+    assert (qlora.spec["quantize_base"], qlora.spec["precision"], qlora.spec["lora_r"]) == ("nf4", "bf16", 32)
+    assert qlora.fits and "QLoRA, Dettmers et al. 2023" in qlora.cost
+    assert qlora.peak_bytes == estimate_training(cfg, TrainSpec(**qlora.spec)).peak_bytes
