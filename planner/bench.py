@@ -588,8 +588,64 @@ def loading_markdown(rows: list[dict], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def longest_context_markdown() -> str:
+    """Llama-3.1-8B QLoRA r=32 on all linear layers, batch 1: the longest context this estimate fits at each GPU
+    size (checkpointing on and off), beside Unsloth's published figures (planner/reference.py), theirs."""
+    import dataclasses
+
+    from .config import PRESETS
+    from .plan import longest_context
+    from .reference import UNSLOTH_LLAMA31_8B as ref
+    from .spec import TrainSpec, prepare
+
+    spec = TrainSpec(1, 1, "bf16", "adamw", device="cuda", lora_r=32, lora_targets="all-linear",
+                     quantize_base="nf4", double_quant=True)
+    ours = {}
+    for ckpt in (True, False):
+        run = dataclasses.replace(spec, checkpointing=ckpt)
+        ours[ckpt] = longest_context(prepare(PRESETS[ref.model], run, "sdpa"), run, ref)
+    theirs = list(ref.columns)
+    fmt = lambda n: "OOM" if n is None else ("0 (does not fit)" if n == 0 else f"{n:,}")
+    lines = ["# Longest context for a QLoRA fine-tune, beside published figures", "",
+             f"Command: `python -m planner bench longest-context`. Model: {ref.model} (Llama-3-8B's shapes, 128K context). "
+             "This planner's columns are its estimate of peft's QLoRA recipe on transformers' Llama (NF4 base with "
+             "double quantization, bf16 compute, `prepare_model_for_kbit_training`, LoRA r=32 on every linear layer, "
+             "AdamW, SDPA attention, batch 1) on a CUDA device of that size less the CUDA context, the longest "
+             "sequence whose estimated peak fits (the same search as the Planner page's). The estimate's QLoRA terms "
+             "are held to measurements on the CPU (section QLoRA of docs/accuracy.md); on a GPU they are not yet "
+             "measured (issue #14).", "",
+             f"The last columns are **{ref.source}**, not measurements of ours: {ref.setting} ({ref.url}). Unsloth's "
+             "own column uses its offloaded gradient checkpointing and a fused cross-entropy, which this estimate "
+             "does not model; Hugging Face + FA2 is the recipe this estimate models, with FlashAttention-2 where "
+             "ours has SDPA and with whatever the allocator's caching and fragmentation add on a real GPU.", "",
+             "| GPU (GiB) | this estimate, checkpointing | this estimate, no checkpointing | "
+             + " | ".join(f"{c} (published)" for c in theirs) + " |",
+             "|---:|---:|---:|" + "---:|" * len(theirs)]
+    for on, off in zip(ours[True], ours[False]):
+        lines.append(f"| {on['budget_gb']} | {fmt(on['this estimate'])} | {fmt(off['this estimate'])} | "
+                     + " | ".join(fmt(on[c]) for c in theirs) + " |")
+    from .accounting import tensor_inventory
+    from .estimate.training import estimate_training
+    from .units import fmt_bytes
+
+    one = dataclasses.replace(spec, checkpointing=True)
+    est = estimate_training(prepare(PRESETS[ref.model], one, "sdpa"), one)
+    fp32 = sum(t.numel for t in tensor_inventory(PRESETS[ref.model]) if t.role in ("embed", "head")) * 4
+    lines += ["", f"Where nothing fits, even one token's step does not: its estimated peak is {fmt_bytes(est.peak_bytes)}, "
+              f"of which {fmt_bytes(est.params_bytes)} are the weights (the 4-bit linears with their statistics, the "
+              f"adapters, and {fmt_bytes(fp32)} of embedding and output head that `prepare_model_for_kbit_training` "
+              "casts to fp32)."]
+    return "\n".join(lines) + "\n"
+
+
 def main(what: str, quick: bool = False, out: str | None = None, device: str = "cpu",
          family: str | None = None) -> int:
+    if what == "longest-context":
+        text = longest_context_markdown()
+        print(text)
+        if out:
+            write_section(out, text)
+        return 0
     if what == "simulate":  # formula vs simulation at full size: planner/bench_simulate.py
         from .bench_simulate import main as simulate_main
         from .config import ConfigError

@@ -185,3 +185,19 @@ def test_advice_offers_qlora_in_bf16():
     assert (qlora.spec["quantize_base"], qlora.spec["precision"], qlora.spec["lora_r"]) == ("nf4", "bf16", 32)
     assert qlora.fits and "QLoRA, Dettmers et al. 2023" in qlora.cost
     assert qlora.peak_bytes == estimate_training(cfg, TrainSpec(**qlora.spec)).peak_bytes
+
+
+def test_bench_longest_context_writes_ours_beside_theirs(tmp_path):
+    """docs/finetune.md's table: this estimate's longest QLoRA context per GPU size, and Unsloth's figures labelled
+    as published."""
+    from planner.cli import main
+
+    out = tmp_path / "finetune.md"
+    assert main(["bench", "longest-context", "--out", str(out)]) == 0
+    text = out.read_text()
+    spec = TrainSpec(1, 1, "bf16", device="cuda", checkpointing=True, lora_r=32, lora_targets="all-linear",
+                     quantize_base="nf4", double_quant=True)
+    ours = longest_context(prepare(PRESETS["llama-3.1-8b"], spec, "sdpa"), spec, UNSLOTH_LLAMA31_8B)
+    row24 = next(line for line in text.splitlines() if line.startswith("| 24 |"))
+    assert row24.split(" | ")[1] == f"{ours[3]['this estimate']:,}" and "78,475" in row24 and "5,789" in row24
+    assert "Unsloth (published)" in text and "not measurements of ours" in text
