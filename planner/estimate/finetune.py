@@ -434,6 +434,10 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
 def estimate_finetune(cfg, spec):
     from .training import TrainEstimate
 
+    if family_of(cfg).source == "book":  # the book's GPT-2: its own block (planner/estimate/finetune_book.py)
+        from .finetune_book import estimate_finetune_book
+
+        return estimate_finetune_book(cfg, spec)
     check_supported(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
