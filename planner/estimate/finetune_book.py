@@ -213,8 +213,8 @@ def estimate_finetune_book(cfg, spec):
     phase = {
         "forward": base + forward,
         "loss": base + a_before_loss + logits + ce_saved + w.e_ce,  # + the loss itself (0-d)
-        # + the loss and its grad (0-d each) through the backward
-        "backward": base + 2 * w.e_ce + max(activations + ce_grads, grads, max(backward_points.values(), default=0)),
+        # + the loss (0-d) at the cross-entropy's backward, and the loss and its grad in the blocks' backward
+        "backward": base + max(activations + ce_grads + w.e_ce, 2 * w.e_ce + max(backward_points.values(), default=0), grads),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
@@ -282,16 +282,19 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
         points["forward gelu out"] = before_gelu + alive + 5 * bsf * e + 4
         points["forward down"] = before_gelu + alive + 5 * bsf * e + 4 + bsh * e
     lora = lambda node: any(t.part == node and "lora_A output" in t.name for t in last)
+    # on a bf16 base with lora_dropout > 0 the fp32 copy of x (peft's _cast_input_dtype, its local `x`) is
+    # alive, not saved, until the adapter's forward returns (at p = 0 it is saved: counted already)
+    fp32_x = lambda n: n * ADAPTER_BYTES if e != ADAPTER_BYTES and spec.lora_dropout > 0 else 0
     if lora("mlp.in"):
         # peft's Linear.forward on ff.layers.0, at `result + lora_B(...) * scaling`: the base result (e), the
         # scaled lora_B output and the sum (fp32: the adapter dtype wins the promotion), b*s*4h each
-        points["forward up adapter"] = before_gelu + alive + bsf * (e + 2 * ADAPTER_BYTES)
+        points["forward up adapter"] = before_gelu + alive + bsf * (e + 2 * ADAPTER_BYTES) + fp32_x(bsh)
     if lora("mlp.out"):
         # the same on ff.layers.2 (b*s*h each), beside the GELU's saved tensors and output and the adapter's
         # saved tensors
         points["forward down adapter"] = (before_gelu + alive + (5 if any(t.part == "gelu" for t in last) else 1)
                                           * bsf * e + 4 + _upto(last, "mlp.out") - _upto(last, "gelu")
-                                          + bsh * (e + 2 * ADAPTER_BYTES))
+                                          + bsh * (e + 2 * ADAPTER_BYTES) + fp32_x(bsf))
     return points
 
 
@@ -355,5 +358,11 @@ def _backward_points(cfg, spec, w, blocks: list[list[Term]], train) -> dict[str,
         earlier = sum(t.bytes for bl in blocks[:i] for t in bl)
         made = grads + grads_by_block[i]["mlp.out"]
         points[f"block {i} gelu backward"] = earlier + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
+        if e != ADAPTER_BYTES and any(t.part == "mlp.out" and "lora_A output" in t.name for t in blk):
+            # ff.layers.2's adapter backward on a bf16 base, at lora_A's input grad (fp32, b*s*4h; measured
+            # on the op timeline): the block's saved set still whole, the grads made (lora_A's and lora_B's
+            # included) and one b*s*h fp32 grad (the output grad's copy, ToCopyBackward)
+            points[f"block {i} down adapter backward"] = (earlier + _upto(blk, "mlp.out") + made
+                                                          + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
         grads += sum(grads_by_block[i].values())
     return points
