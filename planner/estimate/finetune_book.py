@@ -46,8 +46,6 @@ def check_supported(cfg, spec) -> None:
                           "base (--precision bf16: peft keeps the adapters fp32)")
     if spec.grad_accum > 1:
         raise ConfigError("fine-tuning with gradient accumulation is not modelled yet")
-    if spec.checkpointing:
-        raise ConfigError("fine-tuning the book's GPT-2 with checkpointing is not modelled yet")
 
 
 # The block's ops in forward order (Term.part): backward meets them in reverse, freeing each one's saved
@@ -206,9 +204,14 @@ def estimate_finetune_book(cfg, spec):
     logits = bsV * w.e_m
     ce_grads = 2 * bsV * w.e_ce
     base = params + buffers + inputs + opt_state
-    backward_points = _backward_points(cfg, spec, w, per_block_all(cfg, spec, w), train)
     blocks = per_block_all(cfg, spec, w)
-    forward_points = _forward_mlp_points(cfg, spec, w, blocks) | _forward_head_points(cfg, spec, w, blocks, terms)
+    if spec.checkpointing:
+        terms, backward_points, forward_points = _checkpointed(cfg, spec, w, blocks, terms, train)
+        activations = sum(t.bytes for t in terms)
+        a_before_loss = activations - ce_saved
+    else:
+        backward_points = _backward_points(cfg, spec, w, blocks, train)
+        forward_points = _forward_mlp_points(cfg, spec, w, blocks) | _forward_head_points(cfg, spec, w, blocks, terms)
     forward = max(forward_points.values())
     phase = {
         "forward": base + forward,
@@ -321,6 +324,59 @@ def _forward_head_points(cfg, spec, w, blocks: list[list[Term]], terms: list[Ter
         "forward logits": fixed + sum(t.bytes for t in head_terms) + (0 if head_input_saved else bsh * e)
         + b * s * V * w.e_m,
     }
+
+
+def _stashes(cfg, spec, w, blocks: list[list[Term]]) -> list[int]:
+    """Each block's input kept by its checkpoint (torch.utils.checkpoint use_reentrant=False: the recompute
+    closure holds the block's args while a saved-tensor holder of the block is alive; a block that saves
+    nothing, frozen with an input that needs no grad, keeps none)."""
+    bsh = spec.batch_size * spec.seq_len * cfg.emb_dim
+    return [bsh * w.e_r if blk else 0 for blk in blocks]
+
+
+def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], train):
+    """GPTModel with gradient_checkpointing: `x = checkpoint(block, x, use_reentrant=False)` per block.
+    The forward keeps only the blocks' stashed inputs; backward recomputes each block it reaches (saving
+    the same set as without checkpointing: the recompute runs on the same inputs) and then runs its
+    backward. Returns the saved terms, the backward's and the forward's high points (read off the op
+    timeline)."""
+    b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
+    e = w.e_r
+    bsh, bsf = b * s * h, b * s * 4 * h
+    stash = _stashes(cfg, spec, w, blocks)
+    out = [Term("checkpointed block inputs (blocks that save)", "n*b*s*h*e", sum(stash), where="ckpt")]
+    out += [t for t in terms if not t.per_layer]
+    last = blocks[-1]
+    lora = lambda blk, node: any(t.part == node and "lora_A output" in t.name for t in blk)
+    # forward: GPTModel.forward's tok_embeds and pos_embeds, the stashes, the last block's input (its
+    # loop variable x), the residual after attention and the feed-forward's input, and the GELU at
+    # 0.044715 * pow(x, 3) (x, 0.5 * x, pow and the product, b*s*4h each; nothing is saved inside)
+    alive = bsh * e + s * h * e + sum(stash[:-1]) + 3 * bsh * e
+    forward = {"forward gelu": alive + 4 * bsf * e + 4}
+    if lora(last, "mlp.in"):
+        # peft's forward on ff.layers.0: the base result, the scaled lora_B output and their fp32 sum, and
+        # (bf16 base) the fp32 copy of the input
+        forward["forward up adapter"] = alive + bsf * (e + 2 * ADAPTER_BYTES) + (
+            bsh * ADAPTER_BYTES if e != ADAPTER_BYTES else 0)
+    forward |= _forward_head_points(cfg, spec, w, [[Term("stashes", "", sum(stash))]], terms)
+    grads_by_block, head = _block_grads(cfg, train)
+    points = {}
+    grads = head
+    for i in range(cfg.n_layers - 1, -1, -1):
+        blk = blocks[i]
+        if not blk:
+            continue
+        # the block's input is its stash: norm1 saves that very tensor when it needs grad
+        dup = bsh * e if any(t.part == "norm1" and "x, x - mean" in t.name for t in blk) else 0
+        held = sum(stash[:i]) + stash[i] - dup
+        made = grads + grads_by_block[i]["mlp.out"]
+        if any(t.part == "gelu" for t in blk):
+            points[f"block {i} gelu backward"] = held + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
+            if e != ADAPTER_BYTES and lora(blk, "mlp.out"):
+                points[f"block {i} down adapter backward"] = (held + _upto(blk, "mlp.out") + made
+                                                              + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
+        grads += sum(grads_by_block[i].values())
+    return out, points, forward
 
 
 def _block_grads(cfg, train) -> tuple[list[dict[str, int]], int]:
