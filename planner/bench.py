@@ -164,21 +164,23 @@ FINETUNE_BOOK_SHAPES = [
 
 def finetune_book_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
     """The book's GPT-2 rows: FINETUNE_BOOK_SHAPES x drop_rate 0 / 0.1 (qkv_bias alternating) x
-    FINETUNE_BOOK_MODES x fp32 / a bf16 base, AdamW and SGD alternating; its own attention (eager), no
-    checkpointing (not modelled yet for the book). quick: every 7th row (the tests)."""
+    FINETUNE_BOOK_MODES x fp32 / a bf16 base x checkpointing off/on (GPTModel's per-block
+    torch.utils.checkpoint), AdamW and SGD alternating; its own attention (eager; sdpa is not modelled yet
+    for the book's fine-tuning). quick: every 7th row (the tests)."""
     rows = []
     i = 0
     for label, kw, b, s in FINETUNE_BOOK_SHAPES:
         for drop in (0.0, 0.1):
             for mode, fkw in FINETUNE_BOOK_MODES:
-                for precision in ("fp32", "bf16"):
+                for precision, ckpt in itertools.product(("fp32", "bf16"), (False, True)):
                     i += 1
-                    qkv_bias = bool((i // 2) % 2)
+                    qkv_bias = bool((i // 4) % 2)
                     optimizer = ("adamw", "sgd")[i % 2]
                     cfg = GPT2Config(**kw, drop_rate=drop, qkv_bias=qkv_bias, attention="eager")
-                    spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer, **fkw)
-                    rows.append((f"gpt2 {label} p{drop}{' qkv_bias' if qkv_bias else ''} {mode} {precision} "
-                                 f"{optimizer}", cfg, spec))
+                    spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer,
+                                     checkpointing=ckpt, **fkw)
+                    rows.append((f"gpt2 {label} p{drop}{' qkv_bias' if qkv_bias else ''} {mode} {precision}"
+                                 f"{' ckpt' if ckpt else ''} {optimizer}", cfg, spec))
     return rows[::7] if quick else rows
 
 
@@ -242,7 +244,8 @@ def finetune_book_markdown(text: str) -> str:
     return text.replace(
         "Command: `python -m planner bench finetune`. Each row builds the family's tiny model with transformers,",
         "Command: `python -m planner bench finetune --family gpt2`. Each row builds the book's GPTModel "
-        "(planner/models/gpt2.py, its own attention), no checkpointing (not modelled yet for the book),", 1).replace(
+        "(planner/models/gpt2.py, its own attention; with checkpointing its per-block "
+        "`checkpoint(block, x, use_reentrant=False)`),", 1).replace(
         "(after `activation_checkpointing_enable`, so peft and transformers call `enable_input_require_grads`)",
         "(task_type None: a plain PeftModel on the book's nn.Module; targets by the book's names, all-linear "
         "expanded to every Linear but out_head)", 1)

@@ -23,6 +23,8 @@ so the saved set follows from what needs grad, walked through the block in order
 The embeddings never train in a fine-tuning step (--train-layers keeps them frozen, LoRA wraps Linears
 only) and peft calls no enable_input_require_grads on a module without get_input_embeddings, so the
 blocks' input needs no grad until the first trainable weight.
+With checkpointing (GPTModel: `checkpoint(block, x, use_reentrant=False)` per block) a block that saves
+anything keeps its input, and backward recomputes it (the same saved set) before its backward.
 Every count is checked against the saved-tensor inventory and the live-bytes op timeline of the real
 model (planner.measure.tracker) in tests/test_finetune.py and `python -m planner bench finetune`.
 """
@@ -262,8 +264,9 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
     the block's `shortcut` (the residual after attention) and the feed-forward's input.
       gelu: at 0.044715 * pow(x, 3): x, 0.5 * x, pow's output and the product (b*s*4h each), and the
             sqrt(2/pi) constant;
-      gelu out: when the GELU's input needs grad its four saved tensors and its output;
-      down: the second Linear's output (b*s*h) beside them (its input, the GELU's output, is alive)."""
+      down: when the GELU's input needs grad, its four saved tensors and its output, and beside them the
+            second Linear's output (b*s*h);
+      up adapter / down adapter: peft's forward on an adapted ff.layers.0 / ff.layers.2."""
     b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
     e = w.e_r
     bsh, bsf = b * s * h, b * s * 4 * h
@@ -280,9 +283,6 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
              + (0 if resid_saved else bsh * e) + (0 if n2_saved else bsh * e))
     points = {"forward gelu": before_gelu + alive + 4 * bsf * e + 4}
     if any(t.part == "gelu" for t in last):
-        gelu_out_saved = any(t.part == "mlp.out" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
-                             for t in last)
-        points["forward gelu out"] = before_gelu + alive + 5 * bsf * e + 4
         points["forward down"] = before_gelu + alive + 5 * bsf * e + 4 + bsh * e
     lora = lambda node: any(t.part == node and "lora_A output" in t.name for t in last)
     # on a bf16 base with lora_dropout > 0 the fp32 copy of x (peft's _cast_input_dtype, its local `x`) is
@@ -370,6 +370,26 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
         dup = bsh * e if any(t.part == "norm1" and "x, x - mean" in t.name for t in blk) else 0
         held = sum(stash[:i]) + stash[i] - dup
         made = grads + grads_by_block[i]["mlp.out"]
+        if lora(blk, "mlp.out"):
+            # the recompute (started by the first unpack of the block's saved tensors; early stop ends it at
+            # the last one saved) at ff.layers.2's adapter, beside the block's input (stash), the block
+            # output's grad and: without residual dropout, the grad scaled for lora_B (fp32) made before
+            # lora_B's backward unpacks, and on a bf16 base AddBackward's grad cast back for the base
+            # result (the recompute is at lora_A); with residual dropout,
+            # the dropout's noise is the first unpack, and the recompute runs through the adapter to
+            # `result + lora_B(...) * scaling` (lora_B's output and its scaled copy, fp32). Alive unsaved:
+            # the feed-forward's input, the GELU's output, the fp32 copy of it on a bf16 base with
+            # lora_dropout, and the base layer's result (measured on the op timeline)
+            n2_saved = any(t.part == "mlp.in" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
+                           for t in blk)
+            out_saved = any(t.part == "mlp.out" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
+                            for t in blk)
+            tail = (2 * bsh * ADAPTER_BYTES if cfg.drop_rate > 0
+                    else bsh * ADAPTER_BYTES + (bsh * e if e != ADAPTER_BYTES else 0))
+            points[f"block {i} recompute down adapter"] = (
+                held + _upto(blk, "mlp.out") + grads + bsh * e + tail + (0 if n2_saved else bsh * e)
+                + (0 if out_saved else bsf * e) + bsh * e
+                + (bsf * ADAPTER_BYTES if e != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
         if any(t.part == "gelu" for t in blk):
             points[f"block {i} gelu backward"] = held + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
             if e != ADAPTER_BYTES and lora(blk, "mlp.out"):
