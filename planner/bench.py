@@ -155,10 +155,12 @@ FINETUNE_BOOK_MODES = [
     ("lora r16 all-linear p0.1", dict(lora_r=16, lora_targets="all-linear", lora_dropout=0.1)),
 ]
 # (label, GPT2Config kwargs, batch, seq): one shape whose backward peaks inside a block (few tokens, a tiny
-# vocabulary) and one whose attention's s^2 tensors and the logits decide it (a longer sequence)
+# vocabulary), one where the logits and the attention's s^2 tensors weigh alike, and one whose s^2 tensors
+# decide it (a long sequence on a narrow model)
 FINETUNE_BOOK_SHAPES = [
     ("V97 h96 a3 s8", dict(vocab_size=97, context_length=32, emb_dim=96, n_heads=3, n_layers=2), 4, 8),
     ("V1000 h64 a4 s64", dict(vocab_size=1000, context_length=64, emb_dim=64, n_heads=4, n_layers=2), 2, 64),
+    ("V97 h32 a4 s128", dict(vocab_size=97, context_length=128, emb_dim=32, n_heads=4, n_layers=2), 2, 128),
 ]
 
 

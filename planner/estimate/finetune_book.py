@@ -48,6 +48,8 @@ def check_supported(cfg, spec) -> None:
                           "base (--precision bf16: peft keeps the adapters fp32)")
     if spec.grad_accum > 1:
         raise ConfigError("fine-tuning with gradient accumulation is not modelled yet")
+    if getattr(spec, "quantize_base", "none") != "none":
+        raise ConfigError("a quantized base (QLoRA) is not modelled for the book's GPT-2 yet")
 
 
 # The block's ops in forward order (Term.part): backward meets them in reverse, freeing each one's saved
@@ -281,7 +283,10 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
     alive = (2 * bsh * e + s * h * e
              + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0)
              + (0 if resid_saved else bsh * e) + (0 if n2_saved else bsh * e))
-    points = {"forward gelu": before_gelu + alive + 4 * bsf * e + 4}
+    points = {"forward gelu": before_gelu + alive + 4 * bsf * e + 4,
+              "forward attention": _forward_attention_point(
+                  cfg, spec, w, blocks, earlier, 2 * bsh * e + s * h * e
+                  + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0))}
     if any(t.part == "gelu" for t in last):
         points["forward down"] = before_gelu + alive + 5 * bsf * e + 4 + bsh * e
     lora = lambda node: any(t.part == node and "lora_A output" in t.name for t in last)
@@ -299,6 +304,26 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
                                           * bsf * e + 4 + _upto(last, "mlp.out") - _upto(last, "gelu")
                                           + bsh * (e + 2 * ADAPTER_BYTES) + fp32_x(bsf))
     return points
+
+
+def _forward_attention_point(cfg, spec, w, blocks: list[list[Term]], held: int, fixed: int) -> int:
+    """The forward's high point in the last block's attention (op timeline), above the persistent base:
+    `held` (what the earlier blocks keep: their saved sets, or their stashed inputs under checkpointing),
+    `fixed` (GPTModel.forward's and nn.Sequential's locals: tok_embeds, pos_embeds, the embeddings' sum,
+    the block's input), what the block saved before its attention (its norm1, the q/k/v adapters; none
+    under checkpointing), norm1's output unless saved, the locals queries, keys, values (b*s*h each) and
+    mask_bool (the c x c bool copy), the bmm operands q and k^T when saved, and the s x s tensors alive:
+    at the softmax the scores, their scaled copy and the softmax output; with dropout after it the scores,
+    the softmax output, the dropout's noise and its output (b*a*s^2 each)."""
+    b, s, h, a = spec.batch_size, spec.seq_len, cfg.emb_dim, cfg.n_heads
+    e = w.e_r
+    bsh, bas2 = b * s * h, b * a * s * s
+    last = blocks[-1]
+    n1_saved = any(t.part == "attn.in" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
+                   for t in last)
+    qk = sum(t.bytes for t in last if t.part == "scores")
+    return (held + fixed + _upto(last, "attn.in") + (0 if n1_saved else bsh * e) + 3 * bsh * e + qk
+            + cfg.context_length ** 2 + (4 if cfg.drop_rate > 0 else 3) * bas2 * e)
 
 
 def _forward_head_points(cfg, spec, w, blocks: list[list[Term]], terms: list[Term]) -> dict[str, int]:
@@ -352,7 +377,9 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
     # loop variable x), the residual after attention and the feed-forward's input, and the GELU at
     # 0.044715 * pow(x, 3) (x, 0.5 * x, pow and the product, b*s*4h each; nothing is saved inside)
     alive = bsh * e + s * h * e + sum(stash[:-1]) + 3 * bsh * e
-    forward = {"forward gelu": alive + 4 * bsf * e + 4}
+    forward = {"forward gelu": alive + 4 * bsf * e + 4,
+               "forward attention": _forward_attention_point(cfg, spec, w, [[]], sum(stash[:-1]),
+                                                             bsh * e + s * h * e + bsh * e)}
     if lora(last, "mlp.in"):
         # peft's forward on ff.layers.0: the base result, the scaled lora_B output and their fp32 sum, and
         # (bf16 base) the fp32 copy of the input
@@ -392,22 +419,37 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
                 + (bsf * ADAPTER_BYTES if e != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
         if any(t.part == "gelu" for t in blk):
             points[f"block {i} gelu backward"] = held + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
+            points[f"block {i} softmax backward"] = held + _attention_backward(blk, spec, cfg, w, grads_by_block[i],
+                                                                               grads)
             if e != ADAPTER_BYTES and lora(blk, "mlp.out"):
                 points[f"block {i} down adapter backward"] = (held + _upto(blk, "mlp.out") + made
                                                               + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
-        grads += sum(grads_by_block[i].values())
+        grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
     return out, points, forward
+
+
+def _attention_backward(blk: list[Term], spec, cfg, w, block_grads: dict[str, int], grads: int) -> int:
+    """At the softmax's backward (op timeline), on top of what the blocks before keep: the block's saved set
+    up to the softmax (the weights' and v's saved tensors are freed by the bmm's backward), the grads made
+    (the later blocks', the head's, this block's but norm1's and q/k/v's), the residual stream's grad and
+    v's grad (b*s*h each), the attention weights' grad and the softmax's input grad (b*a*s^2 each)."""
+    b, s, h, a = spec.batch_size, spec.seq_len, cfg.emb_dim, cfg.n_heads
+    e = w.e_r
+    made = grads + block_grads["mlp.out"] + block_grads["rest"] - block_grads["before attention"]
+    return _upto(blk, "softmax") + made + 2 * b * s * h * e + 2 * b * a * s * s * e
 
 
 def _block_grads(cfg, train) -> tuple[list[dict[str, int]], int]:
     """Bytes of the grads each block's backward makes, by node (mlp.out: the second Linear's weight,
     bias or adapters; the rest), and the head's (out_head, final_norm)."""
-    per = [{"mlp.out": 0, "rest": 0} for _ in range(cfg.n_layers)]
+    per = [{"mlp.out": 0, "rest": 0, "before attention": 0} for _ in range(cfg.n_layers)]
     head = 0
     for name, n, eb in train:
         if name.startswith("trf_blocks."):
             i = int(name.split(".")[1])
             per[i]["mlp.out" if ".ff.layers.2." in name else "rest"] += n * eb
+            if any(f".{m}." in name for m in ("norm1", "W_query", "W_key", "W_value")):
+                per[i]["before attention"] += n * eb  # made after the attention's backward
         else:
             head += n * eb
     return per, head
@@ -429,16 +471,17 @@ def _backward_points(cfg, spec, w, blocks: list[list[Term]], train) -> dict[str,
     for i in range(cfg.n_layers - 1, -1, -1):
         blk = blocks[i]
         if not any(t.part == "gelu" for t in blk):
-            grads += sum(grads_by_block[i].values())
+            grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
             continue
         earlier = sum(t.bytes for bl in blocks[:i] for t in bl)
         made = grads + grads_by_block[i]["mlp.out"]
         points[f"block {i} gelu backward"] = earlier + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
+        points[f"block {i} softmax backward"] = earlier + _attention_backward(blk, spec, cfg, w, grads_by_block[i], grads)
         if e != ADAPTER_BYTES and any(t.part == "mlp.out" and "lora_A output" in t.name for t in blk):
             # ff.layers.2's adapter backward on a bf16 base, at lora_A's input grad (fp32, b*s*4h; measured
             # on the op timeline): the block's saved set still whole, the grads made (lora_A's and lora_B's
             # included) and one b*s*h fp32 grad (the output grad's copy, ToCopyBackward)
             points[f"block {i} down adapter backward"] = (earlier + _upto(blk, "mlp.out") + made
                                                           + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
-        grads += sum(grads_by_block[i].values())
+        grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
     return points
