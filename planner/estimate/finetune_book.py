@@ -193,20 +193,20 @@ def estimate_finetune_book(cfg, spec):
     w = Widths.of(spec)
     e_p = DTYPE_BYTES[spec.param_dtype]
     b, s, h, V = spec.batch_size, spec.seq_len, cfg.emb_dim, cfg.vocab_size
-    bsV, bsh = b * s * V, b * s * h
+    bsV = b * s * V
     train = trainable_params(cfg, spec)
     base_params = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param") * e_p
     adapter_bytes = sum(n * eb for name, n, eb in train if ".lora_" in name)
     params = base_params + adapter_bytes
     buffers = buffer_bytes(cfg, spec.param_dtype)
-    inputs = 2 * 8 * b * s
+    inputs = 2 * 8 * b * s  # the int64 batch and targets
     grads = sum(n * eb for _, n, eb in train)
     opt_state, opt_tmp = optimizer_terms(train, spec)
-    terms, ce_saved, per_block = book_activations(cfg, spec, w)
+    terms, ce_saved, _ = book_activations(cfg, spec, w)
     activations = sum(t.bytes for t in terms)
     a_before_loss = activations - ce_saved
-    logits = bsV * w.e_m
-    ce_grads = 2 * bsV * w.e_ce
+    logits = bsV * w.e_m  # out_head's output, alive until calc_loss_batch returns
+    ce_grads = 2 * bsV * w.e_ce  # nll_loss_backward's grad and _log_softmax_backward_data's (op timeline)
     base = params + buffers + inputs + opt_state
     blocks = per_block_all(cfg, spec, w)
     if spec.checkpointing:
@@ -300,8 +300,11 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
     if lora("mlp.out"):
         # the same on ff.layers.2 (b*s*h each), beside the GELU's saved tensors and output and the adapter's
         # saved tensors
+        gelu_out_saved = any(t.part == "mlp.out" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
+                             for t in last)  # counted once: among the GELU's five, and saved
         points["forward down adapter"] = (before_gelu + alive + (5 if any(t.part == "gelu" for t in last) else 1)
                                           * bsf * e + 4 + _upto(last, "mlp.out") - _upto(last, "gelu")
+                                          - (bsf * e if gelu_out_saved else 0)
                                           + bsh * (e + 2 * ADAPTER_BYTES) + fp32_x(bsf))
     return points
 
@@ -417,6 +420,15 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
                 held + _upto(blk, "mlp.out") + grads + bsh * e + tail + (0 if n2_saved else bsh * e)
                 + (0 if out_saved else bsf * e) + bsh * e
                 + (bsf * ADAPTER_BYTES if e != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
+        # the recompute's attention (the forward's attention point on the block's own saved set), beside
+        # what backward made before the block's first unpack started it: the block output's grad, and with
+        # an adapter on ff.layers.2 and no residual dropout the grads made before lora_B's backward (as at
+        # the down adapter point). Otherwise the first node unpacks at once: the residual dropout's noise,
+        # or ff.layers.2's saved input or weight (a frozen weight is saved through the checkpoint's hooks too)
+        pre = (bsh * ADAPTER_BYTES + (bsh * e if e != ADAPTER_BYTES else 0)
+               if cfg.drop_rate == 0 and lora(blk, "mlp.out") else 0)
+        points[f"block {i} recompute attention"] = _forward_attention_point(cfg, spec, w, [blk],
+                                                                            held + grads + bsh * e + pre, 0)
         if any(t.part == "gelu" for t in blk):
             points[f"block {i} gelu backward"] = held + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
             points[f"block {i} softmax backward"] = held + _attention_backward(blk, spec, cfg, w, grads_by_block[i],
