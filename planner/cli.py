@@ -8,7 +8,8 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit [--quick] [--out FILE] [--family NAME]
+    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context [--quick] [--out FILE] [--family NAME]
+    python -m planner bench finetune --family gpt2   (the book's GPT-2 fine-tuning rows)
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw|adamw-8bit|paged-adamw-8bit|paged-adamw
@@ -521,8 +522,8 @@ def cmd_bench(args) -> int:
 
             Path(args.out).write_text(text)
         return 0
-    if args.family and args.what != "families":
-        raise ConfigError("--family goes with bench families")
+    if args.family and args.what != "families" and not (args.what == "finetune" and args.family == "gpt2"):
+        raise ConfigError("--family goes with bench families (and bench finetune --family gpt2: the book's GPT-2)")
     if args.family:
         from .arch import families
 

@@ -97,7 +97,11 @@ class Linear:
 
     @property
     def short(self) -> str:
-        return self.module.rsplit(".", 1)[-1]
+        # an nn.Sequential child is named by its index ("ff.layers.0" in the book's GPT-2): the index alone
+        # would also match a block ("trf_blocks.0") by peft's suffix match (peft/tuners/tuners_utils.py
+        # check_target_module_exists: key == target or key.endswith("." + target)), so keep its parent's name
+        parts = self.module.rsplit(".", 2)
+        return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
 
 
 def linears(inventory) -> list[Linear]:

@@ -279,5 +279,104 @@ def test_qlora_estimate_imports_no_torch_nor_bitsandbytes():
             "    estimate_training(prepare(cfg, spec), spec)\n"
             "assert time.perf_counter() - t < 2.0, time.perf_counter() - t\n"
             "assert not {'torch', 'transformers', 'peft', 'bitsandbytes'} & set(sys.modules), 'imported'\n")
+
+
+# ---------------------------------------------------------------- the book's GPT-2 (issue #12 item 2)
+
+BOOK_TINY = {"arch": "gpt2", "vocab_size": 97, "context_length": 32, "emb_dim": 96, "n_heads": 3, "n_layers": 2,
+             "drop_rate": 0.1, "qkv_bias": True}
+
+
+def test_book_gpt2_quick_grid_within_1pct():
+    """Every 7th row of `bench finetune --family gpt2` (last:1, head, LoRA r=4 on W_query,W_value and r=16
+    all-linear, lora_dropout 0 / 0.1, drop_rate 0 / 0.1, qkv_bias off/on, fp32 / a bf16 base, checkpointing
+    off/on, AdamW / SGD),
+    measured in this process on the book's GPTModel wrapped by peft: every estimate within 1%."""
+    from planner.bench import finetune_book_grid
+
+    rows = finetune_book_grid(quick=True)
+    assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}
+    assert {spec.checkpointing for _, _, spec in rows} == {False, True}
+    assert any(spec.lora_r for _, _, spec in rows) and any(spec.train_layers != "all" for _, _, spec in rows)
+    results = run_accuracy(rows, in_process=True, progress=lambda *_: None)
+    assert len(results) == len(rows) >= 12
+    worst = max(results, key=lambda r: abs(r["error_pct"]))
+    assert abs(worst["error_pct"]) <= FINETUNE_BAR_PCT, worst
+
+
+def test_book_gpt2_lora_targets_and_trainable_bytes():
+    """peft on the book's nn.Module: all-linear is every Linear but out_head (the FeedForward's Sequential
+    children by "layers.0"/"layers.2", not the bare index that would also name a block); the estimate's
+    grads and AdamW state equal the real trainable parameters (fp32 adapters on a bf16 base)."""
+    from planner.finetune import lora_target_names
+    from planner.arch import family_of
+    from planner.routines.training import TrainingStep
+
+    cfg = config_from_dict(BOOK_TINY)
+    spec = TrainSpec(2, 8, "bf16", "adamw", lora_r=4, lora_targets="all-linear", lora_dropout=0.1)
+    assert lora_target_names(family_of(cfg), cfg, spec) == ("W_query", "W_key", "W_value", "out_proj", "layers.0",
+                                                            "layers.2")
+    step = TrainingStep(prepare(cfg, spec), spec)
+    step.run()
+    adapted = {n.rsplit(".lora_", 1)[0] for n, p in step.model.named_parameters() if p.requires_grad}
+    assert len(adapted) == 2 * 6 and not any("out_head" in n for n in adapted)
+    trainable = [p for p in step.model.parameters() if p.requires_grad]
+    est = estimate_training(cfg, spec)
+    assert est.grads_bytes == sum(p.numel() * p.element_size() for p in trainable)
+    assert est.optimizer_bytes == step.optimizer_state_bytes()
+
+
+def test_book_gpt2_simulate_equals_measure_on_a_lora_row():
+    from planner.measure.training import measure_training
+    from planner.simulate import simulate_training
+
+    cfg = config_from_dict(BOOK_TINY)
+    spec = TrainSpec(2, 16, "fp32", "adamw", lora_r=4, lora_targets="W_query,W_value", lora_dropout=0.1,
+                     checkpointing=True)
+    cfg = prepare(cfg, spec)
+    sim, meas = simulate_training(cfg, spec), measure_training(cfg, spec)
+    assert sim["peak_bytes"] == meas["peak_bytes"]
+    assert sim["phase_peak_bytes"] == meas["phase_peak_bytes"]
+
+
+def test_cli_book_gpt2_lora():
+    """`estimate train --model gpt2-small --lora-r 8 --lora-targets W_query,W_value` works; an unknown target,
+    or no target (peft has no default for a custom module), exits 2 with one line naming the Linears."""
+    base = [sys.executable, "-m", "planner", "estimate", "train", "--model", "gpt2-small", "--batch-size", "2",
+            "--seq-len", "128", "--lora-r", "8"]
+    ok = subprocess.run(base + ["--lora-targets", "W_query,W_value", "--json"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    rec = json.loads(ok.stdout)
+    assert rec["run"]["lora_targets"] == "W_query,W_value" and rec["grads_bytes"] == 12 * 2 * 8 * (768 + 768) * 4
+    names = "W_query, W_key, W_value, out_proj, layers.0, layers.2, out_head"
+    for extra, message in ((["--lora-targets", "W_query,c_attn"], f"c_attn not in the model; its linear layers: {names}"),
+                           ([], f"peft has no default LoRA targets for gpt2; give --lora-targets (its linear layers: {names})")):
+        out = subprocess.run(base + extra, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2
+        assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lora-r", "4", "--lora-targets", "W_value", "--precision", "bf16-amp"], "under autocast"),
+    (["--train-layers", "head", "--attention", "sdpa"], "not sdpa"),
+])
+def test_cli_book_gpt2_refuses_what_is_not_modelled(args, message):
+    out = subprocess.run([sys.executable, "-m", "planner", "estimate", "train", "--model", "gpt2-small", "--batch-size",
+                          "2", "--seq-len", "64", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr, out.stderr
+
+
+def test_book_gpt2_finetune_estimate_imports_neither_torch_nor_peft():
+    code = ("import sys\n"
+            "from planner.config import config_from_dict\n"
+            "from planner.estimate.training import estimate_training\n"
+            "from planner.spec import TrainSpec, prepare\n"
+            f"cfg = config_from_dict({BOOK_TINY!r})\n"
+            "for kw in (dict(train_layers='last:1'), dict(lora_r=4, lora_targets='all-linear', lora_dropout=0.1)):\n"
+            "    spec = TrainSpec(2, 16, 'bf16', checkpointing=True, **kw)\n"
+            "    estimate_training(prepare(cfg, spec), spec)\n"
+            "assert not {'torch', 'transformers', 'peft'} & set(sys.modules), 'imported'\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -27,6 +27,9 @@ class BookGPT2(Family):
     source = "book"
     default_loss = "cross-entropy"
     description = "LLMs-from-scratch GPTModel (the book's GPT-2)"
+    # Fine-tuning (planner/estimate/finetune_book.py): peft has no default LoRA targets for a custom module
+    # (lora_default_targets stays empty: --lora-targets must name them, or "all-linear")
+    lora_supported = subset_supported = True
 
     def presets(self) -> dict:
         return {

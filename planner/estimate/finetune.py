@@ -445,6 +445,10 @@ def estimate_finetune(cfg, spec):
     if getattr(spec, "quantize_base", "none") != "none":  # QLoRA: planner/estimate/quantized.py
         from .quantized import estimate_quantized
         return estimate_quantized(cfg, spec)
+    if family_of(cfg).source == "book":  # the book's GPT-2: its own block (planner/estimate/finetune_book.py)
+        from .finetune_book import estimate_finetune_book
+
+        return estimate_finetune_book(cfg, spec)
     check_supported(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)

@@ -96,7 +96,8 @@ def apply_finetuning(model, cfg: ModelConfig, spec: TrainSpec):
 
         config = LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
                             target_modules=list(lora_target_names(family, cfg, spec)), bias="none",
-                            task_type="CAUSAL_LM")
+                            # a custom nn.Module (the book's GPT-2) has no transformers conventions: plain PeftModel
+                            task_type="CAUSAL_LM" if family.source == "transformers" else None)
         fake = _fake_mode_of(model)
         if fake is None:
             return get_peft_model(model, config)
