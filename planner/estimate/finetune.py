@@ -30,12 +30,8 @@ ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32
 
 def known_gap(cfg, spec) -> str | None:
     """A combination whose peak this estimate is known to miss by more than 1% (bench finetune measures
-    it), or None."""
-    if spec.checkpointing and spec.precision == "bf16" and spec.lora_r and any(
-            lin.role.startswith("mlp") for lin in adapted_linears(family_of(cfg), cfg, spec)):
-        return ("not modelled yet: on a bf16 base with checkpointing, LoRA on the MLP projections adds fp32 "
-                "transients to each block's recompute that this estimate under-counts (measured up to ~5.5% low "
-                "on tiny configs whose peak is in the recompute; where the loss decides the peak it is exact)")
+    it), or None. None is known now: the one there was (a bf16 base, checkpointing and LoRA on the MLP
+    projections) is modelled by recompute_alive / recompute_points."""
     return None
 
 
@@ -298,6 +294,77 @@ def _numels_by_block(cfg, spec, train: list[tuple[str, int, int]]) -> tuple[list
     return out, head
 
 
+def recompute_alive(cfg, spec, w, i: int, blk: list[Term]) -> list[Term]:
+    """What is alive beside the block's own (recomputed) saved set while backward recomputes block i under
+    checkpointing with LoRA on its MLP (read off the op timeline, planner.measure.tracker, fp32 and bf16
+    bases, lora_dropout 0 and 0.1; tensors that the block also saves count once, in its saved set):
+      - the block output's grad (the residual's AddBackward hands it on as is);
+      - with down_proj adapted, the recompute is started by lora_B's MmBackward unpacking lora_A's output,
+        after peft's `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/layer.py
+        Linear.forward) has been differentiated: MulBackward's grad * scaling (fp32, the adapter's dtype)
+        waits for lora_B's backward, and on a base below fp32 the add promoted result to fp32 (then
+        `result.to(torch_result_dtype)`), so AddBackward also holds the grad cast back for the frozen base
+        layer (b*s*h*e_m);
+      - LlamaDecoderLayer.forward's `residual` (the sum after attention), unless the post-attention norm
+        saved it as its fp32 input (an fp32 base: x.to(float32) is x itself);
+      - the MLP's input (the norm's output, LlamaMLP.forward's `x`), unless an adapter saved x itself
+        (fp32 base, lora_dropout 0)."""
+    family = family_of(cfg)
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh = b * s * h
+    down = any(lin.role == "mlp.out" and lin.block == i for lin in adapted_linears(family, cfg, spec))
+    terms = [Term("block output's grad", "b*s*h*e_r", bsh * w.e_r, True, "recompute")]
+    if down:
+        terms.append(Term("down_proj adapter: grad * scaling (fp32)", "b*s*h*4", bsh * ADAPTER_BYTES, True,
+                          "recompute"))
+        if w.e_m != ADAPTER_BYTES:
+            terms.append(Term("down_proj: base layer's grad cast from the promoted add", "b*s*h*e_m", bsh * w.e_m,
+                              True, "recompute"))
+    residual_saved = w.e_r == 4 and any(t.part == "norm.mlp" and "fp32 input" in t.name for t in blk)
+    if not residual_saved:
+        terms.append(Term("residual after attention", "b*s*h*e_r", bsh * w.e_r, True, "recompute"))
+    mlp_in_saved = any(t.where == "mlp" and t.part == "" and (t.name.endswith("LoRA input x")
+                                                            or t.name.startswith("block mlp.in input"))
+                       for t in blk)
+    if not mlp_in_saved:
+        terms.append(Term("MLP input (post-attention norm output)", "b*s*h*e_m", bsh * w.e_m, True, "recompute"))
+    return terms
+
+
+def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[str, int]:
+    """Block i's high points inside its recompute (checkpointing, LoRA on its MLP): `below` is what the
+    blocks before it, the grads made so far and its whole recomputed saved set (with the stash) hold;
+    recompute_alive's tensors come on top. Measured on the op timeline (planner.measure.tracker):
+      up adapter: at up_proj's `lora_B(...) * scaling` (the block's saved set so far: not the product's
+        inputs and the down projection's tensors yet): the activation's output (if not saved), up's base
+        result (b*s*f*e_m), lora_B's output and its scaled copy (fp32, b*s*f each), and with dropout below
+        fp32 the fp32 copy of x the dropout reads (peft: x = self._cast_input_dtype(x, lora_A.weight.dtype));
+      down adapter: at lora_A's matmul, the last saved tensor (the non-reentrant checkpoint stops the
+        recompute there): the product act(gate) * up (unless lora_A saved it: fp32 base, no dropout),
+        down's base result (b*s*h*e_m), and with dropout below fp32 the fp32 copy of the product."""
+    family = family_of(cfg)
+    b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
+    bsh, bsf = b * s * cfg.hidden, b * s * f
+    adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
+    if not any(lin.role.startswith("mlp") for lin in adapted):
+        return {}
+    alive = sum(t.bytes for t in recompute_alive(cfg, spec, w, i, blk))
+    cast_copy = w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0
+    points = {}
+    if any(lin.role == "mlp.out" for lin in adapted):
+        product_saved = any(t.part == "mlp.out" and t.name.endswith("LoRA input x") for t in blk)
+        points[f"block {i} recompute down adapter"] = (
+            below + alive + (0 if product_saved else bsf * w.e_m) + bsh * w.e_m
+            + (bsf * ADAPTER_BYTES if cast_copy else 0))
+    if any(lin.short == "up_proj" for lin in adapted):
+        later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out"))
+        act_saved = any(t.part == "mlp.act_out" for t in blk)
+        points[f"block {i} recompute up adapter"] = (
+            below - later_saved + alive + (0 if act_saved else bsf * w.e_m) + bsf * w.e_m
+            + 2 * bsf * ADAPTER_BYTES + (bsh * ADAPTER_BYTES if cast_copy else 0))
+    return points
+
+
 def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_after_loss: int,
            train) -> dict[str, int]:
     """The backward's high points, block by block from the last (planner/estimate/training.py
@@ -336,32 +403,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
-        if spec.checkpointing and spec.lora_dropout > 0 and any(lin.role == "mlp.out" and lin.block == i
-                                      for lin in adapted_linears(family, cfg, spec)):
-            # the block's recompute (non-reentrant checkpoint, started by backward's first unpack) runs
-            # through the down projection's adapter (lora_B's input is the block's last saved tensor): the
-            # recomputed saved set, the block output's grad, and alive in the recompute the residual after
-            # attention, the MLP input, the product, down's base result and, on a bf16 base, the fp32 copy
-            # of the product that the dropout reads (measured on the op timeline with lora_dropout > 0,
-            # exact on an fp32 base; without dropout the recompute's high point is not modelled yet)
-            f_ = cfg.intermediate_size
-            points[f"block {i} recompute down adapter"] = (
-                others + grads + ctx.current + 2 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f_ * w.e_m
-                + (b * s * f_ * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
-        if spec.checkpointing and any(lin.short == "up_proj" and lin.block == i
-                                      for lin in adapted_linears(family, cfg, spec)):
-            # the recompute at up_proj's adapter (`lora_B(...) * scaling`, measured on the op timeline): the
-            # block's saved set so far (not the product's inputs and the down projection's tensors yet),
-            # the activation's output, the block output's grad, the residual after attention, the MLP
-            # input (and its fp32 copy with dropout below fp32), up's base result, lora_B's output and
-            # its scaled copy (fp32, b*s*f each)
-            f_ = cfg.intermediate_size
-            later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out"))
-            act_saved = any(t.part == "mlp.act_out" for t in blk)
-            points[f"block {i} recompute up adapter"] = (
-                others + grads + ctx.current - later_saved + (0 if act_saved else b * s * f_ * w.e_m)
-                + 2 * bsh * w.e_r + bsh * w.e_m + b * s * f_ * w.e_m + 2 * b * s * f_ * ADAPTER_BYTES
-                + (bsh * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
+        if spec.checkpointing:
+            points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
         for name, value in family.block_points(cfg, spec, w, ctx).items():
             if name == "input_norm" and not input_rg:
