@@ -103,7 +103,7 @@ def family_grid(family: str, quick: bool = False) -> list[tuple[str, ModelConfig
 
 
 FINETUNE_BAR_PCT = 1.0  # issue #12: fine-tuning estimates within 1% of the measured step
-FINETUNE_FAMILIES = ("llama", "qwen2")  # the families whose fine-tuning terms are measured (lora_supported)
+FINETUNE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3")  # the families whose fine-tuning terms are measured (lora_supported)
 # (label, TrainSpec fine-tuning fields): trainable subsets, and peft LoRA on attention only (peft's default
 # q_proj/v_proj, or all four projections) and on every linear layer, with lora_dropout 0 and 0.1
 FINETUNE_MODES = [
@@ -116,6 +116,9 @@ FINETUNE_MODES = [
     # LoRA on the MLP only, no dropout: under checkpointing the recompute's high points
     # (planner/estimate/finetune.py recompute_points) decide, with nothing saved by attention adapters
     ("lora r8 mlp", dict(lora_r=8, lora_targets="gate_proj,up_proj,down_proj")),
+    # gradient accumulation: the second micro-batch runs with the first one's trainable grads alive
+    ("accum2 last:1", dict(train_layers="last:1", grad_accum=2)),
+    ("accum2 lora r8 all-linear", dict(lora_r=8, lora_targets="all-linear", grad_accum=2)),
 ]
 
 
@@ -162,7 +165,7 @@ def finetune_markdown(results: list[dict], device: str, gaps: list[bool] | None 
     """The `# Fine-tuning ...` section of docs/accuracy.md: the worst |error| per part of the grid, then
     every row."""
     def part(label: str) -> str:
-        for mode, _ in FINETUNE_MODES:
+        for mode, _ in sorted(FINETUNE_MODES, key=lambda m: -len(m[0])):  # "accum2 last:1" before "last:1"
             if f" {mode} " in label:
                 return mode
         return "?"

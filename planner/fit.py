@@ -134,8 +134,8 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
         out.append(_Change("shorter-seq", f"seq {s} instead of {spec.seq_len}", dataclasses.replace(spec, seq_len=s), att))
-    if spec.finetuning:  # autocast and gradient accumulation are not modelled for fine-tuning yet (estimate/finetune.py)
-        out = [c for c in out if c.spec.autocast_dtype is None and c.spec.grad_accum == 1]
+    if spec.finetuning:  # autocast is not modelled for fine-tuning yet (estimate/finetune.py check_supported)
+        out = [c for c in out if c.spec.autocast_dtype is None]
     return out
 
 

@@ -39,8 +39,6 @@ def check_supported(cfg, spec) -> None:
     if spec.autocast_dtype is not None:
         raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) is not modelled yet; use fp32 or a bf16 "
                           "base (--precision bf16: peft keeps the adapters fp32)")
-    if spec.grad_accum > 1:
-        raise ConfigError("fine-tuning with gradient accumulation is not modelled yet")
 
 
 def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
@@ -152,6 +150,21 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
     n1 = g or role_trains("norm.attn")
     outs = linear_group("attn.in", n1, h, "n1")
     q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
+    if getattr(family, "qk_norm", False):
+        # Qwen 3's q_norm / k_norm (RMSNorm over head_dim, models/qwen3/modeling_qwen3.py; planner/arch/parts.py
+        # head_rms_norms for full training): each saves its fp32 input and an fp32 rsqrt per head when its
+        # input (the projection's output) needs grad, and its normed x (e_m) when its weight trains
+        qk_trains = role_trains("norm.other")
+        for name, rg, heads in (("q_norm", q, sh.a), ("k_norm", k, sh.kv)):
+            if rg:
+                terms.append(Term(f"{name}: fp32 input, rsqrt (input needs grad)", "4*b*s*heads*d + 4*b*s*heads",
+                                  4 * b * s * heads * sh.d + 4 * b * s * heads, True))
+            if qk_trains:
+                terms.append(Term(f"{name}: normed x (weight trains)", "b*s*heads*d*e_m", b * s * heads * sh.d * e, True))
+            if qk_trains and name == "q_norm":
+                q = True
+            if qk_trains and name == "k_norm":
+                k = True
     rope = q or k
     attn_rg = q or k or v
     if attn_rg and sh.attention == "sdpa":
@@ -366,11 +379,15 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
 
 
 def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_after_loss: int,
-           train) -> dict[str, int]:
+           train, grads_exist: bool = False) -> dict[str, int]:
     """The backward's high points, block by block from the last (planner/estimate/training.py
     _backward_sweep, here per block: a fine-tuning step's blocks differ): the family's in-block points
     (planner/arch/<family>.py block_points) on the block's own saved set and trainable counts, above what
-    the blocks before it still hold and the grads made so far; and the point before the blocks."""
+    the blocks before it still hold and the grads made so far; and the point before the blocks.
+    grads_exist: a later micro-batch of gradient accumulation (planner/estimate/training.py _backward_sweep
+    says the same for full training): every trainable .grad already exists (the caller counts them all),
+    and torch's AccumulateGrad adds each new grad into it in place, so the sweep makes no grads of its own;
+    the new grad of one MLP weight (or adapter) is the transient at the MLP's points."""
     from .training import SweepContext
 
     family = family_of(cfg)
@@ -384,7 +401,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     saved_blocks = [sum(t.bytes for t in blk) for blk in per_block]
     stash = family.stash_extra(cfg, spec, w) if spec.checkpointing else 0
     points = {}
-    grads = head_n * e_p
+    grads = 0 if grads_exist else head_n * e_p
     first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
     for i in range(L - 1, first_reached - 1, -1):
         blk, n = per_block[i], numels[i]
@@ -392,12 +409,14 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             others = embed_bytes + i * bsh * w.e_r
         else:
             others = embed_bytes + sum(saved_blocks[:i])
-        ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=e_p, pending=0,
+        ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
+                           pending=n["mlp_weight"] * e_p if grads_exist else 0,
                            current=saved_blocks[i] + stash,
                            mlp_saved=sum(t.bytes for t in blk if t.where == "mlp"),
                            norm_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.mlp"), casts_mlp=0,
                            mlp_n=n["mlp"], down_n=n["down"], attn_n=n["attn_done"],
-                           saved_after_loss=saved_after_loss, casts_head=0, grads_last=head_n * e_p,
+                           saved_after_loss=saved_after_loss, casts_head=0,
+                           grads_last=0 if grads_exist else head_n * e_p,
                            block_n=n["block"], norm_attn_n=n["norm_attn"],
                            norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
@@ -424,9 +443,9 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             # block's saved set less what the down projection saved (freed by its backward, which has
             # made its grads), and the residual's grad (measured on the op timeline)
             down_saved = sum(t.bytes for t in blk if t.part == "mlp.out")
-            points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * e_p
+            points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * ctx.g
                                                            + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
-        grads += n["block"] * e_p
+        grads += 0 if grads_exist else n["block"] * e_p
         if i == L - 1:
             # the family's point frees the output head's saved input at the head's backward: a frozen head
             # saved none. Below fp32 the final norm's output grad (from the head, in e_r) is alive beside
@@ -504,10 +523,18 @@ def estimate_finetune(cfg, spec):
     a_before_loss = activations - ce_saved
     backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
     forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
+    # gradient accumulation: a later micro-batch runs its forward, loss and backward with every trainable
+    # .grad of the earlier ones alive (TrainingStep.run zeroes them only after optimizer.step)
+    accum = grads if spec.grad_accum > 1 else 0
+    sweep = max(backward_points.values(), default=0)
+    if accum:
+        later = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train, grads_exist=True)
+        sweep = max(sweep, accum + max(later.values(), default=0))
+        backward_points.update({f"later micro-batch: {k}": accum + v for k, v in later.items()})
     phase = {
-        "forward": base + max(a_before_loss + logits + fwd, forward_mlp),
-        "loss": base + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
-        "backward": base + max(activations - shifted_labels + ce_grads, grads, max(backward_points.values(), default=0)),
+        "forward": base + accum + max(a_before_loss + logits + fwd, forward_mlp),
+        "loss": base + accum + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        "backward": base + max(accum + activations - shifted_labels + ce_grads, grads, sweep),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
