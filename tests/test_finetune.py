@@ -18,8 +18,9 @@ TINY = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermedi
 
 
 def test_finetune_quick_grid_within_1pct():
-    """Every 7th row of `bench finetune`'s grid (llama and qwen2; last:1, head, LoRA r=4/16 on attention
-    and on all linear layers, dropout 0 and 0.1, fp32 and a bf16 base, checkpointing off/on, AdamW/SGD),
+    """Every 23rd row of `bench finetune`'s grid (llama, qwen2, mistral, qwen3; last:1, head, LoRA r=4/16 on
+    attention and on all linear layers, r=8 on the MLP, dropout 0 and 0.1, two micro-batches, fp32 and a bf16
+    base, checkpointing off/on, AdamW/SGD),
     measured in this process: every estimate within 1% of the exact peak."""
     rows = finetune_grid(quick=True)
     assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}

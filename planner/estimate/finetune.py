@@ -432,6 +432,11 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
                 # before the activation's (the family's point counts the block's whole saved set)
                 value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
+            if grads_exist and name in ("norm", "attention"):
+                # a later micro-batch: the MLP weights' new grads were added in place by then, so the
+                # family's pending MLP weight grad (after_mlp) is gone at the norm's and attention's backward
+                # (measured on the op timeline, accum2 last:1)
+                value -= ctx.pending
             if name == "attention":
                 # eager attention's backward: the family's point has o_proj's input (a*d wide) freed by
                 # o_proj's backward; here what o_proj saved (its input, or its adapter's tensors) is
@@ -474,10 +479,12 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
     rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
     mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
+    # an input an adapter saved itself (fp32 base, lora_dropout 0: lora_A saves x) is in a_before_loss already
+    x_saved = lambda part: any(t.part == part and t.name.endswith("LoRA input x") for t in last)
     alive = (bsh * w.e_r  # inputs_embeds
              + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
              + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
-             + bsh * w.e_m + rope + 8 * s + mask)                # the MLP's input
+             + (0 if x_saved("") else bsh * w.e_m) + rope + 8 * s + mask)  # the MLP's input
     common = a_before_loss - later + fwd + alive
     product = common + 3 * bsf * w.e_m
     lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
@@ -487,7 +494,7 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     # peft's Linear.forward on down_proj, at `lora_B(...) * scaling`: the base result (b*s*h), the fp32
     # copy of x on a bf16 base (its local `x` until the forward returns), what the adapter saves, and
     # lora_B's output and its scaled copy (fp32, b*s*h each)
-    down = (common + gated + bsf * w.e_m + down_saved + bsh * w.e_m
+    down = (common + gated + (0 if x_saved("mlp.out") else bsf * w.e_m) + down_saved + bsh * w.e_m
             + (bsf * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0)  # p = 0: saved
             + 2 * bsh * ADAPTER_BYTES)
     return max(product, down)
@@ -518,7 +525,12 @@ def estimate_finetune(cfg, spec):
     ce_grads = 2 * bsV * w.e_ce
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     fwd = forward_only_bytes(cfg, spec, w, terms)
-    in_model_loss = fwd + 8 * b * (s + 1) if loss_kind == "labels" else 0
+    # the loss inside the model (labels=): the causal LM's forward still holds the final norm's output
+    # (hidden_states, the head's input) while its loss_function runs; counted unless the head trains and
+    # saved it (measured on the op timeline: qwen3 V97 h32 b2 s256 LoRA on the MLP, bf16, peak in the loss)
+    head_input_saved = any(t.where == "head" and t.name.startswith("lm_head input") for t in terms)
+    in_model_loss = (fwd + 8 * b * (s + 1) + (0 if head_input_saved else b * s * cfg.hidden * w.e_r)
+                     if loss_kind == "labels" else 0)
     base = params + buffers + inputs + opt_state
     a_before_loss = activations - ce_saved
     backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
