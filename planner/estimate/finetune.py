@@ -161,10 +161,7 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
                                   4 * b * s * heads * sh.d + 4 * b * s * heads, True))
             if qk_trains:
                 terms.append(Term(f"{name}: normed x (weight trains)", "b*s*heads*d*e_m", b * s * heads * sh.d * e, True))
-            if qk_trains and name == "q_norm":
-                q = True
-            if qk_trains and name == "k_norm":
-                k = True
+        q, k = q or qk_trains, k or qk_trains  # a training norm weight makes its output need grad
     rope = q or k
     attn_rg = q or k or v
     if attn_rg and sh.attention == "sdpa":
