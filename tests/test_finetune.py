@@ -18,8 +18,9 @@ TINY = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermedi
 
 
 def test_finetune_quick_grid_within_1pct():
-    """Every 7th row of `bench finetune`'s grid (llama and qwen2; last:1, head, LoRA r=4/16 on attention
-    and on all linear layers, dropout 0 and 0.1, fp32 and a bf16 base, checkpointing off/on, AdamW/SGD),
+    """Every 23rd row of `bench finetune`'s grid (llama, qwen2, mistral, qwen3; last:1, head, LoRA r=4/16 on
+    attention and on all linear layers, r=8 on the MLP, dropout 0 and 0.1, two micro-batches, fp32 and a bf16
+    base, checkpointing off/on, AdamW/SGD),
     measured in this process: every estimate within 1% of the exact peak."""
     rows = finetune_grid(quick=True)
     assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}
@@ -147,8 +148,8 @@ def test_finetune_estimate_imports_neither_torch_transformers_nor_peft():
 
 
 def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
-    """fit's advice for a LoRA run leaves out autocast and gradient accumulation (not modelled for
-    fine-tuning yet) instead of failing on them, and still finds the largest batch."""
+    """fit's advice for a LoRA run leaves out autocast (not modelled for fine-tuning yet) instead of
+    failing on it, offers gradient accumulation (modelled), and still finds the largest batch."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps(TINY))
     out = subprocess.run([sys.executable, "-m", "planner", "fit", "--config", str(path), "--seq-len", "64",
@@ -156,8 +157,8 @@ def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout)
-    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16") and o["spec"]["grad_accum"] == 1
-                                 and o["spec"]["lora_r"] == 4 for o in rec["advice"])
+    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16") and o["spec"]["lora_r"] == 4
+                                 for o in rec["advice"])
 
 
 # QLoRA (issue #12 item 3): peft's recipe on a bitsandbytes-quantized base (planner/routines/quantized.py,
@@ -380,3 +381,55 @@ def test_book_gpt2_finetune_estimate_imports_neither_torch_nor_peft():
             "assert not {'torch', 'transformers', 'peft'} & set(sys.modules), 'imported'\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("precision, targets, dropout", [
+    ("bf16", "gate_proj,up_proj,down_proj", 0.0), ("bf16", "all-linear", 0.1), ("fp32", "down_proj", 0.0)])
+def test_recompute_with_mlp_adapters_within_1pct(precision, targets, dropout):
+    """Checkpointing with LoRA on the MLP: the block's recompute (planner/estimate/finetune.py recompute_points)
+    decides the peak of the small-vocabulary config (V97, b4 s8); the down adapter's split grads on a bf16
+    base (the grad * scaling in fp32 and the base layer's cast grad) were the documented gap (-1.8%)."""
+    from planner.estimate.finetune import known_gap
+
+    cfg = config_from_dict({**TINY, "vocab_size": 97, "hidden_size": 96, "intermediate_size": 256,
+                            "num_attention_heads": 3, "num_key_value_heads": 1})
+    spec = TrainSpec(4, 8, precision, "adamw", checkpointing=True, lora_r=4, lora_targets=targets,
+                     lora_dropout=dropout)
+    assert known_gap(cfg, spec) is None
+    (r,) = run_accuracy([("recompute", cfg, spec)], in_process=True, progress=lambda *_: None)
+    est = estimate_training(prepare(cfg, spec), spec)
+    assert any("recompute" in k for k in est.backward_points)
+    assert abs(r["error_pct"]) <= FINETUNE_BAR_PCT, r
+
+
+@pytest.mark.parametrize("kw", [dict(train_layers="last:1", precision="bf16"),
+                                dict(lora_r=8, lora_targets="all-linear", checkpointing=True),
+                                dict(lora_r=4, lora_targets="all-linear", lora_dropout=0.1, precision="bf16")])
+def test_gradient_accumulation_within_1pct(kw):
+    """grad_accum=2: the second micro-batch's forward, loss and backward run with the first one's
+    trainable grads alive, and AccumulateGrad adds the new ones in place (estimate_finetune's `accum`
+    and _sweep(grads_exist=True)); the estimate is above the single micro-batch's and within 1%."""
+    cfg = config_from_dict({**TINY, "vocab_size": 97, "hidden_size": 96, "intermediate_size": 256,
+                            "num_attention_heads": 3, "num_key_value_heads": 1})
+    spec = TrainSpec(4, 8, optimizer="adamw", grad_accum=2, **kw)
+    one = estimate_training(prepare(cfg, spec), TrainSpec(4, 8, optimizer="adamw", **kw))
+    two = estimate_training(prepare(cfg, spec), spec)
+    assert two.peak_bytes > one.peak_bytes
+    (r,) = run_accuracy([("accum2", cfg, spec)], in_process=True, progress=lambda *_: None)
+    assert abs(r["error_pct"]) <= FINETUNE_BAR_PCT, r
+
+
+@pytest.mark.parametrize("family, kw", [
+    ("mistral", dict(precision="bf16", lora_r=4, lora_targets="all-linear", lora_dropout=0.1, checkpointing=True)),
+    ("mistral", dict(train_layers="last:1")),
+    ("qwen3", dict(precision="bf16", train_layers="last:1")),
+    ("qwen3", dict(lora_r=16, lora_targets="all-linear"))])
+def test_mistral_and_qwen3_within_1pct(family, kw):
+    """Mistral (a sliding window shorter than s: SDPA gets a mask) and Qwen 3 (q_norm / k_norm, which save
+    their fp32 input and rsqrt once the projections' outputs need grad) fine-tune within 1%."""
+    from planner.arch import families
+
+    label, cfg, b, s = families()[family].grid_configs()[0 if family == "mistral" else 2]
+    spec = TrainSpec(b, s, optimizer="adamw", **kw)
+    (r,) = run_accuracy([(label, cfg, spec)], in_process=True, progress=lambda *_: None)
+    assert abs(r["error_pct"]) <= FINETUNE_BAR_PCT, r

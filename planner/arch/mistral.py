@@ -50,6 +50,7 @@ class Mistral(RMSDecoder):
     description = "transformers MistralForCausalLM"
     q_bias = False
     o_bias = False
+    lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py, bench finetune)
 
     grid_options = {"sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it
 

@@ -50,6 +50,7 @@ class Qwen3(RMSDecoder):
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers Qwen3ForCausalLM"
     qk_norm = True
+    lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py, bench finetune)
 
     grid_options = {"head_dim": 24}  # heads * head_dim != hidden_size
 

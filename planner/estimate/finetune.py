@@ -30,15 +30,11 @@ ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32
 
 def known_gap(cfg, spec) -> str | None:
     """A combination whose peak this estimate is known to miss by more than 1% (bench finetune measures
-    it), or None."""
+    it), or None. None is known now: the one there was (a bf16 base, checkpointing and LoRA on the MLP
+    projections) is modelled by recompute_alive / recompute_points."""
     if getattr(spec, "quantize_base", "none") != "none":  # QLoRA: planner/estimate/quantized.py
         from .quantized import known_gap as quantized_gap
         return quantized_gap(cfg, spec)
-    if spec.checkpointing and spec.precision == "bf16" and spec.lora_r and any(
-            lin.role.startswith("mlp") for lin in adapted_linears(family_of(cfg), cfg, spec)):
-        return ("not modelled yet: on a bf16 base with checkpointing, LoRA on the MLP projections adds fp32 "
-                "transients to each block's recompute that this estimate under-counts (measured up to ~5.5% low "
-                "on tiny configs whose peak is in the recompute; where the loss decides the peak it is exact)")
     return None
 
 
@@ -46,8 +42,6 @@ def check_supported(cfg, spec) -> None:
     if spec.autocast_dtype is not None:
         raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) is not modelled yet; use fp32 or a bf16 "
                           "base (--precision bf16: peft keeps the adapters fp32)")
-    if spec.grad_accum > 1:
-        raise ConfigError("fine-tuning with gradient accumulation is not modelled yet")
 
 
 def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
@@ -159,6 +153,18 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
     n1 = g or role_trains("norm.attn")
     outs = linear_group("attn.in", n1, h, "n1")
     q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
+    if getattr(family, "qk_norm", False):
+        # Qwen 3's q_norm / k_norm (RMSNorm over head_dim, models/qwen3/modeling_qwen3.py; planner/arch/parts.py
+        # head_rms_norms for full training): each saves its fp32 input and an fp32 rsqrt per head when its
+        # input (the projection's output) needs grad, and its normed x (e_m) when its weight trains
+        qk_trains = role_trains("norm.other")
+        for name, rg, heads in (("q_norm", q, sh.a), ("k_norm", k, sh.kv)):
+            if rg:
+                terms.append(Term(f"{name}: fp32 input, rsqrt (input needs grad)", "4*b*s*heads*d + 4*b*s*heads",
+                                  4 * b * s * heads * sh.d + 4 * b * s * heads, True))
+            if qk_trains:
+                terms.append(Term(f"{name}: normed x (weight trains)", "b*s*heads*d*e_m", b * s * heads * sh.d * e, True))
+        q, k = q or qk_trains, k or qk_trains  # a training norm weight makes its output need grad
     rope = q or k
     attn_rg = q or k or v
     if attn_rg and sh.attention == "sdpa":
@@ -306,12 +312,87 @@ def _numels_by_block(cfg, spec, train: list[tuple[str, int, int]]) -> tuple[list
     return out, head
 
 
+def recompute_alive(cfg, spec, w, i: int, blk: list[Term]) -> list[Term]:
+    """What is alive beside the block's own (recomputed) saved set while backward recomputes block i under
+    checkpointing with LoRA on its MLP (read off the op timeline, planner.measure.tracker, fp32 and bf16
+    bases, lora_dropout 0 and 0.1; tensors that the block also saves count once, in its saved set):
+      - the block output's grad (the residual's AddBackward hands it on as is);
+      - with down_proj adapted, the recompute is started by lora_B's MmBackward unpacking lora_A's output,
+        after peft's `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/layer.py
+        Linear.forward) has been differentiated: MulBackward's grad * scaling (fp32, the adapter's dtype)
+        waits for lora_B's backward, and on a base below fp32 the add promoted result to fp32 (then
+        `result.to(torch_result_dtype)`), so AddBackward also holds the grad cast back for the frozen base
+        layer (b*s*h*e_m);
+      - LlamaDecoderLayer.forward's `residual` (the sum after attention), unless the post-attention norm
+        saved it as its fp32 input (an fp32 base: x.to(float32) is x itself);
+      - the MLP's input (the norm's output, LlamaMLP.forward's `x`), unless an adapter saved x itself
+        (fp32 base, lora_dropout 0)."""
+    family = family_of(cfg)
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh = b * s * h
+    down = any(lin.role == "mlp.out" and lin.block == i for lin in adapted_linears(family, cfg, spec))
+    terms = [Term("block output's grad", "b*s*h*e_r", bsh * w.e_r, True, "recompute")]
+    if down:
+        terms.append(Term("down_proj adapter: grad * scaling (fp32)", "b*s*h*4", bsh * ADAPTER_BYTES, True,
+                          "recompute"))
+        if w.e_m != ADAPTER_BYTES:
+            terms.append(Term("down_proj: base layer's grad cast from the promoted add", "b*s*h*e_m", bsh * w.e_m,
+                              True, "recompute"))
+    residual_saved = w.e_r == 4 and any(t.part == "norm.mlp" and "fp32 input" in t.name for t in blk)
+    if not residual_saved:
+        terms.append(Term("residual after attention", "b*s*h*e_r", bsh * w.e_r, True, "recompute"))
+    mlp_in_saved = any(t.where == "mlp" and t.part == "" and (t.name.endswith("LoRA input x")
+                                                            or t.name.startswith("block mlp.in input"))
+                       for t in blk)
+    if not mlp_in_saved:
+        terms.append(Term("MLP input (post-attention norm output)", "b*s*h*e_m", bsh * w.e_m, True, "recompute"))
+    return terms
+
+
+def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[str, int]:
+    """Block i's high points inside its recompute (checkpointing, LoRA on its MLP): `below` is what the
+    blocks before it, the grads made so far and its whole recomputed saved set (with the stash) hold;
+    recompute_alive's tensors come on top. Measured on the op timeline (planner.measure.tracker):
+      up adapter: at up_proj's `lora_B(...) * scaling` (the block's saved set so far: not the product's
+        inputs and the down projection's tensors yet): the activation's output (if not saved), up's base
+        result (b*s*f*e_m), lora_B's output and its scaled copy (fp32, b*s*f each), and with dropout below
+        fp32 the fp32 copy of x the dropout reads (peft: x = self._cast_input_dtype(x, lora_A.weight.dtype));
+      down adapter: at lora_A's matmul, the last saved tensor (the non-reentrant checkpoint stops the
+        recompute there): the product act(gate) * up (unless lora_A saved it: fp32 base, no dropout),
+        down's base result (b*s*h*e_m), and with dropout below fp32 the fp32 copy of the product."""
+    family = family_of(cfg)
+    b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
+    bsh, bsf = b * s * cfg.hidden, b * s * f
+    adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
+    if not any(lin.role.startswith("mlp") for lin in adapted):
+        return {}
+    alive = sum(t.bytes for t in recompute_alive(cfg, spec, w, i, blk))
+    cast_copy = w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0
+    points = {}
+    if any(lin.role == "mlp.out" for lin in adapted):
+        product_saved = any(t.part == "mlp.out" and t.name.endswith("LoRA input x") for t in blk)
+        points[f"block {i} recompute down adapter"] = (
+            below + alive + (0 if product_saved else bsf * w.e_m) + bsh * w.e_m
+            + (bsf * ADAPTER_BYTES if cast_copy else 0))
+    if any(lin.short == "up_proj" for lin in adapted):
+        later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out"))
+        act_saved = any(t.part == "mlp.act_out" for t in blk)
+        points[f"block {i} recompute up adapter"] = (
+            below - later_saved + alive + (0 if act_saved else bsf * w.e_m) + bsf * w.e_m
+            + 2 * bsf * ADAPTER_BYTES + (bsh * ADAPTER_BYTES if cast_copy else 0))
+    return points
+
+
 def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_after_loss: int,
-           train) -> dict[str, int]:
+           train, grads_exist: bool = False) -> dict[str, int]:
     """The backward's high points, block by block from the last (planner/estimate/training.py
     _backward_sweep, here per block: a fine-tuning step's blocks differ): the family's in-block points
     (planner/arch/<family>.py block_points) on the block's own saved set and trainable counts, above what
-    the blocks before it still hold and the grads made so far; and the point before the blocks."""
+    the blocks before it still hold and the grads made so far; and the point before the blocks.
+    grads_exist: a later micro-batch of gradient accumulation (planner/estimate/training.py _backward_sweep
+    says the same for full training): every trainable .grad already exists (the caller counts them all),
+    and torch's AccumulateGrad adds each new grad into it in place, so the sweep makes no grads of its own;
+    the new grad of one MLP weight (or adapter) is the transient at the MLP's points."""
     from .training import SweepContext
 
     family = family_of(cfg)
@@ -325,7 +406,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     saved_blocks = [sum(t.bytes for t in blk) for blk in per_block]
     stash = family.stash_extra(cfg, spec, w) if spec.checkpointing else 0
     points = {}
-    grads = head_n * e_p
+    grads = 0 if grads_exist else head_n * e_p
     first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
     for i in range(L - 1, first_reached - 1, -1):
         blk, n = per_block[i], numels[i]
@@ -333,43 +414,21 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             others = embed_bytes + i * bsh * w.e_r
         else:
             others = embed_bytes + sum(saved_blocks[:i])
-        ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=e_p, pending=0,
+        ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
+                           pending=n["mlp_weight"] * e_p if grads_exist else 0,
                            current=saved_blocks[i] + stash,
                            mlp_saved=sum(t.bytes for t in blk if t.where == "mlp"),
                            norm_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.mlp"), casts_mlp=0,
                            mlp_n=n["mlp"], down_n=n["down"], attn_n=n["attn_done"],
-                           saved_after_loss=saved_after_loss, casts_head=0, grads_last=head_n * e_p,
+                           saved_after_loss=saved_after_loss, casts_head=0,
+                           grads_last=0 if grads_exist else head_n * e_p,
                            block_n=n["block"], norm_attn_n=n["norm_attn"],
                            norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
-        if spec.checkpointing and spec.lora_dropout > 0 and any(lin.role == "mlp.out" and lin.block == i
-                                      for lin in adapted_linears(family, cfg, spec)):
-            # the block's recompute (non-reentrant checkpoint, started by backward's first unpack) runs
-            # through the down projection's adapter (lora_B's input is the block's last saved tensor): the
-            # recomputed saved set, the block output's grad, and alive in the recompute the residual after
-            # attention, the MLP input, the product, down's base result and, on a bf16 base, the fp32 copy
-            # of the product that the dropout reads (measured on the op timeline with lora_dropout > 0,
-            # exact on an fp32 base; without dropout the recompute's high point is not modelled yet)
-            f_ = cfg.intermediate_size
-            points[f"block {i} recompute down adapter"] = (
-                others + grads + ctx.current + 2 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f_ * w.e_m
-                + (b * s * f_ * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
-        if spec.checkpointing and any(lin.short == "up_proj" and lin.block == i
-                                      for lin in adapted_linears(family, cfg, spec)):
-            # the recompute at up_proj's adapter (`lora_B(...) * scaling`, measured on the op timeline): the
-            # block's saved set so far (not the product's inputs and the down projection's tensors yet),
-            # the activation's output, the block output's grad, the residual after attention, the MLP
-            # input (and its fp32 copy with dropout below fp32), up's base result, lora_B's output and
-            # its scaled copy (fp32, b*s*f each)
-            f_ = cfg.intermediate_size
-            later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out"))
-            act_saved = any(t.part == "mlp.act_out" for t in blk)
-            points[f"block {i} recompute up adapter"] = (
-                others + grads + ctx.current - later_saved + (0 if act_saved else b * s * f_ * w.e_m)
-                + 2 * bsh * w.e_r + bsh * w.e_m + b * s * f_ * w.e_m + 2 * b * s * f_ * ADAPTER_BYTES
-                + (bsh * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0))
+        if spec.checkpointing:
+            points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
         for name, value in family.block_points(cfg, spec, w, ctx).items():
             if name == "input_norm" and not input_rg:
@@ -378,6 +437,11 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
                 # before the activation's (the family's point counts the block's whole saved set)
                 value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
+            if grads_exist and name in ("norm", "attention"):
+                # a later micro-batch: the MLP weights' new grads were added in place by then, so the
+                # family's pending MLP weight grad (after_mlp) is gone at the norm's and attention's backward
+                # (measured on the op timeline, accum2 last:1)
+                value -= ctx.pending
             if name == "attention":
                 # eager attention's backward: the family's point has o_proj's input (a*d wide) freed by
                 # o_proj's backward; here what o_proj saved (its input, or its adapter's tensors) is
@@ -389,9 +453,9 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             # block's saved set less what the down projection saved (freed by its backward, which has
             # made its grads), and the residual's grad (measured on the op timeline)
             down_saved = sum(t.bytes for t in blk if t.part == "mlp.out")
-            points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * e_p
+            points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * ctx.g
                                                            + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
-        grads += n["block"] * e_p
+        grads += 0 if grads_exist else n["block"] * e_p
         if i == L - 1:
             # the family's point frees the output head's saved input at the head's backward: a frozen head
             # saved none. Below fp32 the final norm's output grad (from the head, in e_r) is alive beside
@@ -420,10 +484,12 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
     rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
     mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
+    # an input an adapter saved itself (fp32 base, lora_dropout 0: lora_A saves x) is in a_before_loss already
+    x_saved = lambda part: any(t.part == part and t.name.endswith("LoRA input x") for t in last)
     alive = (bsh * w.e_r  # inputs_embeds
              + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
              + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
-             + bsh * w.e_m + rope + 8 * s + mask)                # the MLP's input
+             + (0 if x_saved("") else bsh * w.e_m) + rope + 8 * s + mask)  # the MLP's input
     common = a_before_loss - later + fwd + alive
     product = common + 3 * bsf * w.e_m
     lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
@@ -433,7 +499,7 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     # peft's Linear.forward on down_proj, at `lora_B(...) * scaling`: the base result (b*s*h), the fp32
     # copy of x on a bf16 base (its local `x` until the forward returns), what the adapter saves, and
     # lora_B's output and its scaled copy (fp32, b*s*h each)
-    down = (common + gated + bsf * w.e_m + down_saved + bsh * w.e_m
+    down = (common + gated + (0 if x_saved("mlp.out") else bsf * w.e_m) + down_saved + bsh * w.e_m
             + (bsf * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0)  # p = 0: saved
             + 2 * bsh * ADAPTER_BYTES)
     return max(product, down)
@@ -471,15 +537,28 @@ def estimate_finetune(cfg, spec):
     ce_grads = 2 * bsV * w.e_ce
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     fwd = forward_only_bytes(cfg, spec, w, terms)
-    in_model_loss = fwd + 8 * b * (s + 1) if loss_kind == "labels" else 0
+    # the loss inside the model (labels=): the causal LM's forward still holds the final norm's output
+    # (hidden_states, the head's input) while its loss_function runs; counted unless the head trains and
+    # saved it (measured on the op timeline: qwen3 V97 h32 b2 s256 LoRA on the MLP, bf16, peak in the loss)
+    head_input_saved = any(t.where == "head" and t.name.startswith("lm_head input") for t in terms)
+    in_model_loss = (fwd + 8 * b * (s + 1) + (0 if head_input_saved else b * s * cfg.hidden * w.e_r)
+                     if loss_kind == "labels" else 0)
     base = params + buffers + inputs + opt_state
     a_before_loss = activations - ce_saved
     backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
     forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
+    # gradient accumulation: a later micro-batch runs its forward, loss and backward with every trainable
+    # .grad of the earlier ones alive (TrainingStep.run zeroes them only after optimizer.step)
+    accum = grads if spec.grad_accum > 1 else 0
+    sweep = max(backward_points.values(), default=0)
+    if accum:
+        later = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train, grads_exist=True)
+        sweep = max(sweep, accum + max(later.values(), default=0))
+        backward_points.update({f"later micro-batch: {k}": accum + v for k, v in later.items()})
     phase = {
-        "forward": base + max(a_before_loss + logits + fwd, forward_mlp),
-        "loss": base + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
-        "backward": base + max(activations - shifted_labels + ce_grads, grads, max(backward_points.values(), default=0)),
+        "forward": base + accum + max(a_before_loss + logits + fwd, forward_mlp),
+        "loss": base + accum + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        "backward": base + max(accum + activations - shifted_labels + ce_grads, grads, sweep),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }
