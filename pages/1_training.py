@@ -14,10 +14,10 @@ from planner.config import ConfigError, config_to_dict, model_label
 from planner.distributed import check_real_ranks
 from planner.estimate.distributed import estimate_distributed
 from planner.estimate.training import estimate_training
+from planner.finetune import describe_tuning
 from planner.fit import max_batch_size
 from planner.jobs import Job, JobBusy, running_pid
 from planner.parallel import ParallelSpec
-from planner.finetune import describe_tuning
 from planner.spec import TrainSpec, prepare, run_args
 from planner.store import RunStore
 from planner.units import fmt_bytes
