@@ -505,6 +505,16 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     return max(product, down)
 
 
+def persistent_bytes(cfg, spec, train) -> tuple[int, int, int, int]:
+    """(weights, buffers, inputs, grads) of a fine-tuning step: the whole base in its dtype plus the adapters
+    (fp32), the buffers, the int64 batch and targets, and a grad for each trainable tensor only."""
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    base_params = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param") * e_p
+    adapter_bytes = sum(n * eb for name, n, eb in train if ".lora_" in name)
+    return (base_params + adapter_bytes, buffer_bytes(cfg, spec.param_dtype), 2 * 8 * spec.batch_size * spec.seq_len,
+            sum(n * eb for _, n, eb in train))
+
+
 def estimate_finetune(cfg, spec):
     from .training import TrainEstimate
 
@@ -519,16 +529,10 @@ def estimate_finetune(cfg, spec):
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
-    e_p = DTYPE_BYTES[spec.param_dtype]
     b, s, V = spec.batch_size, spec.seq_len, cfg.vocab_size
     bsV = b * s * V
     train = trainable_params(cfg, spec)
-    base_params = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param") * e_p
-    adapter_bytes = sum(n * eb for name, n, eb in train if ".lora_" in name)
-    params = base_params + adapter_bytes
-    buffers = buffer_bytes(cfg, spec.param_dtype)
-    inputs = 2 * 8 * b * s
-    grads = sum(n * eb for _, n, eb in train)
+    params, buffers, inputs, grads = persistent_bytes(cfg, spec, train)
     opt_state, opt_tmp = optimizer_terms(train, spec)
     terms, ce_saved, per_block = finetune_activations(cfg, spec, w)
     activations = sum(t.bytes for t in terms)

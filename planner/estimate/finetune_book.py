@@ -30,7 +30,7 @@ model (planner.measure.tracker) in tests/test_finetune.py and `python -m planner
 """
 from __future__ import annotations
 
-from ..accounting import DTYPE_BYTES, buffer_bytes, tensor_inventory
+from ..accounting import tensor_inventory
 from ..arch import family_of
 from ..config import ConfigError
 from ..finetune import adapted_linears, trainable_names
@@ -185,22 +185,16 @@ def book_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]]]:
 
 
 def estimate_finetune_book(cfg, spec):
-    from .finetune import optimizer_terms, trainable_params
+    from .finetune import optimizer_terms, persistent_bytes, trainable_params
     from .training import TrainEstimate
 
     check_supported(cfg, spec)
     family = family_of(cfg)
     w = Widths.of(spec)
-    e_p = DTYPE_BYTES[spec.param_dtype]
     b, s, h, V = spec.batch_size, spec.seq_len, cfg.emb_dim, cfg.vocab_size
     bsV = b * s * V
     train = trainable_params(cfg, spec)
-    base_params = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param") * e_p
-    adapter_bytes = sum(n * eb for name, n, eb in train if ".lora_" in name)
-    params = base_params + adapter_bytes
-    buffers = buffer_bytes(cfg, spec.param_dtype)
-    inputs = 2 * 8 * b * s  # the int64 batch and targets
-    grads = sum(n * eb for _, n, eb in train)
+    params, buffers, inputs, grads = persistent_bytes(cfg, spec, train)
     opt_state, opt_tmp = optimizer_terms(train, spec)
     terms, ce_saved, _ = book_activations(cfg, spec, w)
     activations = sum(t.bytes for t in terms)
