@@ -86,7 +86,7 @@ def test_the_books_gpt2_offers_its_own_linear_layers_and_a_family_without_lora_t
     assert not at.exception and not at.error
     assert at.selectbox(key="lora_targets").options == ["attention", "all-linear"]
     assert tuned(at).lora_targets == "W_query,W_key,W_value,out_proj"
-    at.selectbox(key="preset").set_value("gemma-2b").run()
+    at.selectbox(key="preset").set_value("phi-3-mini-4k").run()
     assert not at.exception and at.error and "LoRA" in at.error[0].value
 
 
