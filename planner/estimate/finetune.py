@@ -486,6 +486,10 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
                 # before the activation's (the family's point counts the block's whole saved set)
                 value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
+            if name == "ffn":
+                # Gemma 2: the post-feedforward norm's backward ran before the MLP's and freed its saves
+                # (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v fp32 checkpointing)
+                value -= sum(t.bytes for t in blk if t.part == "norm.post_mlp")
             if grads_exist and name in ("norm", "attention"):
                 # a later micro-batch: the MLP weights' new grads were added in place by then, so the
                 # family's pending MLP weight grad (after_mlp) is gone at the norm's and attention's backward
@@ -497,11 +501,18 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 value += (b * s * cfg.num_attention_heads * cfg.head_dim * w.e_m
                           - sum(t.bytes for t in blk if t.part == "attn.out"))
             points[f"block {i} {name}"] = others + grads + value
+        if any(t.part == "norm.post_mlp" and "fp32 input" in t.name for t in blk):
+            # Gemma 2's post-feedforward norm, the block's first backward op (after the recompute under
+            # checkpointing): beside the block's saved set, the output's grad (e_r), below fp32 its fp32
+            # copy, and four fp32 b*s*h temporaries of the rsqrt chain (as the family's input_norm point;
+            # measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v bf16 checkpointing)
+            points[f"block {i} post-feedforward norm"] = (others + grads + ctx.current + bsh * w.e_r
+                                                          + (4 * bsh if w.e_r < 4 else 0) + 16 * bsh)
         if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
             # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
             # block's saved set less what the down projection saved (freed by its backward, which has
             # made its grads), and the residual's grad (measured on the op timeline)
-            down_saved = sum(t.bytes for t in blk if t.part == "mlp.out")
+            down_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "norm.post_mlp"))  # (and Gemma 2's post-feedforward norm's)
             points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * ctx.g
                                                            + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
         grads += 0 if grads_exist else n["block"] * e_p
@@ -538,6 +549,7 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     gated = sum(t.bytes for t in last if t.part in ("mlp.act_out", "mlp.up_out"))
     down_saved = sum(t.bytes for t in last if t.part == "mlp.out")
     later = gated + down_saved + sum(t.bytes for t in terms if t.where == "head")
+    later += sum(t.bytes for t in last if t.part == "norm.post_mlp")  # Gemma 2's post-feedforward norm saves after it
     fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
     rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
     mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
