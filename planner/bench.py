@@ -103,7 +103,8 @@ def family_grid(family: str, quick: bool = False) -> list[tuple[str, ModelConfig
 
 
 FINETUNE_BAR_PCT = 1.0  # issue #12: fine-tuning estimates within 1% of the measured step
-FINETUNE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3")  # the families whose fine-tuning terms are measured (lora_supported)
+FINETUNE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2")  # the families whose fine-tuning terms are measured (lora_supported)
+FINETUNE_QLORA_FAMILIES = ("llama", "qwen2", "mistral", "qwen3")  # QLoRA measured on these (qlora_supported)
 # (label, TrainSpec fine-tuning fields): trainable subsets, and peft LoRA on attention only (peft's default
 # q_proj/v_proj, or all four projections) and on every linear layer, with lora_dropout 0 and 0.1
 FINETUNE_MODES = [
@@ -217,7 +218,7 @@ FINETUNE_QLORA_VARIANTS = [
 ]
 
 
-def finetune_qlora_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_FAMILIES) -> list[tuple[str, ModelConfig, TrainSpec]]:
+def finetune_qlora_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_QLORA_FAMILIES) -> list[tuple[str, ModelConfig, TrainSpec]]:
     """QLoRA rows: each family's tiny configs x FINETUNE_QLORA_VARIANTS x checkpointing off/on, attention kernels
     and AdamW/SGD alternating; bf16 compute (the recipe's). quick: every 5th row (the tests)."""
     from .arch import families

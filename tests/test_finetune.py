@@ -18,7 +18,7 @@ TINY = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermedi
 
 
 def test_finetune_quick_grid_within_1pct():
-    """Every 23rd row of `bench finetune`'s grid (llama, qwen2, mistral, qwen3; last:1, head, LoRA r=4/16 on
+    """Every 23rd row of `bench finetune`'s grid (llama, qwen2, mistral, qwen3, gemma, gemma2; last:1, head, LoRA r=4/16 on
     attention and on all linear layers, r=8 on the MLP, dropout 0 and 0.1, two micro-batches, fp32 and a bf16
     base, checkpointing off/on, AdamW/SGD),
     measured in this process: every estimate within 1% of the exact peak."""
@@ -433,3 +433,35 @@ def test_mistral_and_qwen3_within_1pct(family, kw):
     spec = TrainSpec(b, s, optimizer="adamw", **kw)
     (r,) = run_accuracy([(label, cfg, spec)], in_process=True, progress=lambda *_: None)
     assert abs(r["error_pct"]) <= FINETUNE_BAR_PCT, r
+
+
+@pytest.mark.parametrize("family, shape, kw", [
+    ("gemma", 2, dict(precision="bf16", train_layers="last:1")),
+    ("gemma", 2, dict(precision="bf16", train_layers="last:1", grad_accum=2)),
+    ("gemma", 0, dict(precision="bf16", lora_r=16, lora_targets="all-linear", lora_dropout=0.1, checkpointing=True)),
+    ("gemma2", 0, dict(train_layers="last:1")),
+    ("gemma2", 3, dict(lora_r=16, lora_targets="q_proj,k_proj,v_proj,o_proj", lora_dropout=0.1)),
+    ("gemma2", 3, dict(train_layers="last:1", checkpointing=True)),
+    ("gemma2", 2, dict(precision="bf16", train_layers="last:1", grad_accum=2))])
+def test_gemma_and_gemma2_within_1pct(family, shape, kw):
+    """Gemma (GemmaRMSNorm: fp32 normed x and 1 + weight saved) and Gemma 2 (post-attention / post-feedforward
+    norms, soft-capped attention scores and final logits, eager attention) fine-tune within 1%."""
+    from planner.arch import families
+
+    label, cfg, b, s = families()[family].grid_configs()[shape]
+    spec = TrainSpec(b, s, optimizer="adamw", **kw)
+    (r,) = run_accuracy([(label, cfg, spec)], in_process=True, progress=lambda *_: None)
+    assert abs(r["error_pct"]) <= FINETUNE_BAR_PCT, r
+
+
+def test_gemma_qlora_and_phi3_lora_stay_refused():
+    """Gemma's fine-tuning is measured without a quantized base; Phi-3's fused projections are not modelled."""
+    from planner.arch import families
+
+    _, gemma, b, s = families()["gemma"].grid_configs()[0]
+    qlora = TrainSpec(b, s, precision="bf16", lora_r=4, quantize_base="nf4")
+    with pytest.raises(ConfigError, match="QLoRA"):
+        estimate_training(prepare(gemma, qlora), qlora)
+    _, phi3, b, s = families()["phi3"].grid_configs()[0]
+    with pytest.raises(ConfigError, match="LoRA"):
+        prepare(phi3, TrainSpec(b, s, lora_r=4, lora_targets="qkv_proj"))

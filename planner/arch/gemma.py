@@ -51,6 +51,9 @@ class Gemma(RMSDecoder):
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers GemmaForCausalLM"
     grid_options = {"hidden_act": "gelu_pytorch_tanh", "head_dim": 32}
+    norm_one_plus_weight = True  # GemmaRMSNorm: x * rsqrt(...) * (1 + weight), in fp32 (planner/estimate/finetune.py)
+    lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py, bench finetune)
+    qlora_supported = False  # QLoRA (planner/estimate/quantized.py) not measured on the Gemma families yet
 
     def presets(self) -> dict:
         # tests/data/gemma-2b.config.json; 2,506,172,416 parameters.

@@ -65,6 +65,7 @@ class Gemma2(Gemma):
     config_cls = Gemma2Config
     description = "transformers Gemma2ForCausalLM"
     grid_options = {"head_dim": 32, "sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it
+    sandwich_norms = True  # post-attention and post-feedforward norms on the sublayers' outputs (fine-tuning terms)
 
     def presets(self) -> dict:
         # tests/data/gemma-2-2b.config.json; 2,614,341,888 parameters.

@@ -78,6 +78,40 @@ def _norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: boo
     return terms
 
 
+def _gemma_norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
+                where: str = "block") -> list[Term]:
+    """GemmaRMSNorm (models/gemma/modeling_gemma.py; planner/arch/parts.py gemma_rms_norm for full training):
+    self._norm(x.float()) * (1.0 + self.weight.float()), all in fp32, then type_as(x). By what needs grad
+    (torch's mul saves each operand for the other's grad): its fp32 input and rsqrt, and the fp32
+    (1 + weight) (h wide) when its input needs grad; the fp32 normed x (not e_r, as Llama's) when its
+    weight trains."""
+    per_layer = where != "head"
+    terms = []
+    if rg_in:
+        terms.append(Term(f"{label}: fp32 input, rsqrt, 1 + weight (input needs grad)", "4*b*s*h + 4*b*s + 4*h",
+                          4 * b * s * h + 4 * b * s + 4 * h, per_layer, where, part))
+    if trains:
+        terms.append(Term(f"{label}: fp32 normed x (weight trains)", "4*b*s*h", 4 * b * s * h, per_layer, where, part))
+    return terms
+
+
+def _post_norm(family, terms: list, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool,
+               part: str, where: str = "block") -> bool:
+    """Gemma 2's sandwich norms (models/gemma2/modeling_gemma2.py Gemma2DecoderLayer.forward:
+    post_attention_layernorm on the attention's output, post_feedforward_layernorm on the MLP's, each
+    before its residual add; inventory role norm.other): appends their saves to terms and returns whether
+    the normed output needs grad. Other families have none: the sublayer's output passes as it is."""
+    if not getattr(family, "sandwich_norms", False):
+        return rg_in
+    terms += _norm_of(family)(label, b, s, h, e_r, rg_in, trains, part=part, where=where)
+    return rg_in or trains
+
+
+def _norm_of(family):
+    """The family's RMSNorm saves: GemmaRMSNorm's (1 + weight) form for the Gemma families, else Llama's."""
+    return _gemma_norm if getattr(family, "norm_one_plus_weight", False) else _norm
+
+
 def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
              where: str = "block", part: str = "") -> list[Term]:
     """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
@@ -149,7 +183,7 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
             out[m.rsplit(".", 1)[1]] = x_rg or lora or f"{m}.weight" in trains
         return out
 
-    terms += _norm("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
+    terms += _norm_of(family)("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
     n1 = g or role_trains("norm.attn")
     outs = linear_group("attn.in", n1, h, "n1")
     q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
@@ -174,9 +208,14 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
         shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
     elif attn_rg:
         terms += eager_attention(sh, b, s, w, q or k, q, k, v)
+        if getattr(cfg, "attn_logit_softcapping", None) is not None and (q or k):
+            # Gemma 2's eager_attention_forward soft-caps the scores (/ cap, tanh, * cap): tanh saves its
+            # output for the scores' grad (planner/arch/gemma2.py attention_terms for full training)
+            terms.append(Term("attention soft-capping tanh output", "b*a*s^2*e_m", b * sh.a * s * s * e, True))
     o = linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
-    g = g or any(o.values())
-    terms += _norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
+    g = _post_norm(family, terms, "post-attention norm (attention output)", b, s, h, e, any(o.values()),
+                   role_trains("norm.other"), "norm.post_attn") or g
+    terms += _norm_of(family)("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
     n2 = g or role_trains("norm.mlp")
     mlp = linear_group("mlp.in", n2, h, "n2")
     gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
@@ -190,7 +229,8 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
                           "mlp.up_out"))
     prod_rg = gate or up
     down = linear_group("mlp.out", prod_rg, f, "prod")
-    g = g or any(down.values())
+    g = _post_norm(family, terms, "post-feedforward norm (MLP output)", b, s, h, e, any(down.values()),
+                   role_trains("norm.other"), "norm.post_mlp", "mlp") or g  # the MLP's saves (as block_terms)
     return terms, g, rope
 
 
@@ -217,6 +257,11 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
         mask_bytes = b * s * s * w.e_r if cfg.attention == "eager" else s * s
         terms += parts.checkpoint_inputs(sh, b, s, spec, w, masked, mask_bytes)
+        if len(set(getattr(family, "layer_types", lambda c: [])(cfg))) > 1:
+            # Gemma 2: the full and the sliding-window masks both reach the checkpointed layers
+            # (planner/arch/gemma2.py outside_terms for full training)
+            terms.append(Term("second (sliding-window) additive mask (checkpoint input)", "b*s^2*e_r",
+                              b * s * s * w.e_r, where="kept"))
         g = True
         # backward recomputes each block with its input needing grad: this is what it saves again
         per_block = [block_saved(cfg, spec, w, i, True, trains, adapted)[0] for i in range(L)]
@@ -232,9 +277,13 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         if rope_saved:
             terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
     final_trains = any(t.name in trains for t in inv if t.role == "norm.final")
-    terms += _norm("final norm", b, s, h, e, g, final_trains, where="head")
+    terms += _norm_of(family)("final norm", b, s, h, e, g, final_trains, where="head")
     if any(t.name in trains for t in inv if t.role == "head"):
         terms.append(Term("lm_head input (head trains)", "b*s*h*e_m", b * s * h * e, where="head"))
+    if getattr(cfg, "final_logit_softcapping", None) is not None:
+        # Gemma2ForCausalLM.forward: logits / cap, tanh, * cap; tanh saves its output (the logits need grad
+        # in every fine-tuning step: the head trains or its input needs grad; planner/arch/gemma2.py outside_terms)
+        terms.append(Term("final logit soft-capping tanh output", "b*s*V*e_m", b * s * V * e, where="head"))
     loss_kind = resolved_loss(family, spec)
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     ce_saved = b * s * V * w.e_ce + w.e_ce + shifted_labels
@@ -437,6 +486,10 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
                 # before the activation's (the family's point counts the block's whole saved set)
                 value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
+            if name == "ffn":
+                # Gemma 2: the post-feedforward norm's backward ran before the MLP's and freed its saves
+                # (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v fp32 checkpointing)
+                value -= sum(t.bytes for t in blk if t.part == "norm.post_mlp")
             if grads_exist and name in ("norm", "attention"):
                 # a later micro-batch: the MLP weights' new grads were added in place by then, so the
                 # family's pending MLP weight grad (after_mlp) is gone at the norm's and attention's backward
@@ -448,11 +501,18 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 value += (b * s * cfg.num_attention_heads * cfg.head_dim * w.e_m
                           - sum(t.bytes for t in blk if t.part == "attn.out"))
             points[f"block {i} {name}"] = others + grads + value
+        if any(t.part == "norm.post_mlp" and "fp32 input" in t.name for t in blk):
+            # Gemma 2's post-feedforward norm, the block's first backward op (after the recompute under
+            # checkpointing): beside the block's saved set, the output's grad (e_r), below fp32 its fp32
+            # copy, and four fp32 b*s*h temporaries of the rsqrt chain (as the family's input_norm point;
+            # measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v bf16 checkpointing)
+            points[f"block {i} post-feedforward norm"] = (others + grads + ctx.current + bsh * w.e_r
+                                                          + (4 * bsh if w.e_r < 4 else 0) + 16 * bsh)
         if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
             # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
             # block's saved set less what the down projection saved (freed by its backward, which has
             # made its grads), and the residual's grad (measured on the op timeline)
-            down_saved = sum(t.bytes for t in blk if t.part == "mlp.out")
+            down_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "norm.post_mlp"))  # (and Gemma 2's post-feedforward norm's)
             points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * ctx.g
                                                            + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
         grads += 0 if grads_exist else n["block"] * e_p
@@ -461,7 +521,15 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             # saved none. Below fp32 the final norm's output grad (from the head, in e_r) is alive beside
             # its fp32 copy through the norm's backward (measured on fine-tuning steps' op timelines).
             head_input = sum(t.bytes for t in out if t.where == "head" and t.name.startswith("lm_head input"))
-            points["final norm"] = (family.head_point(cfg, spec, w, ctx) + bsh * w.e_m - head_input
+            # (Gemma 2's final soft-capping tanh output is freed by its own backward before the head's)
+            softcap = sum(t.bytes for t in out if t.name.startswith("final logit soft-capping"))
+            # GemmaRMSNorm: its last op's backward (the product with 1 + weight) has released what it saved, the
+            # fp32 normed x (weight trains) and 1 + weight, before the rsqrt chain's fp32 temporaries (measured on
+            # the op timeline: gemma / gemma2 V97 h96 b4 s8 last:1 bf16, 12,672 B of the family's point)
+            if getattr(family, "norm_one_plus_weight", False):
+                softcap += sum(t.bytes for t in out if t.name.startswith("final norm: fp32 normed x"))
+                softcap += 4 * h if any(t.name.startswith("final norm: fp32 input") for t in out) else 0
+            points["final norm"] = (family.head_point(cfg, spec, w, ctx) + bsh * w.e_m - head_input - softcap
                                     + (bsh * w.e_r if w.e_r < 4 else 0))
     return points
 
@@ -481,9 +549,12 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     gated = sum(t.bytes for t in last if t.part in ("mlp.act_out", "mlp.up_out"))
     down_saved = sum(t.bytes for t in last if t.part == "mlp.out")
     later = gated + down_saved + sum(t.bytes for t in terms if t.where == "head")
+    later += sum(t.bytes for t in last if t.part == "norm.post_mlp")  # Gemma 2's post-feedforward norm saves after it
     fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
     rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
     mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
+    # Gemma 2: Gemma2Model.forward builds a full and a sliding-window mask, both alive through its layers
+    mask *= max(1, len(set(getattr(family, "layer_types", lambda c: [])(cfg))))
     # an input an adapter saved itself (fp32 base, lora_dropout 0: lora_A saves x) is in a_before_loss already
     x_saved = lambda part: any(t.part == part and t.name.endswith("LoRA input x") for t in last)
     alive = (bsh * w.e_r  # inputs_embeds
