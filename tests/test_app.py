@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from planner.config import PRESETS, config_from_dict
 from planner.estimate.training import CUDA_CONTEXT_BYTES, estimate_training, optimizer_state_bytes
+from planner.finetune import target_choices, tune_fields
 from planner.spec import TrainSpec, prepare
 from planner.units import fmt_bytes
 
@@ -36,20 +37,28 @@ def paste(at, config=TINY):
 
 
 
-def shown(at) -> tuple[TrainSpec, str]:
-    """The run settings the Planner page shows, and its attention."""
-    spec = TrainSpec(batch_size=at.slider(key="batch").value, seq_len=at.slider(key="seq").value,
-                     precision=at.segmented_control(key="precision").value,
-                     optimizer=at.selectbox(key="optimizer").value, checkpointing=at.toggle(key="ckpt").value,
-                     grad_accum=int(at.number_input(key="accum").value),
-                     optimizer_impl=at.selectbox(key="opt_impl").value, device=at.selectbox(key="device").value)
+def shown(at, cfg=None) -> tuple[TrainSpec, str]:
+    """The run settings the Planner page shows, and its attention; with the model (cfg), its fine-tuning
+    controls too (the LoRA targets' names are the model's)."""
+    tuning = {}
+    if cfg is not None:
+        tuning = tune_fields(at.selectbox(key="tune").value, last_n=int(at.number_input(key="train_last").value),
+                             lora_r=int(at.number_input(key="lora_r").value),
+                             lora_targets=target_choices(cfg)[at.selectbox(key="lora_targets").value],
+                             quantize=at.selectbox(key="quant").value, double_quant=at.toggle(key="double_quant").value)
+    spec = TrainSpec(**{**dict(batch_size=at.slider(key="batch").value, seq_len=at.slider(key="seq").value,
+                               precision=at.segmented_control(key="precision").value,
+                               optimizer=at.selectbox(key="optimizer").value, checkpointing=at.toggle(key="ckpt").value,
+                               grad_accum=int(at.number_input(key="accum").value),
+                               optimizer_impl=at.selectbox(key="opt_impl").value,
+                               device=at.selectbox(key="device").value), **tuning})
     return spec, at.selectbox(key="attention").value
 
 
 def assert_figures_follow_what_is_shown(at, cfg):
     """Every figure comes from exactly the settings on the screen (and this model)."""
     assert not at.exception
-    spec, attention = shown(at)
+    spec, attention = shown(at, cfg)
     est = estimate_training(prepare(cfg, spec, attention), spec)
     assert metric(at, "Estimated peak") == fmt_bytes(est.peak_bytes)
     assert metric(at, "Peak phase") == est.peak_phase
@@ -81,7 +90,7 @@ def test_each_advice_option_applies_exactly_its_own_settings():
     at = app()
     at.slider(key="batch").set_value(64).run()
     before = {k: at.session_state[k] for k in ("batch", "seq", "precision", "optimizer", "opt_impl", "accum", "ckpt",
-                                               "attention")}
+                                               "attention", "tune", "lora_r", "lora_targets", "quant", "double_quant")}
     labels = at.selectbox(key="advice_choice").options
     assert len(set(labels)) == len(labels) and {"grad-accum 2 x batch 32", "grad-accum 4 x batch 16"} <= set(labels)
     table = at.dataframe[0].value.set_index("option")
