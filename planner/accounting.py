@@ -8,10 +8,9 @@ name by name with the model built on the meta device.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from math import prod
 
-from .config import ModelConfig
+from .arch import family_of
+from .arch.terms import TensorSpec  # re-exported: the inventory's row type
 
 # Bytes per element of each dtype the planner reasons about.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
@@ -35,32 +34,12 @@ def per_config(fn):
     return wrapper
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str                 # state_dict key (parameters and persistent buffers) or buffer name
-    shape: tuple[int, ...]
-    kind: str                 # "param" or "buffer"
-    persistent: bool = True   # non-persistent buffers are not in the state_dict
-    autocast: bool = False    # a weight that torch.autocast casts (and caches) for a matmul
-    dtype: str | None = None  # fixed dtype (RoPE's inv_freq is built with .float()); None = the weights' dtype
-    block: int | None = None  # the block (layer) index it belongs to; None: outside the blocks
-    role: str = ""            # what it does (planner/arch/base.py lists the roles); the estimator reads roles
-    trainable: bool = True    # requires grad (gets a .grad and optimizer state)
-    is_bias: bool = False     # a bias (autocast casts it, but no matmul saves it)
-
-    @property
-    def numel(self) -> int:
-        return prod(self.shape)
-
-
 @per_config
 def tensor_inventory(cfg: ModelConfig) -> list[TensorSpec]:
     """Every parameter and buffer, in the model's registration order (its family file lists them).
 
     Tied weights (a tied output head) appear once, as named_parameters() lists them.
     """
-    from .arch import family_of
-
     return family_of(cfg).inventory(cfg)
 
 

@@ -41,7 +41,7 @@ from dataclasses import asdict
 
 from . import cli_parallel
 from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model, with_dtype
-from .estimate.bnb_optim import require_bitsandbytes
+from .bnb import require_bitsandbytes
 from .spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
 from .units import fmt_bytes, parse_size
 

@@ -134,7 +134,7 @@ def parse_module_ref(text: str) -> tuple[Path, str]:
 def parse_simulate(args: argparse.Namespace) -> tuple:
     """(config or None, spec, (path, function) or None) from the parsed arguments."""
     cfg, spec, module = _parse_simulate(args)
-    from .estimate.bnb_optim import require_bitsandbytes
+    from .bnb import require_bitsandbytes
 
     require_bitsandbytes(spec.optimizer)  # the simulating child runs bitsandbytes' optimizer on fake tensors
     return cfg, spec, module

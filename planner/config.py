@@ -7,178 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Union
 
-# A model with more parameters than this is refused: 1e13 parameters is ~20x the largest dense model
-# ever published, so a config this size is a typo (an extra zero in a width), and its byte counts
-# would be meaningless to plan for.
-MAX_PARAMETERS = 10**13
-
-ATTENTION_KINDS = ("eager", "sdpa")
-# The dtypes a checkpoint is saved in (HF's torch_dtype); a config without one is read as float32.
-CHECKPOINT_DTYPES = ("float32", "float16", "bfloat16")
-
-
-class ConfigError(ValueError):
-    """An invalid model or run description; its message is one line, shown to the user as is."""
-
-
-@dataclass(frozen=True)
-class GPT2Config:
-    """LLMs-from-scratch's GPTModel config, keys exactly as the book's BASE_CONFIG."""
-    vocab_size: int = 50257       # GPT-2 BPE vocabulary; the book does not pad it
-    context_length: int = 1024    # also sizes each block's persistent fp32 causal-mask buffer (ctx x ctx)
-    emb_dim: int = 768
-    n_heads: int = 12
-    n_layers: int = 12
-    drop_rate: float = 0.0        # the loading notebook's BASE_CONFIG uses 0.0; training chapters use 0.1
-    qkv_bias: bool = True         # True to match OpenAI's GPT-2 weights (book ch05 loads them this way)
-    attention: str = "eager"      # eager: the book's manual attention; sdpa: F.scaled_dot_product_attention
-    torch_dtype: str | None = None  # the checkpoint's dtype (None: float32, as the book saves it)
-    name: str | None = None       # optional display name (runs are stored under it)
-    arch: str = dataclasses.field(default="gpt2", init=False)
-
-    def __post_init__(self) -> None:
-        _check_positive(self, ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"))
-        _check_optional(self)
-        if self.emb_dim % self.n_heads:
-            raise ConfigError(f"emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}")
-        if not 0.0 <= self.drop_rate < 1.0:
-            raise ConfigError(f"drop_rate must be in [0, 1), got {self.drop_rate}")
-        check_attention_kind(self.attention)
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.context_length
-
-    @property
-    def hidden(self) -> int:
-        return self.emb_dim
-
-    @property
-    def layers(self) -> int:
-        return self.n_layers
-
-    @property
-    def heads(self) -> int:
-        return self.n_heads
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """A Llama-style decoder, keys as Hugging Face's LlamaConfig (config.json) names them."""
-    vocab_size: int = 32000
-    hidden_size: int = 4096
-    intermediate_size: int = 11008          # SwiGLU width (gate/up/down projections)
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = None  # None means = num_attention_heads (HF's default: plain MHA)
-    max_position_embeddings: int = 2048     # only bounds the sequence length: RoPE has no position table
-    tie_word_embeddings: bool = False       # True: lm_head shares embed_tokens' weight (Llama 3.2 1B/3B)
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    head_dim: int | None = None             # None means hidden_size // num_attention_heads (HF's default)
-    attention_bias: bool = False            # HF flag: biases on q/k/v/o projections
-    mlp_bias: bool = False                  # HF flag: biases on gate/up/down projections
-    rope_scaling: dict | None = None        # accepted for HF compatibility; changes RoPE values, not memory
-    attention: str = "sdpa"                 # sdpa (HF's default kernel) or eager (manual softmax attention)
-    torch_dtype: str | None = None          # the published checkpoint's dtype (HF key); None: float32
-    name: str | None = None                 # optional display name (runs are stored under it)
-    hidden_act: str = "silu"                # the gated MLP's activation (transformers' ACT2FN name)
-    arch: str = dataclasses.field(default="llama", init=False)
-
-    def __post_init__(self) -> None:
-        _check_optional(self)
-        if self.num_key_value_heads is None:
-            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        _check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
-                                  f"num_attention_heads {self.num_attention_heads}")
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        _check_positive(self, ("head_dim",))
-        if self.head_dim % 2:
-            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"num_key_value_heads {self.num_key_value_heads} does not divide "
-                              f"num_attention_heads {self.num_attention_heads}")
-        if not self.rms_norm_eps > 0:
-            raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
-        check_attention_kind(self.attention)
-        check_activation(self.hidden_act)
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.max_position_embeddings
-
-    @property
-    def hidden(self) -> int:
-        return self.hidden_size
-
-    @property
-    def layers(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def heads(self) -> int:
-        return self.num_attention_heads
-
+# The families' config classes live in their architecture files (planner/arch/<family>.py) and the shared
+# checks in planner/validation.py; both are re-exported here, where configs are read, resolved and written.
+from .arch.gpt2_book import GPT2Config
+from .arch.llama import LlamaConfig
+from .validation import (ACTIVATION_SAVED, ATTENTION_KINDS, CHECKPOINT_DTYPES, GPU_ONLY_ATTENTION, HF_ACTIVATIONS,
+                         MAX_PARAMETERS, ConfigError, _check_optional, _check_positive, check_activation,
+                         check_attention_kind)
 
 # Any family's config (planner/arch/<family>.py defines the others); kept as a name for type hints.
 ModelConfig = Union[GPT2Config, LlamaConfig, Any]
 
-# Attention kernels transformers offers that need a CUDA GPU and an extra package: refused with the reason.
-GPU_ONLY_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention")
-
-# transformers 5.23's ACT2FN names (activations.py); the planner models the ones in ACTIVATION_SAVED.
-HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh",
-                  "gelu_python_tanh", "gelu_accurate", "hardswish", "laplace", "leaky_relu", "linear", "mish",
-                  "quick_gelu", "relu", "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh",
-                  "prelu", "xielu")
-# Tensors of the activation's input size that its autograd nodes save, besides its output (which the
-# next op saves): one fused kernel saves its input (silu, gelu, gelu tanh: aten derivatives.yaml) or its
-# output (relu: threshold_backward(result)); transformers' Python tanh-GELUs (NewGELUActivation,
-# GELUTanh(use_gelu_tanh_python)) save x, 0.5x, tanh(.) and 1 + tanh(.) (measured, saved-tensor hooks).
-ACTIVATION_SAVED = {"silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "relu": 0, "gelu_new": 4,
-                    "gelu_python_tanh": 4}
-
-
-def check_attention_kind(attention: str) -> None:
-    if attention in GPU_ONLY_ATTENTION:
-        raise ConfigError(f"attention {attention!r} needs a CUDA GPU and its kernel package; the planner "
-                          f"measures on this machine's CPU with one of: {', '.join(ATTENTION_KINDS)}")
-    if attention not in ATTENTION_KINDS:
-        raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
-
-
-def check_activation(act: str) -> None:
-    if act not in HF_ACTIVATIONS:
-        raise ConfigError(f"hidden_act {act!r} is not an activation transformers knows; it accepts: "
-                          f"{', '.join(HF_ACTIVATIONS)}")
-    if act not in ACTIVATION_SAVED:
-        raise ConfigError(f"hidden_act {act!r} is valid in transformers but its memory is not modelled yet; "
-                          f"supported: {', '.join(ACTIVATION_SAVED)}")
-
-
-def _check_optional(cfg: Any) -> None:
-    if cfg.torch_dtype is not None and cfg.torch_dtype not in CHECKPOINT_DTYPES:
-        raise ConfigError(f"torch_dtype must be one of {', '.join(CHECKPOINT_DTYPES)}, got {cfg.torch_dtype!r}")
-    if cfg.name is not None and not (isinstance(cfg.name, str) and 0 < len(cfg.name) <= 100):
-        raise ConfigError(f"name must be a string of 1 to 100 characters, got {cfg.name!r}")
-
-
-def _check_positive(cfg: Any, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-        if value <= 0:
-            raise ConfigError(f"{name} must be positive, got {value}")
 
 
 class _Presets(Mapping):

@@ -78,7 +78,7 @@ def check_quantize_settings(spec) -> None:
 
 def check_quantize_runnable(spec) -> None:
     """A QLoRA run that is measured or simulated needs bitsandbytes (the estimate does not)."""
-    from .estimate.bnb_optim import bnb_available  # the one check (found without importing it)
+    from .bnb import bnb_available  # the one check (found without importing it)
 
     if getattr(spec, "quantize_base", "none") != "none" and not bnb_available():
         raise ConfigError(f"--quantize-base {spec.quantize_base} needs bitsandbytes to measure or simulate "

@@ -79,7 +79,7 @@ class ParallelSpec:
 
 def check_parallel_run(spec, pspec: ParallelSpec) -> None:
     """What the combination of a run and a parallel layout cannot do (one clear reason)."""
-    from .estimate.bnb_optim import is_bnb
+    from .bnb import is_bnb
 
     if is_bnb(spec.optimizer):
         raise ConfigError(f"--optimizer {spec.optimizer} with --parallel is not modelled yet (bitsandbytes' 8-bit / "

@@ -66,7 +66,7 @@ class TrainSpec:
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise ConfigError(f"unknown optimizer implementation {self.optimizer_impl!r}; "
                               f"choose one of: {', '.join(OPTIMIZER_IMPLS)}")
-        from .estimate.bnb_optim import check_spec as check_bnb_optimizer
+        from .bnb import check_spec as check_bnb_optimizer
 
         check_bnb_optimizer(self.optimizer, self.optimizer_impl, str(self.device).split(":")[0])
         if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli
+from planner import bnb, cli
 from planner.bench_bnb import BNB_BAR_PCT, bnb_grid, run_bnb
 from planner.config import ConfigError, config_from_dict
 from planner.estimate import bnb_optim
@@ -128,7 +128,7 @@ def test_cli_refuses_with_one_line(capsys, tmp_path, args, message):
                                      ["fit", "--measure-costs"]])
 def test_without_bitsandbytes_measuring_exits_2_and_estimating_works(capsys, tmp_path, monkeypatch, command):
     """The measuring / simulating child imports bitsandbytes (refused up front, one line); the estimate does not."""
-    monkeypatch.setattr(bnb_optim, "bnb_available", lambda: False)
+    monkeypatch.setattr(bnb, "bnb_available", lambda: False)  # the one check (planner/bnb.py)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(TINY))
     run = ["--config", str(path), "--batch-size", "2", "--seq-len", "16", "--optimizer", "adamw-8bit"]

@@ -7,7 +7,7 @@ import pytest
 from planner.accounting import buffer_bytes, param_bytes, param_count, tensor_inventory, weights_table
 from planner.config import (PRESETS, ConfigError, GPT2Config, LlamaConfig, config_from_dict, config_to_dict,
                             load_config, parse_config_text)
-from planner.models import build_model
+from planner.routines import build_model
 
 DATA = Path(__file__).parent / "data"
 PUBLISHED = {"TinyLlama-1.1B": 1_100_048_384, "Llama-3.2-1B": 1_235_814_400,

@@ -252,10 +252,10 @@ def test_cli_qlora_flags_imply_bf16(tmp_path):
 def test_qlora_without_bitsandbytes_measure_exits_2_estimate_runs(tmp_path, monkeypatch, capsys):
     """Only the measuring (or simulating) child needs bitsandbytes: without it `measure` refuses with one line
     before starting a child, and the estimate still answers (the import check is monkeypatched)."""
-    import planner.estimate.bnb_optim
+    import planner.bnb
     from planner.cli import main
 
-    monkeypatch.setattr(planner.estimate.bnb_optim, "bnb_available", lambda: False)
+    monkeypatch.setattr(planner.bnb, "bnb_available", lambda: False)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(TINY))
     run = ["--config", str(path), "--batch-size", "2", "--seq-len", "16", "--lora-r", "4", "--quantize-base", "nf4"]

@@ -4,7 +4,7 @@ import torch
 from book_gpt import GPTModel as BookGPTModel
 from planner.arch import family_of
 from planner.config import GPT2Config, LlamaConfig
-from planner.models import build_model
+from planner.routines import build_model
 
 BOOK_CFG = {"vocab_size": 101, "context_length": 24, "emb_dim": 32, "n_heads": 4, "n_layers": 2,
             "drop_rate": 0.1, "qkv_bias": True}

@@ -149,7 +149,7 @@ def test_simulated_record_matches_measure_record():
     assert max(p["bytes"] for p in sim["timeline"]) == sim["peak_bytes"]
     assert [p["op"] for p in sim["timeline"]] == sorted(p["op"] for p in sim["timeline"])
     # The step's data-dependent reads, answered: Adam's step count per parameter, GradScaler's inf check, loss.item().
-    n_params = sum(1 for _ in __import__("planner.models", fromlist=["build_model"]).build_model(cfg, "meta").parameters())
+    n_params = sum(1 for _ in __import__("planner.routines", fromlist=["build_model"]).build_model(cfg, "meta").parameters())
     assert sim["data_dependent_reads"] == {"optimizer_step_count": n_params, "gradscaler_found_inf": 1, "loss_item": 1,
                                            "packed_sequence_check": 0}
 

@@ -9,10 +9,10 @@ import functools
 import importlib
 import pkgutil
 
-from ..config import ConfigError
+from ..validation import ConfigError
 from .base import Family
 
-_SKIP = {"base", "parts", "decoder"}
+_SKIP = {"base", "parts", "decoder", "terms"}  # shared pieces, not families
 
 
 @functools.lru_cache(maxsize=1)

@@ -26,8 +26,8 @@ import copy
 import dataclasses
 from typing import Any, ClassVar
 
-from ..accounting import TensorSpec
-from ..config import ConfigError
+from ..validation import ConfigError
+from .terms import TensorSpec
 
 def linear(name: str, n_in: int, n_out: int, bias: bool, block: int | None, role: str,
            conv1d: bool = False) -> list[TensorSpec]:

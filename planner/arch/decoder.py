@@ -9,11 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ..accounting import TensorSpec
-from ..config import ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
-from ..estimate.activations import Term
+from ..validation import ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
 from . import parts
 from .base import HFCausalLM, linear
+from .terms import TensorSpec, Term
 
 
 class DecoderConfigMixin:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..accounting import TensorSpec
-from ..estimate.activations import Term
+from .terms import TensorSpec, Term
 from . import parts
 from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
 

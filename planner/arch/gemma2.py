@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..accounting import TensorSpec
-from ..config import ConfigError
-from ..estimate.activations import Term
+from ..validation import ConfigError
+from .terms import TensorSpec, Term
 from . import parts
 from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
 from .gemma import Gemma

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..accounting import TensorSpec
-from ..config import ACTIVATION_SAVED, ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
-from ..estimate.activations import Term
+from ..validation import ACTIVATION_SAVED, ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
+from .terms import TensorSpec, Term
 from .base import HFCausalLM, linear
 
 

@@ -9,11 +9,53 @@ of that model at several shapes, every precision and attention mode (research/py
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from ..accounting import TensorSpec
-from ..config import GPT2Config
-from ..estimate.activations import Term
+from ..validation import ConfigError, _check_optional, _check_positive, check_attention_kind
 from .base import Family, linear
+from .terms import TensorSpec, Term
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """LLMs-from-scratch's GPTModel config, keys exactly as the book's BASE_CONFIG."""
+    vocab_size: int = 50257       # GPT-2 BPE vocabulary; the book does not pad it
+    context_length: int = 1024    # also sizes each block's persistent fp32 causal-mask buffer (ctx x ctx)
+    emb_dim: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    drop_rate: float = 0.0        # the loading notebook's BASE_CONFIG uses 0.0; training chapters use 0.1
+    qkv_bias: bool = True         # True to match OpenAI's GPT-2 weights (book ch05 loads them this way)
+    attention: str = "eager"      # eager: the book's manual attention; sdpa: F.scaled_dot_product_attention
+    torch_dtype: str | None = None  # the checkpoint's dtype (None: float32, as the book saves it)
+    name: str | None = None       # optional display name (runs are stored under it)
+    arch: str = dataclasses.field(default="gpt2", init=False)
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"))
+        _check_optional(self)
+        if self.emb_dim % self.n_heads:
+            raise ConfigError(f"emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}")
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ConfigError(f"drop_rate must be in [0, 1), got {self.drop_rate}")
+        check_attention_kind(self.attention)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.context_length
+
+    @property
+    def hidden(self) -> int:
+        return self.emb_dim
+
+    @property
+    def layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def heads(self) -> int:
+        return self.n_heads
+
 
 # The book's BASE_CONFIG (ch05/08 notebook): context 1024, qkv_bias True, drop_rate 0.0, untied head.
 _BASE = dict(vocab_size=50257, context_length=1024, drop_rate=0.0, qkv_bias=True)
@@ -189,7 +231,7 @@ class BookGPT2(Family):
     def loss(self, model, inputs, targets, loss_kind: str, on_phase):
         """LLMs-from-scratch ch05 calc_loss_batch: cross-entropy over the flattened logits; `logits`
         dies on return."""
-        from ..routines.training import calc_loss_batch
+        from ..models.gpt2 import calc_loss_batch
 
         return calc_loss_batch(inputs, targets, model, on_phase)
 

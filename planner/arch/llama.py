@@ -8,8 +8,73 @@ planner/arch/decoder.py.
 """
 from __future__ import annotations
 
-from ..config import LlamaConfig
+import dataclasses
+from dataclasses import dataclass
+
+from ..validation import ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
 from .decoder import RMSDecoder, check_zero, normalise_rope
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-style decoder, keys as Hugging Face's LlamaConfig (config.json) names them."""
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008          # SwiGLU width (gate/up/down projections)
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None  # None means = num_attention_heads (HF's default: plain MHA)
+    max_position_embeddings: int = 2048     # only bounds the sequence length: RoPE has no position table
+    tie_word_embeddings: bool = False       # True: lm_head shares embed_tokens' weight (Llama 3.2 1B/3B)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    head_dim: int | None = None             # None means hidden_size // num_attention_heads (HF's default)
+    attention_bias: bool = False            # HF flag: biases on q/k/v/o projections
+    mlp_bias: bool = False                  # HF flag: biases on gate/up/down projections
+    rope_scaling: dict | None = None        # accepted for HF compatibility; changes RoPE values, not memory
+    attention: str = "sdpa"                 # sdpa (HF's default kernel) or eager (manual softmax attention)
+    torch_dtype: str | None = None          # the published checkpoint's dtype (HF key); None: float32
+    name: str | None = None                 # optional display name (runs are stored under it)
+    hidden_act: str = "silu"                # the gated MLP's activation (transformers' ACT2FN name)
+    arch: str = dataclasses.field(default="llama", init=False)
+
+    def __post_init__(self) -> None:
+        _check_optional(self)
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        _check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
+                                  f"num_attention_heads {self.num_attention_heads}")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        _check_positive(self, ("head_dim",))
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"num_key_value_heads {self.num_key_value_heads} does not divide "
+                              f"num_attention_heads {self.num_attention_heads}")
+        if not self.rms_norm_eps > 0:
+            raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
+        check_attention_kind(self.attention)
+        check_activation(self.hidden_act)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def hidden(self) -> int:
+        return self.hidden_size
+
+    @property
+    def layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def heads(self) -> int:
+        return self.num_attention_heads
 
 
 class Llama(RMSDecoder):

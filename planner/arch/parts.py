@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ACTIVATION_SAVED
-from ..estimate.activations import Term
+from ..validation import ACTIVATION_SAVED
+from .terms import Term
 
 # integrations/sdpa_attention.py use_gqa_in_sdpa: enable_gqa only without a mask and head_dim <= 256.
 SDPA_GQA_MAX_HEAD_DIM = 256

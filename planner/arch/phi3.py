@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import ConfigError
-from ..estimate.activations import Term
+from ..validation import ConfigError
+from .terms import Term
 from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import ConfigError
+from ..validation import ConfigError
 from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
 
 

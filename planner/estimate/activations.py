@@ -12,44 +12,7 @@ where cross_entropy is on the fp32 list), e_k dropout keep-mask (fp32 noise on C
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ..spec import TrainSpec
-
-
-@dataclass(frozen=True)
-class Term:
-    name: str       # what the tensors are
-    formula: str    # how the bytes follow from the config (symbols above)
-    bytes: int
-    per_layer: bool = False  # True: the figure is one block's; the model holds L of them
-    where: str = "block"     # "embed" (before the blocks) or "head" (after them): decides when it is freed;
-                             # "mlp": a block's MLP part (freed first in backward); "kept": alive all step
-    part: str = ""           # finer place for the backward sweep: "norm.mlp" = the pre-MLP norm's tensors
-
-
-@dataclass(frozen=True)
-class Widths:
-    e_r: int
-    e_m: int
-    e_ce: int
-    e_k: int
-    amp: bool
-
-    @classmethod
-    def of(cls, spec: TrainSpec, loss_upcast: bool = False) -> "Widths":
-        """loss_upcast: the loss runs on an fp32 copy of the logits (transformers' ForCausalLMLoss
-        does `logits.float()`, transformers/loss/loss_utils.py), whatever the weights' dtype."""
-        e_r = 2 if spec.precision == "bf16" else 4
-        amp = spec.autocast_dtype is not None
-        e_m = 2 if amp else e_r
-        # CPU autocast lists cross_entropy_loss as fp32 (autocast_mode.cpp); CUDA autocast runs
-        # log_softmax in fp32 via fp32_set_opt_dtype. Either way the loss buffers are fp32 under AMP.
-        e_ce = 4 if (amp or loss_upcast) else e_r
-        # Dropout: CPU multiplies by a saved noise tensor of the input dtype; CUDA's fused
-        # native_dropout saves a bool mask (aten/src/ATen/native/Dropout.cpp).
-        e_k = 1 if spec.device_type == "cuda" else e_m
-        return cls(e_r, e_m, e_ce, e_k, amp)
+from ..arch.terms import Term, Widths  # re-exported: the estimators' names for them
 
 
 def block_terms(cfg, spec: TrainSpec, w: Widths) -> list[Term]:

@@ -27,13 +27,8 @@ absmax, qmaps and the states of tensors under 1e5 elements are ordinary device t
 """
 from __future__ import annotations
 
-import importlib.util
+from ..bnb import BNB_OPTIMIZERS, EIGHT_BIT, PAGED, bnb_available, check_spec, is_bnb, require_bitsandbytes  # noqa: F401 (re-exported)
 
-from ..config import ConfigError
-
-BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
-PAGED = ("paged-adamw-8bit", "paged-adamw")
-EIGHT_BIT = ("adamw-8bit", "paged-adamw-8bit")
 # Optimizer2State's default min_8bit_size (bitsandbytes/optim/optimizer.py): smaller tensors keep fp32 states.
 MIN_8BIT_SIZE = 4096
 # init_state: blocksize = 256, one fp32 absmax per block of each 8-bit state.
@@ -43,35 +38,6 @@ QMAP_BYTES = 2 * 256 * 4
 # get_state_buffer: `if not self.is_paged or p.numel() < 1e5: torch.zeros_like(...)`, else get_paged.
 PAGED_MIN_NUMEL = 100_000
 CUDA_BLOCK_BYTES = 512  # c10/cuda/CUDACachingAllocator.cpp (as planner/estimate/training.py)
-
-
-def is_bnb(optimizer: str) -> bool:
-    return optimizer in BNB_OPTIMIZERS
-
-
-def bnb_available() -> bool:
-    """Whether the measuring child can import bitsandbytes (the estimate itself needs no bitsandbytes)."""
-    return importlib.util.find_spec("bitsandbytes") is not None
-
-
-def require_bitsandbytes(optimizer: str) -> None:
-    """The one line for a measurement / simulation of a bitsandbytes optimizer without bitsandbytes."""
-    if is_bnb(optimizer) and not bnb_available():
-        raise ConfigError(f"--optimizer {optimizer} runs bitsandbytes' optimizer, and bitsandbytes is not installed "
-                          "(pip install bitsandbytes); the estimate alone (planner estimate) does not need it")
-
-
-def check_spec(optimizer: str, optimizer_impl: str, device_type: str) -> None:
-    """One clear line for what a bitsandbytes optimizer cannot do."""
-    if not is_bnb(optimizer):
-        return
-    if optimizer_impl != "default":
-        raise ConfigError(f"--optimizer-impl {optimizer_impl} picks a torch.optim kernel; {optimizer} is "
-                          "bitsandbytes' own kernel (leave --optimizer-impl default)")
-    if optimizer in PAGED and device_type == "cpu":
-        raise ConfigError(f"{optimizer} needs a CUDA device: paged optimizers keep their states in CUDA unified "
-                          "memory (bitsandbytes functional.get_paged, cudaMallocManaged) and on the CPU bitsandbytes "
-                          "falls back to the unpaged optimizer; use adamw-8bit (or adamw) on the CPU")
 
 
 def _state_parts(optimizer: str, n: int) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from ..arch.base import resolved_loss
 from ..config import ACTIVATION_SAVED, ConfigError
 from ..finetune import adapted_linears, trainable_names
 from .activations import Term, Widths
+from .record import SweepContext, TrainEstimate
 
 ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32, bf16 and fp16 bases
 
@@ -32,9 +33,6 @@ def known_gap(cfg, spec) -> str | None:
     """A combination whose peak this estimate is known to miss by more than 1% (bench finetune measures
     it), or None. None is known now: the one there was (a bf16 base, checkpointing and LoRA on the MLP
     projections) is modelled by recompute_alive / recompute_points."""
-    if getattr(spec, "quantize_base", "none") != "none":  # QLoRA: planner/estimate/quantized.py
-        from .quantized import known_gap as quantized_gap
-        return quantized_gap(cfg, spec)
     return None
 
 
@@ -442,8 +440,6 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     says the same for full training): every trainable .grad already exists (the caller counts them all),
     and torch's AccumulateGrad adds each new grad into it in place, so the sweep makes no grads of its own;
     the new grad of one MLP weight (or adapter) is the transient at the MLP's points."""
-    from .training import SweepContext
-
     family = family_of(cfg)
     e_p = DTYPE_BYTES[spec.param_dtype]
     b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
@@ -587,15 +583,6 @@ def persistent_bytes(cfg, spec, train) -> tuple[int, int, int, int]:
 
 
 def estimate_finetune(cfg, spec):
-    from .training import TrainEstimate
-
-    if getattr(spec, "quantize_base", "none") != "none":  # QLoRA: planner/estimate/quantized.py
-        from .quantized import estimate_quantized
-        return estimate_quantized(cfg, spec)
-    if family_of(cfg).source == "book":  # the book's GPT-2: its own block (planner/estimate/finetune_book.py)
-        from .finetune_book import estimate_finetune_book
-
-        return estimate_finetune_book(cfg, spec)
     check_supported(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)

@@ -35,6 +35,8 @@ from ..arch import family_of
 from ..config import ConfigError
 from ..finetune import adapted_linears, trainable_names
 from .activations import Term, Widths
+from .finetune import optimizer_terms, persistent_bytes, trainable_params
+from .record import TrainEstimate
 
 ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32 and bf16 bases
 
@@ -185,8 +187,6 @@ def book_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]]]:
 
 
 def estimate_finetune_book(cfg, spec):
-    from .finetune import optimizer_terms, persistent_bytes, trainable_params
-    from .training import TrainEstimate
 
     check_supported(cfg, spec)
     family = family_of(cfg)

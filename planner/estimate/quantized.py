@@ -32,6 +32,8 @@ from ..accounting import tensor_inventory
 from ..arch import family_of
 from ..config import ConfigError
 from ..finetune import linears
+from .finetune import estimate_finetune, finetune_activations
+from .finetune import known_gap as twin_gap
 
 # bitsandbytes/nn/modules.py Params4bit(blocksize=64) and BitsAndBytesConfig(bnb_4bit_blocksize=None -> 64):
 # one absmax per 64 weights (functional.quantize_4bit)
@@ -105,7 +107,6 @@ def dequant_points(cfg, spec, twin) -> dict[str, int]:
     grad (otherwise MatMul4Bit makes no autograd node): the MLP input (the post-attention norm saved its fp32
     input), the product (the activation saved its input), the attention input (the input norm did)."""
     from .activations import Widths
-    from .finetune import finetune_activations
 
     family = family_of(cfg)
     sh = family.shape(cfg)
@@ -160,8 +161,6 @@ def dequant_points(cfg, spec, twin) -> dict[str, int]:
 def estimate_quantized(cfg, spec):
     """The QLoRA step: its fp32 twin's estimate with the quantized weights and the dequantized weights'
     backward points (module doc)."""
-    from .finetune import estimate_finetune
-
     check_supported(cfg, spec)
     twin = estimate_finetune(cfg, fp32_twin(spec))
     delta = weights_delta(cfg, spec)
@@ -181,6 +180,4 @@ def estimate_quantized(cfg, spec):
 
 def known_gap(cfg, spec) -> str | None:
     """A QLoRA combination this estimate is known to miss by more than FINETUNE_QUANT_BAR_PCT, or None."""
-    from .finetune import known_gap as twin_gap
-
     return twin_gap(cfg, fp32_twin(spec))

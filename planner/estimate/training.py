@@ -11,7 +11,6 @@ The peak is the largest of these phase candidates; its phase is reported with it
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field
 
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, per_config, tensor_inventory
 from ..arch import family_of
@@ -20,29 +19,7 @@ from ..config import ModelConfig
 from ..spec import TrainSpec
 from . import bnb_optim
 from .activations import Term, Widths, block_terms, outside_terms
-
-
-@dataclass
-class TrainEstimate:
-    """Same keys as the measured record (planner.measure.training), so the two compare field by field."""
-    params_bytes: int
-    buffers_bytes: int
-    inputs_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    peak_bytes: int
-    peak_phase: str
-    phase_peak_bytes: dict[str, int]
-    transients: dict[str, int]
-    terms: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    # The backward sweep's named high points (live bytes above the persistent base, grads created so far
-    # included), so per-rank estimates (planner.estimate.distributed) can re-count weights and grads.
-    backward_points: dict[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
 
 
 def optimizer_state_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
@@ -193,44 +170,6 @@ def _grad_numels(cfg: ModelConfig) -> dict[str, int]:
             "mlp_in_weight": max((t.numel for t in blk if t.role == "mlp.in" and not t.is_bias), default=0)}
 
 
-@dataclass(frozen=True)
-class SweepContext:
-    """What the backward sweep knows at a block, for the family's in-block high points (bytes unless
-    said): `current` the block's saved set and its autocast weight copies; `mlp_saved` and
-    `norm_mlp_saved` the parts its MLP and pre-MLP norm saved; `casts_mlp` the MLP's weight copies;
-    `g` bytes per parameter of the grads this backward creates (0 when they exist already: a later
-    micro-batch); `pending` one MLP weight's grad computed before it is added in place (that case);
-    counts of parameters (`*_n`) by role; `norm_attn_saved` / `attn_in_saved` what the block's input
-    norm and its attention input projections saved; after the loss: `saved_after_loss`, `casts_head`,
-    `grads_last`."""
-    b: int
-    s: int
-    h: int
-    L: int
-    bsh: int
-    e_p: int
-    g: int
-    pending: int
-    current: int
-    mlp_saved: int
-    norm_mlp_saved: int
-    casts_mlp: int
-    mlp_n: int
-    down_n: int
-    attn_n: int
-    saved_after_loss: int
-    casts_head: int
-    grads_last: int
-    block_n: int
-    norm_attn_n: int
-    norm_attn_saved: int
-    attn_in_saved: int
-    mlp_in_weight: int
-    attn_in_n: int = 0
-    first: bool = False      # the first block (the last one backward reaches): shared inputs die in it
-    rope_bytes: int = 0      # saved tensors shared by all blocks (RoPE's cos/sin), freed by the first block
-
-
 def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term], out: list[Term], e_p: int,
                     saved_after_loss: int, amp_weights: int, grads_exist: bool = False,
                     numels: dict[str, int] | None = None) -> dict[str, int]:
@@ -304,10 +243,18 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
-    if spec.finetuning:  # a trainable subset or LoRA: planner/estimate/finetune.py
+    if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py), on the book's GPT-2
+        # (finetune_book.py) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
+        from .finetune_book import estimate_finetune_book
+        from .quantized import estimate_quantized
 
-        est = estimate_finetune(cfg, spec)
+        if getattr(spec, "quantize_base", "none") != "none":
+            est = estimate_quantized(cfg, spec)
+        elif family_of(cfg).source == "book":
+            est = estimate_finetune_book(cfg, spec)
+        else:
+            est = estimate_finetune(cfg, spec)
         if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
             est.transients.update(bnb_extra_lines(spec, [n for _, n, _ in trainable_params(cfg, spec)], est.notes))
         return est

@@ -8,12 +8,12 @@ not close enough. attention="sdpa" swaps in F.scaled_dot_product_attention(is_ca
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
-
-from ..config import GPT2Config
 
 
 class MultiHeadAttention(nn.Module):
@@ -122,7 +122,7 @@ class GPTModel(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        if isinstance(cfg, GPT2Config):
+        if not isinstance(cfg, dict):  # a GPT2Config (planner/arch/gpt2_book.py): its fields by name
             cfg = {k: getattr(cfg, k) for k in ("vocab_size", "context_length", "emb_dim", "n_heads",
                                                  "n_layers", "drop_rate", "qkv_bias", "attention")}
         self.tok_emb = nn.Embedding(cfg["vocab_size"], cfg["emb_dim"])
@@ -147,3 +147,10 @@ class GPTModel(nn.Module):
         x = self.final_norm(x)
         logits = self.out_head(x)
         return logits
+
+
+def calc_loss_batch(input_batch, target_batch, model, on_phase: Callable[[str], None]):
+    """LLMs-from-scratch ch05: cross-entropy over the flattened logits; `logits` dies on return."""
+    logits = model(input_batch)
+    on_phase("loss")
+    return F.cross_entropy(logits.flatten(0, 1), target_batch.flatten())

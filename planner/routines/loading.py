@@ -16,7 +16,7 @@ import torch
 from ..accounting import tensor_inventory
 from ..config import ConfigError, ModelConfig, checkpoint_dtype, config_to_dict
 from ..estimate.loading import MANIFEST, cache_key
-from ..models import build_model
+from . import build_model
 
 METHODS = ("baseline", "sequential", "meta", "mmap", "per-tensor", "safetensors", "safetensors-copy")
 

@@ -21,6 +21,7 @@ import torch
 from ..arch import family_of
 from ..config import ConfigError, ModelConfig
 from ..spec import TrainSpec
+from . import fake_mode_of
 
 
 def require_bitsandbytes() -> None:
@@ -53,7 +54,7 @@ def load_quantized(cfg: ModelConfig, spec: TrainSpec, device: torch.device):
     hf_logging.disable_progress_bar()
     family = family_of(cfg)
     model = family.build(cfg, device, "bfloat16")
-    fake = _fake_mode_of(model)
+    fake = fake_mode_of(model)
     if fake is not None:  # planner/simulate.py: nothing to write or read
         model = _quantize_fake_model(model, spec, device)
     else:
@@ -87,12 +88,6 @@ def quant_state_tensors(model) -> list[torch.Tensor]:
         if type(state).__name__ == "MatmulLtState":
             out += [state.SCB, state.CB]  # CB is the weight's own int8 data (one storage, counted once)
     return [t for t in out if isinstance(t, torch.Tensor)]
-
-
-def _fake_mode_of(model):
-    from .training import _fake_mode_of as fake_mode_of
-
-    return fake_mode_of(model)
 
 
 def _quantize_fake_model(model, spec: TrainSpec, device: torch.device):

@@ -14,13 +14,13 @@ from contextlib import nullcontext
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ModelConfig
-from ..models import TORCH_DTYPES, build_model
+from ..models import TORCH_DTYPES
 from ..spec import TrainSpec
+from . import build_model, fake_mode_of
 
 # Hyper-parameters do not change memory; these are the book's ch05 AdamW settings and common defaults.
 LEARNING_RATE = 4e-4
@@ -75,13 +75,6 @@ def _optimizer_tensors(optimizer) -> list[torch.Tensor]:
     return out + [v for v in getattr(optimizer, "name2qmap", {}).values() if isinstance(v, torch.Tensor)]
 
 
-def calc_loss_batch(input_batch, target_batch, model, on_phase: Callable[[str], None]):
-    """LLMs-from-scratch ch05: cross-entropy over the flattened logits; `logits` dies on return."""
-    logits = model(input_batch)
-    on_phase("loss")
-    return F.cross_entropy(logits.flatten(0, 1), target_batch.flatten())
-
-
 def apply_finetuning(model, cfg: ModelConfig, spec: TrainSpec):
     """Freeze what does not train (planner/finetune.py: the family inventory's roles decide, by the names
     the inventory shares with the model), or wrap the model with peft's LoRA as its users do:
@@ -98,7 +91,7 @@ def apply_finetuning(model, cfg: ModelConfig, spec: TrainSpec):
                             target_modules=list(lora_target_names(family, cfg, spec)), bias="none",
                             # a custom nn.Module (the book's GPT-2) has no transformers conventions: plain PeftModel
                             task_type="CAUSAL_LM" if family.source == "transformers" else None)
-        fake = _fake_mode_of(model)
+        fake = fake_mode_of(model)
         if fake is None:
             return get_peft_model(model, config)
         return _peft_on_fake_model(model, config, fake)
@@ -106,14 +99,6 @@ def apply_finetuning(model, cfg: ModelConfig, spec: TrainSpec):
     for name, p in model.named_parameters():
         p.requires_grad_(name in keep)
     return model
-
-
-def _fake_mode_of(model):
-    """The FakeTensorMode a simulated model's parameters belong to (planner/simulate.py), else None."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    p = next(model.parameters(), None)
-    return p.fake_mode if isinstance(p, FakeTensor) else None
 
 
 def _peft_on_fake_model(model, config, fake_mode):
