@@ -7,9 +7,10 @@ peft's QLoRA recipe (peft docs, "Quantization"; transformers' BitsAndBytesConfig
      load_in_4bit, bnb_4bit_quant_type, bnb_4bit_compute_dtype=bf16, bnb_4bit_use_double_quant; int8 =
      load_in_8bit. Every nn.Linear but the output head becomes bnb's Linear4bit (Params4bit: uint8 packed
      weights of shape (out*in/2, 1) and a QuantState whose tensors are not parameters) or Linear8bitLt;
-  3. peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing): freezes
-     everything, casts every non-quantized bf16 parameter (norms, embeddings, head, biases) to fp32 and, with
-     checkpointing, enables it (use_reentrant=False, as the planner's other rows);
+  3. peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False): freezes everything and
+     casts every non-quantized bf16 parameter (norms, embeddings, head, biases) to fp32; with checkpointing the
+     step then enables it as for every run (activation_checkpointing_enable, use_reentrant=False), which is
+     what peft's use_gradient_checkpointing=True does through transformers' deprecated alias;
   4. get_peft_model(model, LoraConfig(...)) (planner/routines/training.py apply_finetuning).
 """
 from __future__ import annotations
@@ -65,9 +66,11 @@ def load_quantized(cfg: ModelConfig, spec: TrainSpec, device: torch.device):
                                                          dtype=torch.bfloat16, attn_implementation=cfg.attention,
                                                          device_map=str(device))
     model.train()
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing,
-                                            gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
+    # Checkpointing is enabled by the caller as for every other run (family.enable_checkpointing:
+    # transformers' activation_checkpointing_enable, non-reentrant). prepare_model_for_kbit_training would call
+    # the deprecated gradient_checkpointing_enable alias (peft 0.21, utils/other.py) with the same kwargs and,
+    # with use_reentrant=False, nothing else: the same model, without transformers' FutureWarning.
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
 def quant_state_tensors(model) -> list[torch.Tensor]:

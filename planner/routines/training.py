@@ -10,6 +10,7 @@ Precision modes: fp32; fp16-amp (autocast fp16 + GradScaler); bf16-amp (autocast
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 from typing import Callable
 
@@ -92,9 +93,13 @@ def apply_finetuning(model, cfg: ModelConfig, spec: TrainSpec):
                             # a custom nn.Module (the book's GPT-2) has no transformers conventions: plain PeftModel
                             task_type="CAUSAL_LM" if family.source == "transformers" else None)
         fake = fake_mode_of(model)
-        if fake is None:
-            return get_peft_model(model, config)
-        return _peft_on_fake_model(model, config, fake)
+        with warnings.catch_warnings():
+            # peft 0.21's PeftModel.__init__ reads transformers' deprecated `is_gradient_checkpointing`
+            # (peft_model.py); the model's checkpointing was enabled with activation_checkpointing_enable
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+            if fake is None:
+                return get_peft_model(model, config)
+            return _peft_on_fake_model(model, config, fake)
     keep = trainable_names(family, cfg, spec)
     for name, p in model.named_parameters():
         p.requires_grad_(name in keep)
@@ -138,7 +143,7 @@ class TrainingStep:
         else:
             self.model = build_model(cfg, self.device, spec.param_dtype)
         self.model.train()
-        if spec.checkpointing and spec.quantize_base == "none":
+        if spec.checkpointing:
             self.family.enable_checkpointing(self.model)
         if spec.finetuning:
             self.model = apply_finetuning(self.model, cfg, spec)
