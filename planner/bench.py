@@ -17,6 +17,7 @@ from dataclasses import fields, replace
 
 from .config import GPT2Config, LlamaConfig, ModelConfig
 from .estimate.training import estimate_training
+from .bench_common import FINETUNE_GAP_BAR_PCT, _cpu_count, _torch_version, _version, finetune_gap, write_section  # noqa: F401 (re-exported)
 from .spec import PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 ACCURACY_BAR_PCT = 2.0  # issue #3: worst |error| on CPU
@@ -193,18 +194,6 @@ def finetune_book_grid(quick: bool = False) -> list[tuple[str, ModelConfig, Trai
     return rows[::7] if quick else rows
 
 
-# A documented gap (planner/estimate/finetune.py known_gap): rows it names are held to this looser bar
-# (none are named now: the recompute transients that were the gap are modelled).
-FINETUNE_GAP_BAR_PCT = 6.0
-
-
-def finetune_gap(label_cfg_spec) -> str | None:
-    from .estimate.finetune import known_gap
-
-    _, cfg, spec = label_cfg_spec
-    return known_gap(cfg, spec)
-
-
 FINETUNE_QUANT_BAR_PCT = 2.0  # issue #12: QLoRA (a bitsandbytes-quantized base) within 2% of the measured step
 # (label, TrainSpec fields) of the QLoRA rows (planner/estimate/quantized.py): peft's recipe on a base that
 # bitsandbytes quantized (nf4 / fp4, with and without double quantization), LoRA on attention (peft's default
@@ -361,7 +350,7 @@ def finetune_book_markdown(text: str) -> str:
 
 def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=print,
                  simulate: bool = False) -> list[dict]:
-    """Estimate and measure each row; with `simulate`, also simulate it on fake tensors (planner.simulate)."""
+    """Estimate and measure each row; with `simulate`, also simulate it on fake tensors (planner.measure.simulate)."""
     from .config import config_to_dict
     from .runner import run_worker
 
@@ -399,7 +388,7 @@ def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=p
 
 def _simulate_row(label: str, cfg: ModelConfig, spec: TrainSpec, in_process: bool) -> dict:
     if in_process:
-        from .simulate import simulate_training
+        from .measure.simulate import simulate_training
 
         return simulate_training(cfg, spec)
     from dataclasses import asdict
@@ -439,15 +428,6 @@ def families_markdown(results: dict[str, list[dict]], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _version(package: str) -> str:
-    try:
-        from importlib.metadata import version
-
-        return version(package)
-    except Exception:  # noqa: BLE001
-        return "?"
-
-
 def accuracy_markdown(results: list[dict], device: str) -> str:
     worst = max(abs(r["error_pct"]) for r in results)
     simulated = all("simulated_bytes" in r for r in results)
@@ -470,49 +450,6 @@ def accuracy_markdown(results: list[dict], device: str) -> str:
         lines.append(f"| {r['config']} | {r['estimate_bytes']:,} | {r['measured_bytes']:,} |{sim} {r['error_pct']:+.3f} "
                      f"| {r['estimated_phase']} | {r['measured_phase']} |")
     return "\n".join(lines) + "\n"
-
-
-def write_section(path, text: str) -> None:
-    """Put `text` (a markdown section whose first line is its `# ` heading) in the file at `path`: it replaces
-    the section with the same heading line, else it is appended; the file's other sections are kept."""
-    from pathlib import Path
-
-    path = Path(path)
-    heading = text.splitlines()[0]
-    old = path.read_text() if path.exists() else ""
-    sections, current = [], []
-    for line in old.splitlines(keepends=True):
-        if line.startswith("# ") and current:
-            sections.append("".join(current))
-            current = []
-        current.append(line)
-    if current:
-        sections.append("".join(current))
-    body = text if text.endswith("\n") else text + "\n"
-    for i, sec in enumerate(sections):
-        if sec.splitlines()[0] == heading:
-            sections[i] = body + ("\n" if i < len(sections) - 1 else "")
-            break
-    else:
-        if sections and not sections[-1].endswith("\n\n"):
-            sections[-1] += "\n"
-        sections.append(body)
-    path.write_text("".join(sections))
-
-
-def _cpu_count() -> int:
-    import os
-
-    return os.cpu_count() or 1
-
-
-def _torch_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("torch")
-    except Exception:  # noqa: BLE001
-        return "?"
 
 
 def speed_report() -> str:

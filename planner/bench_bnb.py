@@ -60,7 +60,7 @@ def small_tensor_counts(cfg, spec) -> tuple[int, int]:
 
 
 def bnb_markdown(rows, results: list[dict], gaps: list[bool]) -> str:
-    from .bench import _version
+    from .bench_common import _version
 
     modelled = [r for r, g in zip(results, gaps) if not g]
     worst = max(abs(r["error_pct"]) for r in modelled)
@@ -158,7 +158,7 @@ def write_subsection(path, text: str) -> None:
 
 
 def main(quick: bool = False, out: str | None = None, device: str = "cpu", progress=print) -> tuple[int, str]:
-    from .bench import finetune_gap
+    from .bench_common import finetune_gap
 
     rows = bnb_grid(quick)
     results = run_bnb(rows, device=device, progress=progress)

@@ -137,7 +137,7 @@ def _gib(b: int) -> str:
 
 
 def markdown(results: list[dict], large: list[dict]) -> str:
-    from .bench import _cpu_count, _torch_version
+    from .bench_common import _cpu_count, _torch_version
 
     worst = max(abs(r["error_pct"]) for r in results)
     worst_sim = max(abs(r["sim_error_pct"]) for r in results)
@@ -176,7 +176,7 @@ def main(quick: bool = False, out: str | None = None) -> int:
     text = markdown(results, large)
     print(text)
     if out:  # its own section of the file (docs/accuracy.md holds the other benchmarks' too)
-        from .bench import write_section
+        from .bench_common import write_section
 
         write_section(out, text)
     worst = max(abs(r["error_pct"]) for r in results + large)

@@ -120,7 +120,7 @@ def _measure(label: str, cfg: ModelConfig, spec: TrainSpec, simulate: bool = Tru
 
 
 def _simulate(cfg: ModelConfig, spec: TrainSpec) -> dict:
-    """The same step on fake CUDA tensors (planner.simulate with this CUDA build): live bytes, no GPU memory."""
+    """The same step on fake CUDA tensors (planner.measure.simulate with this CUDA build): live bytes, no GPU memory."""
     from .runner import run_worker
 
     sim = run_worker({"kind": "simulate", "config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=900)

@@ -1,5 +1,5 @@
 """`python -m planner bench simulate`: the formula (planner.estimate.training) against a simulation of the real
-step on fake tensors (planner.simulate) for every preset at realistic full-size settings, on any machine.
+step on fake tensors (planner.measure.simulate) for every preset at realistic full-size settings, on any machine.
 
 Each row runs in a fresh child (planner.runner.run_worker, payload kind "simulate"), so its time and peak RSS
 are the simulator's own (torch's import included). No torch in this process.
@@ -71,14 +71,14 @@ def run_simulate_bench(rows=FULL_SIZE_ROWS, timeout_s: float = 600, progress=pri
 
 
 def simulate_markdown(results: list[dict]) -> str:
-    from .bench import _cpu_count, _torch_version
+    from .bench_common import _cpu_count, _torch_version
 
     worst = max(abs(r["error_pct"]) for r in results)
     lines = ["# Formula vs simulation at full size (cpu)", "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
              f"Python {platform.python_version()}, torch {_torch_version()}.",
              "Command: `python -m planner bench simulate --out docs/accuracy.md`. Simulated = the real training step "
-             "(the one `measure` runs) on fake tensors, its exact peak of live tensor bytes (planner/simulate.py; equal "
+             "(the one `measure` runs) on fake tensors, its exact peak of live tensor bytes (planner/measure/simulate.py; equal "
              "to the measurement to the byte on the grid above); nothing is allocated, so every row runs on this machine "
              "whatever its size. Time and RSS are the simulating child's own (wall time of its build, warm-up and "
              "tracked steps; peak RSS of the whole process, torch included).", "",
@@ -97,7 +97,7 @@ def simulate_markdown(results: list[dict]) -> str:
 
 
 def main(quick: bool = False, out: str | None = None) -> int:
-    from .bench import write_section
+    from .bench_common import write_section
 
     results = run_simulate_bench(QUICK_ROWS if quick else FULL_SIZE_ROWS)
     text = simulate_markdown(results)

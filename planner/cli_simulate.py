@@ -7,7 +7,7 @@ RUN is measure train's (--batch-size, --seq-len, --precision, --optimizer, ...).
 `measure train` prints (peak_bytes, peak_phase, phase_peak_bytes, persistent_bytes, optimizer_bytes, timeline)
 with "kind": "simulate", the simulator's cost (sim_time_s, sim_peak_rss_bytes) and, for a preset or config,
 the "estimate" block and error_pct, so estimate, simulate and measure compare field by field. The timeline's
-x is "op" (the op's index in the step). planner.simulate says how the step's data-dependent reads are answered.
+x is "op" (the op's index in the step). planner.measure.simulate says how the step's data-dependent reads are answered.
 
 --module runs YOUR code: the file is imported and the function called in the child (planner/routines/
 user_module.py says what the file may define). There is no RAM guard: fake tensors allocate nothing.
@@ -21,6 +21,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from .cli_args import ESTIMATE_KEYS, EXIT_INVALID, _add_model, _add_run, _estimate_record, parse_train
 from .config import ConfigError, config_to_dict
 from .spec import WHATIF_POINTS, TrainSpec, check_device
 from .units import fmt_bytes
@@ -29,8 +30,6 @@ from .units import fmt_bytes
 def add_simulate(top, command) -> None:
     """Add `simulate train` to the top-level subparsers of planner.cli.build_parser (`command` adds a
     subcommand with its sentence of help)."""
-    from .cli import _add_model, _add_run
-
     sim = command(top, "simulate", "Run the real training step on fake tensors: the exact peak of any model at "
                                    "full size, with no memory used.")
     sub = sim.add_subparsers(dest="what", required=True, parser_class=type(sim), metavar="WHAT")
@@ -141,8 +140,6 @@ def parse_simulate(args: argparse.Namespace) -> tuple:
 
 
 def _parse_simulate(args: argparse.Namespace) -> tuple:
-    from .cli import parse_train
-
     if not (args.module or args.model or args.config):
         raise ConfigError("give one of --model PRESET, --config FILE.json or --module FILE.py:FUNCTION")
     if not args.module:
@@ -170,7 +167,6 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
 
 
 def cmd_simulate_train(args: argparse.Namespace) -> int:
-    from .cli import ESTIMATE_KEYS, EXIT_INVALID, _estimate_record
     from .runner import run_worker
 
     cfg, spec, module = parse_simulate(args)

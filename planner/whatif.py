@@ -3,7 +3,7 @@
 For a fixed model and settings, the live bytes after each op of the training step are a polynomial in the
 batch size b and the sequence length s with terms 1, s, s^2, b*s, b*s^2 (weights and optimizer state are
 constant; activations are b*s*width; attention scores b*s^2; position tables and causal masks s or s^2), as
-long as the step runs the same ops. So: simulate a few (b, s) points (planner.simulate, trace=True), check
+long as the step runs the same ops. So: simulate a few (b, s) points (planner.measure.simulate, trace=True), check
 that their op sequences are identical, fit each op's five coefficients by least squares, and the peak at
 any (b, s) is the maximum over ops of those polynomials (a matrix-vector product: microseconds).
 

@@ -76,7 +76,7 @@ def test_simulate_whatif_invalid_input_is_one_line(module):
 
 def fitted(module: Path) -> dict:
     """The fit the page would make, here in-process (the child is tested above)."""
-    from planner.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
     from planner.whatif import fit_whatif
 
     return fit_whatif(None, TrainSpec(2, 16, **RUN), module=(str(module), "make_model"),

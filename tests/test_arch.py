@@ -208,10 +208,10 @@ def test_mistral_equals_llama_inside_the_window_and_says_what_changes_beyond():
 
 @pytest.mark.parametrize("family", HF_FAMILIES)
 def test_simulate_equals_measure_on_the_family(family):
-    """The fake-tensor step takes the real step's branches on transformers' models too (planner.simulate:
+    """The fake-tensor step takes the real step's branches on transformers' models too (planner.measure.simulate:
     real_run_branches, the packed-sequence read): equal to the byte, phase by phase, on two rows per family
     (SDPA with checkpointing where the family has SDPA, and a bf16 row without)."""
-    from planner.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
 
     rows = family_grid(family, quick=True)
     ckpt = [r for r in rows if " ckpt" in r[0]]

@@ -85,7 +85,7 @@ def test_simulate_equals_measure_for_adamw8bit(kw):
     """bitsandbytes' optimizer on fake tensors (its qmaps made real, then faked; its CPU kernel run under the
     tracker, its inner bitsandbytes ops on their registered fake kernels): the same bytes, phase by phase."""
     from planner.measure.training import measure_training
-    from planner.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
 
     cfg = config_from_dict({**TINY, "model_type": "qwen2"})
     spec = TrainSpec(2, 32, optimizer="adamw-8bit", **kw)

@@ -65,10 +65,10 @@ def test_grads_and_optimizer_state_are_the_trainable_parameters(kw, precision):
 @pytest.mark.parametrize("kw", [dict(precision="bf16", lora_r=4, lora_targets="all-linear", lora_dropout=0.1),
                                 dict(precision="fp32", lora_r=16, checkpointing=True, optimizer="sgd")])
 def test_simulate_equals_measure_on_lora_rows(kw):
-    """peft's adapters on a fake-tensor model (planner/simulate.py): the simulated step equals the real one,
+    """peft's adapters on a fake-tensor model (planner/measure/simulate.py): the simulated step equals the real one,
     to the byte, phase by phase."""
     from planner.measure.training import measure_training
-    from planner.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
 
     cfg = config_from_dict({**TINY, "model_type": "qwen2"})
     spec = TrainSpec(2, 32, **kw)
@@ -203,7 +203,7 @@ def test_simulate_equals_measure_on_qlora():
     """The simulated QLoRA step (bitsandbytes' ops have fake kernels; the packed weight is quantized on a fake
     tensor, see planner/routines/quantized.py _quantize_fake_model) equals the real one, phase by phase."""
     from planner.measure.training import measure_training
-    from planner.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
 
     spec = TrainSpec(2, 16, "bf16", lora_r=4, lora_targets="all-linear", lora_dropout=0.1, checkpointing=True,
                      quantize_base="nf4", double_quant=True)
@@ -329,7 +329,7 @@ def test_book_gpt2_lora_targets_and_trainable_bytes():
 
 def test_book_gpt2_simulate_equals_measure_on_a_lora_row():
     from planner.measure.training import measure_training
-    from planner.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
 
     cfg = config_from_dict(BOOK_TINY)
     spec = TrainSpec(2, 16, "fp32", "adamw", lora_r=4, lora_targets="W_query,W_value", lora_dropout=0.1,

@@ -1,4 +1,4 @@
-"""Simulation on fake tensors (planner.simulate): equal to measurement to the byte, any module, one-line errors."""
+"""Simulation on fake tensors (planner.measure.simulate): equal to measurement to the byte, any module, one-line errors."""
 import json
 import subprocess
 import sys
@@ -12,7 +12,7 @@ from planner.bench import ACCURACY_BAR_PCT, accuracy_grid, run_accuracy
 from planner.config import GPT2Config, LlamaConfig
 from planner.measure.tracker import LiveBytesTracker
 from planner.measure.training import _PhaseRecorder, measure_training
-from planner.simulate import SimulationError, simulate_training
+from planner.measure.simulate import SimulationError, simulate_training
 from planner.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parent.parent

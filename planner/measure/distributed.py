@@ -350,7 +350,7 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
     pspec None simulates the run on one device (no process group, no wrapper)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..simulate import real_run_branches
+    from .simulate import real_run_branches
 
     if spec.device_type != "cpu":
         raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
@@ -360,7 +360,7 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
         mesh = make_mesh(pspec, device) if pspec is not None and pspec.parallel == "fsdp" else None
         with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
             step = build_step(cfg, spec, pspec, device, mesh, simulated=True) if pspec else TrainingStep(cfg, spec)
-            with real_run_branches():  # transformers takes its real-tensor branches (planner.simulate)
+            with real_run_branches():  # transformers takes its real-tensor branches (planner.measure.simulate)
                 result = _run_steps(step, lambda: DistLiveBytesTracker(fake_scalars=True), lambda e: None, rank, False,
                                     device, max_timeline_points)
     result["simulated"] = True

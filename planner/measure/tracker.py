@@ -87,7 +87,7 @@ def python_kernel(func, args):
     sees such an op as one call returning nothing and runs it with the mode off, which would hide its fp32
     temporaries (up to 24 bytes per element of the parameter: planner/estimate/bnb_optim.py). So the tracker
     runs that very Python function itself, under the mode. Only on CPU tensors (on CUDA the op is one C
-    kernel that allocates nothing, and the allocator's own counter is read). Fake tensors (planner/simulate.py)
+    kernel that allocates nothing, and the allocator's own counter is read). Fake tensors (planner/measure/simulate.py)
     are CPU tensors too: the function's inner bitsandbytes ops then run their registered fake kernels."""
     if func.__name__ not in ("optimizer_update_8bit_blockwise.default", "optimizer_update_32bit.default"):
         return None

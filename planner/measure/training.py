@@ -84,7 +84,7 @@ def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], ma
     step_time = time.perf_counter() - t0
     rss_after = procmem.read_status()
     result: dict = {
-        "kind": "measure",  # planner.simulate's records say "simulate"
+        "kind": "measure",  # planner.measure.simulate's records say "simulate"
         "device": str(device),
         "step_time_s": step_time,
         "rss_before_bytes": rss_before.get("VmRSS", 0),

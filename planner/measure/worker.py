@@ -67,8 +67,8 @@ def main(argv: list[str]) -> int:
     from ..spec import TrainSpec
     from .training import measure_training
 
-    if payload.get("kind") == "simulate":  # planner.simulate: the step on fake tensors
-        from ..simulate import worker_main
+    if payload.get("kind") == "simulate":  # planner.measure.simulate: the step on fake tensors
+        from .simulate import worker_main
 
         return worker_main(payload, emit)
     cfg = config_from_dict(payload["config"])

@@ -15,7 +15,7 @@ def build_model(cfg, device="cpu", dtype: str = "float32"):
 
 
 def fake_mode_of(model):
-    """The FakeTensorMode a simulated model's parameters belong to (planner/simulate.py), else None."""
+    """The FakeTensorMode a simulated model's parameters belong to (planner/measure/simulate.py), else None."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     p = next(model.parameters(), None)

@@ -56,7 +56,7 @@ def load_quantized(cfg: ModelConfig, spec: TrainSpec, device: torch.device):
     family = family_of(cfg)
     model = family.build(cfg, device, "bfloat16")
     fake = fake_mode_of(model)
-    if fake is not None:  # planner/simulate.py: nothing to write or read
+    if fake is not None:  # planner/measure/simulate.py: nothing to write or read
         model = _quantize_fake_model(model, spec, device)
     else:
         with tempfile.TemporaryDirectory(prefix="planner-qlora-") as folder:
@@ -94,7 +94,7 @@ def quant_state_tensors(model) -> list[torch.Tensor]:
 
 
 def _quantize_fake_model(model, spec: TrainSpec, device: torch.device):
-    """The simulated twin of step 2 (planner/simulate.py builds the bf16 model on fake tensors; a fake
+    """The simulated twin of step 2 (planner/measure/simulate.py builds the bf16 model on fake tensors; a fake
     checkpoint cannot be written): what transformers' bitsandbytes quantizer does on from_pretrained, done
     in place. Every nn.Linear but the output head (transformers' get_keys_to_not_convert) becomes a
     bitsandbytes Linear4bit(in, out, bias, compute_dtype=bf16, compress_statistics=double_quant, quant_type),

@@ -58,7 +58,7 @@ def make_bnb_optimizer(params, spec: TrainSpec) -> torch.optim.Optimizer:
     fake = next((p.fake_mode for p in params if isinstance(p, FakeTensor)), None)
     if fake is None:
         return make(params, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    # A simulated step (planner/simulate.py): Optimizer8bit.__init__ builds its quantization maps from Python
+    # A simulated step (planner/measure/simulate.py): Optimizer8bit.__init__ builds its quantization maps from Python
     # lists (functional.create_dynamic_map reads torch.linspace(...).tolist()), which fake tensors cannot
     # answer. So it is built with fake tensors off, and its two maps are replaced by fake tensors of the same
     # shape, dtype and device: the step holds what the real one holds.

@@ -64,12 +64,12 @@ from torch._subclasses import fake_tensor as _fake
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .config import ModelConfig
-from .measure import procmem
-from .measure.tracker import LiveBytesTracker
-from .measure.training import PHASES, _PhaseRecorder, downsample
-from .routines import training as _training_routine
-from .spec import TrainSpec
+from ..config import ModelConfig
+from ..routines import training as _training_routine
+from ..spec import TrainSpec
+from . import procmem
+from .tracker import LiveBytesTracker
+from .training import PHASES, _PhaseRecorder, downsample
 
 _TRAINING_FILE = str(Path(_training_routine.__file__).resolve())
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -162,7 +162,7 @@ def fake_error_message(exc: BaseException) -> str | None:
     """One line for an op fake tensors cannot run (naming the op and the calling line), else None."""
     if not isinstance(exc, _FAKE_ERRORS):
         return None
-    from .routines.user_module import user_frame
+    from ..routines.user_module import user_frame
 
     op = getattr(exc, "func", None)
     name = str(op) if op is not None else (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -201,7 +201,7 @@ def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[
     except BaseException as exc:
         message = fake_error_message(exc)
         if message is None and module is not None and isinstance(exc, Exception):
-            from .routines.user_module import exception_line
+            from ..routines.user_module import exception_line
 
             message = f"the module failed in {_phase(holder)}: {exception_line(exc)}"
         if message is None:
@@ -247,7 +247,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False)
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
     with FakeTensorMode(allow_non_fake_inputs=True):
         if module is not None:
-            from .routines.user_module import ModuleError, ModuleTrainingStep
+            from ..routines.user_module import ModuleError, ModuleTrainingStep
 
             try:
                 step = ModuleTrainingStep(Path(module[0]), module[1], spec, guard=_guard)
@@ -318,7 +318,7 @@ class _OpTracker(LiveBytesTracker):
 
 def _guard(call: Callable[[], object]) -> object:
     """Run user code; an op fake tensors cannot run becomes an error naming the op (not "make_model() raised")."""
-    from .routines.user_module import ModuleError
+    from ..routines.user_module import ModuleError
 
     try:
         return call()
@@ -332,7 +332,7 @@ def worker_main(payload: dict, emit: Callable[[dict], None]) -> int:
     """planner.measure.worker's "simulate" payload: {"kind": "simulate", "spec": {...}, and "config": {...}
     or "module": [path, function], optionally "trace": true}. Exit 0 with a result event; 2 with an error event for what cannot be
     simulated (the CLI's invalid input); an unexpected failure is a traceback (the runner's exit 3)."""
-    from .config import config_from_dict
+    from ..config import config_from_dict
 
     spec = TrainSpec(**payload["spec"])
     cfg = config_from_dict(payload["config"]) if payload.get("config") else None

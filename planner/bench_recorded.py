@@ -1,0 +1,105 @@
+"""Every accuracy grid's measurements, recorded once, so the estimate is held to all of them in seconds.
+
+    python -m planner bench record [--grid accuracy|families|finetune|finetune-book|qlora|8bit|all]
+
+A row is measured exactly as `measure train` measures it (planner.measure.training.measure_training, the
+live-bytes tracker), in one process for the whole grid: a fresh TrainingStep per row holds the same bytes as a
+fresh child (checked: the recorded file's own freshness test re-measures rows in a child). Each grid's file,
+tests/data/measured/<grid>.jsonl, starts with a header line (the versions measured on, the date, the bar) and
+has one line per row: its label, the config and spec as JSON, and the measured peak and phase peaks.
+
+The estimate reads no file: tests/test_recorded.py re-estimates every recorded row with the code as it is now
+and holds it to the grid's bar, so a change to an estimator is checked against ~1,700 real measurements in a
+few seconds. The measurements go stale only when torch, transformers, peft or bitsandbytes change: the header
+names their versions, the test refuses a file recorded on other versions, and `bench record` renews it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+RECORD_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
+PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
+
+
+def grids() -> dict[str, tuple[float, callable]]:
+    """grid name -> (its bar in percent, the function that lists its rows), from the benchmarks that own them."""
+    from . import bench
+    from .bench_bnb import BNB_BAR_PCT, bnb_grid
+
+    def families_rows():
+        from .arch import families
+        return [row for fam in families() for row in bench.family_grid(fam)]
+
+    return {"accuracy": (bench.ACCURACY_BAR_PCT, bench.accuracy_grid),
+            "families": (bench.FAMILY_BAR_PCT, families_rows),
+            "finetune": (bench.FINETUNE_BAR_PCT, bench.finetune_grid),
+            "finetune-book": (bench.FINETUNE_BAR_PCT, bench.finetune_book_grid),
+            "qlora": (bench.FINETUNE_QUANT_BAR_PCT, bench.finetune_qlora_grid),
+            "8bit": (BNB_BAR_PCT, bnb_grid)}
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def record_row(label: str, cfg, spec) -> dict:
+    from .config import config_to_dict
+    from .measure.training import measure_training
+
+    meas = measure_training(cfg, spec)
+    return {"label": label, "config": config_to_dict(cfg), "spec": asdict(spec), "peak_bytes": meas["peak_bytes"],
+            "peak_phase": meas["peak_phase"], "phase_peak_bytes": meas["phase_peak_bytes"]}
+
+
+def record(name: str, out_dir: Path = RECORD_DIR, progress=print) -> Path:
+    """Measure every row of one grid (in this process) and write its file; returns the path."""
+    bar, rows_of = grids()[name]
+    rows = rows_of()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.jsonl"
+    tmp = path.with_suffix(".jsonl.part")
+    with tmp.open("w") as fh:
+        fh.write(json.dumps({"grid": name, "bar_pct": bar, "rows": len(rows), "versions": versions(),
+                             "date": datetime.date.today().isoformat()}) + "\n")
+        for i, (label, cfg, spec) in enumerate(rows):
+            fh.write(json.dumps(record_row(label, cfg, spec)) + "\n")
+            progress(f"{name} {i + 1}/{len(rows)} {label}")
+    tmp.replace(path)  # a run cut short leaves the last complete file in place
+    return path
+
+
+def load(path: Path) -> tuple[dict, list[dict]]:
+    lines = path.read_text().splitlines()
+    return json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+
+
+def re_estimate(row: dict) -> tuple[int, float]:
+    """(estimated peak, error in percent against the recorded measurement) with the estimator as it is now."""
+    from .config import config_from_dict
+    from .estimate.training import estimate_training
+    from .spec import TrainSpec
+
+    est = estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"]))
+    return est.peak_bytes, 100.0 * (est.peak_bytes - row["peak_bytes"]) / row["peak_bytes"]
+
+
+def main(grid: str = "all", progress=print) -> int:
+    names = list(grids()) if grid == "all" else [grid]
+    for name in names:
+        path = record(name, progress=progress)
+        header, rows = load(path)
+        worst = max((abs(re_estimate(r)[1]) for r in rows), default=0.0)
+        progress(f"{name}: {len(rows)} rows recorded in {path.name}; worst |estimate error| {worst:.3f}% "
+                 f"(bar {header['bar_pct']}%)")
+    return 0

@@ -1,0 +1,121 @@
+"""The command line's shared vocabulary (no torch): the MODEL and RUN options every train command takes,
+their parsing into a validated (config, TrainSpec), the estimate record printed beside a measurement, and
+the exit codes. planner/cli.py (the parser and the commands) and the commands in their own files
+(planner/cli_simulate.py, ...) import it; it imports none of them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+
+from . import cli_parallel
+from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
+from .spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
+from .units import fmt_bytes
+
+EXIT_INVALID, EXIT_FAILED = 2, 3
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help=f"a preset: {', '.join(PRESETS)} (give --model or --config)")
+    p.add_argument("--config", help="a JSON config file: the planner's own ({\"arch\": ...}, e.g. the book's "
+                                    "GPT-2 keys) or a Hugging Face config.json (model_type llama, mistral, qwen2, ...)")
+
+
+def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_required: bool = True) -> None:
+    p.add_argument("--batch-size", type=int, required=batch_required,
+                   help="samples per micro-batch" if batch_required else
+                   "samples per micro-batch (default: none, and fit reports the largest batch that fits)")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sample (at most the model's context)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="fp32 (the default; bf16 with --quantize-base); fp16-amp / bf16-amp (autocast, fp32 master "
+                        "weights); bf16 (everything in bf16)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer whose states are held")
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
+                   help="PyTorch's optimizer kernel; default is its own pick (for-loop on CPU, foreach on CUDA)")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    p.add_argument("--attention", choices=ATTENTION_KINDS,
+                   help="attention kernel (default: the model's own, as its config says)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--loss", choices=LOSSES, default="default",
+                   help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
+                        "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
+                        "returned logits")
+    p.add_argument("--train-layers", default="all",
+                   help="fine-tuning: which parameters train: all; head (output projection and final norm); "
+                        "last:N (the last N blocks, the final norm and an untied head); the rest is frozen")
+    p.add_argument("--lora-r", type=int, default=None,
+                   help="fine-tuning with peft LoRA of this rank on a frozen base (default: none, no LoRA)")
+    p.add_argument("--lora-alpha", type=float, default=8.0, help="LoRA alpha (peft's default; no effect on memory)")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout probability (default: 0, peft's)")
+    p.add_argument("--lora-targets", default="",
+                   help="LoRA target modules, comma-separated (e.g. q_proj,v_proj), or all-linear (every linear "
+                        "layer but the output head) (default: peft's default for the model type)")
+    p.add_argument("--quantize-base", choices=("nf4", "fp4", "int8"), default=None,
+                   help="QLoRA: the frozen base's linear layers quantized by bitsandbytes (needs --lora-r; computes "
+                        "in bf16: implies --precision bf16; measuring needs bitsandbytes installed) (default: none, "
+                        "no quantization)")
+    p.add_argument("--double-quant", action="store_true",
+                   help="QLoRA: bnb_4bit_use_double_quant (the 4-bit absmax quantized again, 8-bit per 256)")
+    p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
+                   help="cpu, cuda or cuda:N" + (" (required)" if device_required else ""))
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
+
+
+def progress(text: str) -> None:
+    """One progress line on stderr (stdout stays the command's answer)."""
+    print(f"planner: {text}", file=sys.stderr, flush=True)
+
+
+def parse_train(args) -> tuple:
+    cfg = resolve_model(args.model, args.config)
+    check_device(args.device)
+    spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
+                     optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
+                     optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
+                     **finetune_args(args))
+    if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
+        raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
+                          "for one process)")
+    return prepare(cfg, spec, args.attention), spec
+
+
+def finetune_args(args) -> dict:
+    """TrainSpec's fine-tuning fields from --train-layers and --lora-* (the LoRA options need --lora-r)."""
+    if args.lora_r is not None and args.lora_r <= 0:
+        raise ConfigError(f"--lora-r must be positive, got {args.lora_r}")
+    if args.lora_r is None and (args.lora_targets or args.lora_dropout):
+        raise ConfigError("--lora-targets and --lora-dropout need --lora-r R")
+    out = {"train_layers": args.train_layers, "lora_r": args.lora_r or 0, "lora_alpha": args.lora_alpha,
+           "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets}
+    if getattr(args, "quantize_base", None) or getattr(args, "double_quant", False):
+        out.update(quantize_base=args.quantize_base or "none", double_quant=bool(args.double_quant))
+    return out
+
+
+def default_precision(args) -> None:
+    """--precision's default: fp32, or bf16 with --quantize-base (QLoRA computes in bf16)."""
+    if getattr(args, "precision", "") is None:
+        args.precision = "bf16" if getattr(args, "quantize_base", None) else "fp32"
+
+
+def _estimate_record(cfg, spec) -> dict:
+    from .estimate.training import estimate_training
+
+    est = estimate_training(cfg, spec).to_dict()
+    return {"model": config_to_dict(cfg), "run": asdict(spec), **est}
+
+
+def _print_table(rec: dict, keys: list[str]) -> None:
+    width = max(len(k) for k in keys)
+    for k in keys:
+        v = rec.get(k)
+        if isinstance(v, int) and k.endswith("_bytes"):
+            print(f"{k:<{width}}  {fmt_bytes(v):>12}  ({v:,} B)")
+        elif v is not None:
+            print(f"{k:<{width}}  {v}")
+
+
+ESTIMATE_KEYS = ["params_bytes", "buffers_bytes", "inputs_bytes", "grads_bytes", "optimizer_bytes",
+                 "activations_bytes", "peak_bytes", "peak_phase"]
