@@ -9,22 +9,15 @@ import streamlit as st
 
 from pages import frame
 
+from planner.api import component_rows, phase_rows, step_run
 from planner.charts import PHASE_ORDER, grouped_bars, timeline
 from planner.config import ConfigError, config_to_dict, model_label
-from planner.distributed import check_real_ranks
-from planner.estimate.distributed import estimate_distributed
-from planner.estimate.training import estimate_training
 from planner.finetune import describe_tuning
-from planner.fit import max_batch_size
 from planner.jobs import Job, JobBusy, running_pid
-from planner.parallel import ParallelSpec
-from planner.spec import TrainSpec, prepare, run_args
+from planner.spec import TrainSpec
 from planner.store import RunStore
 from planner.units import fmt_bytes
 
-# A CPU run may use at most this share of the free RAM (the CLI applies the same guard): the estimate
-# counts live tensors; torch itself and allocator slack need the rest.
-RAM_SHARE = 0.8
 TIMEOUT_S = 600
 ENDED = {"failed": "Failed", "timeout": "Timed out"}
 
@@ -34,56 +27,32 @@ if cfg is None:
     st.stop()
 settings = st.session_state.get("run_settings") or {"spec": dataclasses.asdict(TrainSpec(2, min(128, cfg.max_seq_len))),
                                                    "attention": cfg.attention, "budget": None}
-spec = TrainSpec(**settings["spec"])
-gpu = st.session_state.get("gpu")
-if spec.device_type == "cuda" and not gpu:
-    spec = dataclasses.replace(spec, device="cpu")
-    st.caption("No GPU here: the step is measured on the CPU (live tensor bytes and RSS).")
 try:
-    run_cfg = prepare(cfg, spec, settings.get("attention"))
-    pspec = ParallelSpec(**settings["parallel"]) if settings.get("parallel") else None
+    run = step_run(cfg, TrainSpec(**settings["spec"]), settings.get("attention"), settings.get("parallel"),
+                   settings.get("budget"), st.session_state.get("gpu"), psutil.virtual_memory().available)
 except ConfigError as exc:  # settings made for another model (a longer context)
     st.error(f"{exc}. Change the settings on the Planner page.")
     st.stop()
-# One device: the training estimate; data parallel: the per-rank estimate (the largest rank on top).
-est = estimate_distributed(run_cfg, spec, pspec) if pspec else estimate_training(run_cfg, spec)
-budget = settings.get("budget") or (gpu["total_bytes"] if gpu and spec.device_type == "cuda"
-                                    else psutil.virtual_memory().available)
+spec, run_cfg, pspec, est, budget = run.spec, run.cfg, run.parallel, run.estimate, run.budget_bytes
+for note in run.notes:
+    st.caption(note)
 name = st.session_state.get("model_name") or model_label(cfg)  # the frame names presets and pasted configs
 st.write(f"**{name}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.precision}, "
          f"{spec.optimizer}, {'checkpointing, ' if spec.checkpointing else ''}{run_cfg.attention} attention, "
          f"grad. accumulation {spec.grad_accum}, on {spec.device}" + (f", {describe_tuning(spec)}" if spec.finetuning else "")
          + (f", **{pspec.label}** (batch per rank)" if pspec else "") + ". Change these on the Planner page.")
-st.metric("Estimated peak" + (" per rank" if pspec else ""), fmt_bytes(est.peak_bytes), help=f"phase: {est.peak_phase}")
-
-limit = RAM_SHARE * psutil.virtual_memory().available if spec.device_type == "cpu" else budget
-refused = est.peak_bytes > limit
-if pspec:
-    try:  # the CLI refuses the same (exit 2): more ranks than this machine runs, or more RAM than it has
-        check_real_ranks(pspec, spec.device, est.peak_bytes + est.host_bytes)
-        refused = False
-    except ConfigError as exc:
-        refused = True
-        st.warning(f"Not measured here: {str(exc).removeprefix('refused: ')}. Simulate runs any number of ranks.")
-elif refused:
-    best, _ = max_batch_size(run_cfg, spec, int(limit))
-    st.error(f"Not started: the estimated peak {fmt_bytes(est.peak_bytes)} exceeds the {fmt_bytes(limit)} this "
-             f"machine can give it. The largest batch that fits is {best}; the Planner page lists other changes.")
+st.metric("Estimated peak" + (" per rank" if pspec else ""), fmt_bytes(est["peak_bytes"]), help=f"phase: {est['peak_phase']}")
+refused = run.refused
+if refused:
+    (st.warning if pspec else st.error)(run.refusal)
 
 
 def start(kind: str = "measure") -> None:
     """Start `python -m planner measure|simulate train` for these settings (the job writes and removes the
     config file)."""
-    args = [kind, "train", *run_args(spec), "--json", "--progress", "--timeout", str(TIMEOUT_S)]
-    if pspec:
-        args += ["--world-size", str(pspec.world_size), "--parallel", pspec.parallel]
-        if pspec.parallel == "fsdp":
-            args += ["--reshard-after-forward", str(pspec.reshard_after_forward).lower()]
-            args += ["--mp-param-dtype", pspec.mp_param_dtype] if pspec.mp_param_dtype else []
-            args += ["--mp-reduce-dtype", pspec.mp_reduce_dtype] if pspec.mp_reduce_dtype else []
-            args += ["--cpu-offload"] if pspec.cpu_offload else []
     try:
-        st.session_state["job"] = Job(args, timeout_s=TIMEOUT_S + 30, config=config_to_dict(run_cfg)).start()
+        st.session_state["job"] = Job(run.child_args(kind, TIMEOUT_S), timeout_s=TIMEOUT_S + 30,
+                                      config=config_to_dict(run_cfg)).start()
         st.session_state["job_kind"] = kind
         st.session_state.pop("train_result", None)
     except JobBusy as exc:
@@ -123,10 +92,10 @@ def job_panel() -> None:
         status = "failed" if state == "done" and "peak_bytes" not in record else state
         kind = st.session_state.pop("job_kind", "measure")
         st.session_state["train_result"] = {"state": status, "record": record, "stderr": job.stderr(),
-                                            "estimate": est.to_dict(), "budget": budget, "kind": kind}
+                                            "estimate": est, "budget": budget, "kind": kind}
         RunStore().save("train", name, {**dataclasses.asdict(spec), "attention": run_cfg.attention,
                                         **({"parallel": pspec.label} if pspec else {})}, spec.device,
-                        est.peak_bytes, record.get("peak_bytes"), {"kind": kind, **record}, status)
+                        est["peak_bytes"], record.get("peak_bytes"), {"kind": kind, **record}, status)
         del st.session_state["job"]
         st.rerun()
 
@@ -167,19 +136,10 @@ def show_result() -> None:
             st.caption(f"Peak RSS of the child {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s"
                        + (f"; max_memory_reserved {fmt_bytes(rec['peak_reserved_bytes'])}"
                           if "peak_reserved_bytes" in rec else ""))
-        phases = pd.DataFrame([{"phase": p, "source": src, "bytes": val}
-                               for p in e["phase_peak_bytes"]
-                               for src, val in (("estimate", e["phase_peak_bytes"][p]),
-                                                (what.lower(), rec["phase_peak_bytes"].get(p, 0)))])
+        phases = pd.DataFrame(phase_rows(e, rec, what.lower()))
         c1, c2 = st.columns(2)
         c1.altair_chart(grouped_bars(phases, "phase", "Peak of each phase", order=PHASE_ORDER))
-        comp = pd.DataFrame([{"component": "persistent (weights, batch, optimizer)", "source": "estimate",
-                              "bytes": e["params_bytes"] + e["buffers_bytes"] + e["inputs_bytes"] + e["optimizer_bytes"]
-                              + e["transients"].get("gradscaler", 0)},
-                             {"component": "persistent (weights, batch, optimizer)", "source": what.lower(),
-                              "bytes": rec["persistent_bytes"]},
-                             {"component": "optimizer state", "source": "estimate", "bytes": e["optimizer_bytes"]},
-                             {"component": "optimizer state", "source": what.lower(), "bytes": rec["optimizer_bytes"]}])
+        comp = pd.DataFrame(component_rows(e, rec, what.lower()))
         c2.altair_chart(grouped_bars(comp, "component", "Bytes"))
         if rec.get("timeline"):
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
@@ -200,10 +160,7 @@ def show_ranks(rec: dict, e: dict, what: str) -> None:
     per_rank = pd.DataFrame([{"rank": f"rank {r['rank']}", "source": src, "bytes": val}
                              for r in rec["ranks"]
                              for src, val in (("estimate", r["estimate_bytes"]), (what.lower(), r["peak_bytes"]))])
-    phases = pd.DataFrame([{"phase": p, "source": src, "bytes": val}
-                           for p in e["phase_peak_bytes"]
-                           for src, val in (("estimate", e["phase_peak_bytes"][p]),
-                                            (what.lower(), rec["phase_peak_bytes"].get(p, 0)))])
+    phases = pd.DataFrame(phase_rows(e, rec, what.lower()))
     c1, c2 = st.columns(2)
     c1.altair_chart(grouped_bars(per_rank, "rank", "Peak of each rank"))
     c2.altair_chart(grouped_bars(phases, "phase", "Peak of each phase (largest rank)", order=PHASE_ORDER))

@@ -40,6 +40,7 @@ import threading
 from dataclasses import asdict
 
 from . import cli_parallel
+from .api import RAM_GUARD_FRACTION  # the guard the Training step page applies too
 from .bnb import require_bitsandbytes
 from .cli_args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_run, _estimate_record, _print_table,
                        default_precision, parse_train, progress)
@@ -47,9 +48,6 @@ from .config import ConfigError, config_to_dict, resolve_model, with_dtype
 from .spec import check_device
 from .units import fmt_bytes, parse_size
 
-# A CPU measurement may use at most this share of the RAM that is available when it starts: the
-# estimate is of live tensors, and the process adds allocator slack and torch itself (~0.3-0.5 GB).
-RAM_GUARD_FRACTION = 0.8
 
 
 class UsageError(Exception):

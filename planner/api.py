@@ -1,0 +1,103 @@
+"""What a page asks the planner for a run it may start, in one call (no torch, no streamlit).
+
+The Training step page reads its settings, calls `step_run` once and renders: the estimate it compares with
+(the per-rank one under data parallelism), the budget, the memory a CPU run may take, whether the run is
+refused here and why (in the words the command line uses), the child's command line for measure and simulate,
+and the component table that sets a finished record beside the estimate. The command line applies the same
+guard (RAM_GUARD_FRACTION), so the page and `python -m planner measure` refuse the same runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .config import ConfigError, ModelConfig
+from .parallel import ParallelSpec
+from .spec import TrainSpec, prepare, run_args
+from .units import fmt_bytes
+
+# A CPU measurement may use at most this share of the RAM that is available when it starts: the estimate
+# is of live tensors, and the process adds allocator slack and torch itself (~0.3-0.5 GB).
+RAM_GUARD_FRACTION = 0.8
+
+
+@dataclass
+class StepRun:
+    cfg: ModelConfig                 # the model as the run uses it (attention override applied, validated)
+    spec: TrainSpec
+    parallel: ParallelSpec | None
+    estimate: dict                   # TrainEstimate.to_dict() or, with `parallel`, DistEstimate.to_dict()
+    budget_bytes: int                # the device's memory (cuda) or the RAM available now (cpu), or as given
+    limit_bytes: int                 # what the run's estimated peak may reach here before it is refused
+    refusal: str = ""                # "" when the run may be measured here; else one line saying why not
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.refusal)
+
+    def child_args(self, kind: str = "measure", timeout_s: int = 600) -> list[str]:
+        """`python -m planner measure|simulate train ...` for exactly these settings (the job adds the config)."""
+        args = [kind, "train", *run_args(self.spec), "--json", "--progress", "--timeout", str(timeout_s)]
+        p = self.parallel
+        if p:
+            args += ["--world-size", str(p.world_size), "--parallel", p.parallel]
+            if p.parallel == "fsdp":
+                args += ["--reshard-after-forward", str(p.reshard_after_forward).lower()]
+                args += ["--mp-param-dtype", p.mp_param_dtype] if p.mp_param_dtype else []
+                args += ["--mp-reduce-dtype", p.mp_reduce_dtype] if p.mp_reduce_dtype else []
+                args += ["--cpu-offload"] if p.cpu_offload else []
+        return args
+
+
+def step_run(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None, parallel: dict | None = None,
+             budget_bytes: int | None = None, gpu: dict | None = None, available_ram: int = 0) -> StepRun:
+    """The run the page shows for these settings: raises ConfigError (one line) for settings that do not fit
+    this model. `gpu` is planner.fit.gpu_info()'s answer (None without one); on a machine without a GPU a
+    cuda run is measured on the CPU instead, and a note says so."""
+    from .distributed import check_real_ranks
+    from .estimate.distributed import estimate_distributed
+    from .estimate.training import estimate_training
+    from .fit import max_batch_size
+
+    notes = []
+    if spec.device_type == "cuda" and not gpu:
+        spec = dataclasses.replace(spec, device="cpu")
+        notes.append("No GPU here: the step is measured on the CPU (live tensor bytes and RSS).")
+    run_cfg = prepare(cfg, spec, attention)
+    pspec = ParallelSpec(**parallel) if parallel else None
+    est = estimate_distributed(run_cfg, spec, pspec) if pspec else estimate_training(run_cfg, spec)
+    budget = budget_bytes or (gpu["total_bytes"] if gpu and spec.device_type == "cuda" else available_ram)
+    limit = int(RAM_GUARD_FRACTION * available_ram) if spec.device_type == "cpu" else budget
+    refusal = ""
+    if pspec:
+        try:  # the CLI refuses the same (exit 2): more ranks than this machine runs, or more RAM than it has
+            check_real_ranks(pspec, spec.device, est.peak_bytes + est.host_bytes)
+        except ConfigError as exc:
+            refusal = (f"Not measured here: {str(exc).removeprefix('refused: ')}. "
+                       "Simulate runs any number of ranks.")
+    elif est.peak_bytes > limit:
+        best, _ = max_batch_size(run_cfg, spec, int(limit))
+        refusal = (f"Not started: the estimated peak {fmt_bytes(est.peak_bytes)} exceeds the {fmt_bytes(limit)} this "
+                   f"machine can give it. The largest batch that fits is {best}; the Planner page lists other changes.")
+    return StepRun(run_cfg, spec, pspec, est.to_dict(), budget, limit, refusal, notes)
+
+
+def component_rows(estimate: dict, record: dict, source: str) -> list[dict]:
+    """The finished record beside the estimate, component by component (component, source, bytes): what
+    lives through the whole step (weights, buffers, the batch, optimizer state, the fp16 loss scaler) and the
+    optimizer state alone. The record's persistent_bytes is the tracker's count of the same tensors."""
+    persistent = (estimate["params_bytes"] + estimate["buffers_bytes"] + estimate["inputs_bytes"]
+                  + estimate["optimizer_bytes"] + estimate.get("transients", {}).get("gradscaler", 0))
+    label = "persistent (weights, batch, optimizer)"
+    return [{"component": label, "source": "estimate", "bytes": persistent},
+            {"component": label, "source": source, "bytes": record["persistent_bytes"]},
+            {"component": "optimizer state", "source": "estimate", "bytes": estimate["optimizer_bytes"]},
+            {"component": "optimizer state", "source": source, "bytes": record["optimizer_bytes"]}]
+
+
+def phase_rows(estimate: dict, record: dict, source: str) -> list[dict]:
+    """The peak of each phase, estimated and from the record (phase, source, bytes)."""
+    return [{"phase": p, "source": src, "bytes": val}
+            for p in estimate["phase_peak_bytes"]
+            for src, val in (("estimate", estimate["phase_peak_bytes"][p]), (source, record["phase_peak_bytes"].get(p, 0)))]
