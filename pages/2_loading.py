@@ -5,11 +5,11 @@ import streamlit as st
 
 from pages import frame
 
-from planner.bench import NOTEBOOK_GPT2_XL
 from planner.charts import grouped_bars
 from planner.config import CHECKPOINT_DTYPES, checkpoint_dtype, config_to_dict, model_label, with_dtype
 from planner.estimate.loading import METHODS, cache_plan, estimate_loading, measure_refusal, recommend
 from planner.jobs import Job, JobBusy
+from planner.reference import NOTEBOOK_GPT2_XL
 from planner.routines_paths import default_cache_dir
 from planner.store import RunStore
 from planner.units import fmt_bytes

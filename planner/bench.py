@@ -15,9 +15,10 @@ import platform
 import time
 from dataclasses import fields, replace
 
+from .bench_common import FINETUNE_GAP_BAR_PCT, _cpu_count, _torch_version, _version, finetune_gap, write_section  # noqa: F401 (re-exported)
 from .config import GPT2Config, LlamaConfig, ModelConfig
 from .estimate.training import estimate_training
-from .bench_common import FINETUNE_GAP_BAR_PCT, _cpu_count, _torch_version, _version, finetune_gap, write_section  # noqa: F401 (re-exported)
+from .reference import NOTEBOOK_GPT2_XL
 from .spec import PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 ACCURACY_BAR_PCT = 2.0  # issue #3: worst |error| on CPU
@@ -497,9 +498,6 @@ def planner_page_rows(n: int = 20) -> list[str]:
 
 
 LOADING_BAR = (0.05, 32 * 2**20)  # issue #4: each figure within 5% or 32 MiB of the measurement
-# The seed notebook's GPT-2 XL fp32 figures (Colab L4, torch 2.4.1, GB = 1024**3), for reference.
-NOTEBOOK_GPT2_XL = {"baseline": (12.8, 4.4), "sequential": (6.7, 6.3), "meta": (12.8, 1.3), "mmap": (6.4, 5.9),
-                    "per-tensor": (6.4, 0.3)}
 
 
 def raw_read_gb_s(paths) -> float:

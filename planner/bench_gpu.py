@@ -204,7 +204,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def gpu_markdown(records_dir: str) -> str:
     """docs/gpu.md from the records of `bench gpu`, with today's estimator beside each measurement."""
-    from .bench import NOTEBOOK_GPT2_XL
+    from .reference import NOTEBOOK_GPT2_XL
     from .config import config_from_dict
     from .estimate.loading import estimate_loading
     from .estimate.training import estimate_training

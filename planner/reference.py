@@ -34,3 +34,9 @@ UNSLOTH_LLAMA31_8B = LongestContext(
         "Hugging Face + FA2": {8: None, 12: 932, 16: 2_551, 24: 5_789, 40: 12_264, 48: 15_502, 80: 28_454},
     },
 )
+
+
+# The seed notebook's GPT-2 XL fp32 loading figures, method -> (GPU GB, CPU GB) peaks (LLMs-from-scratch
+# ch05 memory-efficient loading notebook, Colab L4, torch 2.4.1, GB = 1024**3): shown beside ours, as theirs.
+NOTEBOOK_GPT2_XL = {"baseline": (12.8, 4.4), "sequential": (6.7, 6.3), "meta": (12.8, 1.3), "mmap": (6.4, 5.9),
+                    "per-tensor": (6.4, 0.3)}
