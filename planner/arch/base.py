@@ -57,6 +57,7 @@ class Family:
     lora_default_targets: ClassVar[tuple[str, ...]] = ()
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
+    qlora_supported: ClassVar[bool] = True  # with lora_supported, a transformers decoder: QLoRA measured on it
 
     # ---- configs -------------------------------------------------------------------------------------
     def presets(self) -> dict[str, Any]:

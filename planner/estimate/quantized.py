@@ -91,8 +91,7 @@ def check_supported(cfg, spec) -> None:
                           "MatMul8bitFp on the CPU, which keeps each linear's fp32 input and dequantizes the weight to "
                           "fp32 in forward and backward; the measuring child runs it); use nf4 or fp4")
     family = family_of(cfg)
-    if (not family.lora_supported or not getattr(family, "qlora_supported", True)
-            or getattr(family, "source", "") != "transformers"):
+    if not (family.lora_supported and family.qlora_supported and family.source == "transformers"):
         raise ConfigError(f"QLoRA is estimated for transformers' decoders with LoRA so far, not {family.arch}")
 
 
