@@ -1,0 +1,52 @@
+"""Every recorded measurement of every accuracy grid, re-estimated with the code as it is now.
+
+tests/data/measured/<grid>.jsonl holds the real steps `python -m planner bench record` measured (planner/
+bench_recorded.py); here the estimate of each row is held to its grid's bar, which takes seconds for all of
+them, so a change to any estimator meets ~1,700 real measurements on every test run. The measurements are
+checked too: one row of each grid is measured again in a fresh child and must equal its record to the byte
+(a file recorded on other library versions is refused: renew it with `bench record --grid NAME`).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from planner.bench_recorded import RECORD_DIR, load, re_estimate, versions
+
+FILES = sorted(RECORD_DIR.glob("*.jsonl"))
+
+
+def test_every_grid_is_recorded():
+    from planner.bench_recorded import grids
+
+    assert {p.stem for p in FILES} == set(grids())
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_every_recorded_row_within_its_grid_bar(path):
+    header, rows = load(path)
+    assert header["versions"] == versions(), f"{path.name} was measured on other versions: bench record --grid {path.stem}"
+    assert len(rows) == header["rows"] > 0
+    misses = []
+    for row in rows:
+        est, err = re_estimate(row)
+        if abs(err) > header["bar_pct"]:
+            misses.append(f"{row['label']}: estimate {est:,} vs measured {row['peak_bytes']:,} ({err:+.3f}%)")
+    assert not misses, f"{len(misses)} of {len(rows)} rows beyond {header['bar_pct']}%:\n" + "\n".join(misses[:20])
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_a_recorded_row_is_what_a_fresh_child_measures(path):
+    """The record is a real measurement: the middle row of each grid, measured again in a child
+    (`measure train`'s own process), equals it to the byte, phase by phase."""
+    from planner.runner import run_worker
+    from planner.spec import TrainSpec
+
+    _, rows = load(path)
+    row = rows[len(rows) // 2]
+    spec = TrainSpec(**row["spec"])
+    out = run_worker({"config": row["config"], "spec": asdict(spec)}, timeout_s=300)
+    assert out.exit_code == 0, out.stderr[-2000:]
+    assert out.record["peak_bytes"] == row["peak_bytes"], row["label"]
+    assert out.record["phase_peak_bytes"] == row["phase_peak_bytes"], row["label"]
