@@ -17,9 +17,10 @@ import psutil
 import streamlit as st
 
 from planner.accounting import param_count
-from planner.config import PRESETS, ConfigError, GPT2Config, config_to_dict, parse_config_text
+from planner.arch import family_of
+from planner.config import PRESETS, ConfigError, config_to_dict, parse_config_text
 from planner.fit import default_budget, gpu_info
-from planner.units import fmt_bytes
+from planner.units import fmt_bytes, fmt_count
 
 LINKS = [("app.py", "Planner", ":material/tune:"), ("pages/1_training.py", "Training step", ":material/speed:"),
          ("pages/2_loading.py", "Weight loading", ":material/download:"), ("pages/3_runs.py", "Runs", ":material/history:"),
@@ -51,13 +52,6 @@ def md_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "\\`*_{}[]<>()#+-.!|~$:" else ch for ch in text)
 
 
-def human_count(n: int) -> str:
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.3g}{unit}"
-    return str(n)
-
-
 def pasted_model(text: str) -> tuple[str, str, object]:
     """(id for the URL, display name, config) of a pasted config; raises ConfigError if it is invalid.
     The id is a short hash of the parsed config (spacing and key order do not change it); the name is the
@@ -67,7 +61,7 @@ def pasted_model(text: str) -> tuple[str, str, object]:
     data = json.loads(text)
     own = data.get("name") or data.get("_name_or_path")
     name = f"{own} (pasted {digest})" if isinstance(own, str) and own else \
-        f"pasted {cfg.arch} {human_count(param_count(cfg))} ({digest})"
+        f"pasted {cfg.arch} {fmt_count(param_count(cfg))} ({digest})"
     return f"pasted-{digest}", name, cfg
 
 
@@ -181,10 +175,8 @@ def frame(title: str, picker: bool = True):
         if not valid:
             st.caption(md_escape(f"Still showing the last valid model: {name}."))
         st.caption(md_escape(f"{name}: {param_count(cfg):,} parameters, context {cfg.max_seq_len:,}."))
-        if isinstance(cfg, GPT2Config):
-            n, head = param_count(cfg), cfg.vocab_size * cfg.emb_dim
-            st.caption(md_escape(f"{human_count(n)} here: the book's GPT-2 has its own output head ({head:,}); "
-                                 f"Hugging Face's ties it to the token embedding: {n - head:,} ({human_count(n - head)})."))
+        if note := family_of(cfg).count_note(cfg):
+            st.caption(md_escape(note))
         st.divider()
         gpu = _machine()
     if st.query_params.get("model") != c["model"]:

@@ -15,6 +15,14 @@ def fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def fmt_count(n: int) -> str:
+    """A parameter count as people say it: 124M, 1.1B, 46.7K."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
+
+
 def parse_size(text: str) -> int:
     """'24GiB', '800MB', '1.5 GB' or plain bytes -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))

@@ -221,3 +221,11 @@ def test_simulate_equals_measure_on_the_family(family):
         sim, meas = simulate_training(cfg, spec), measure_training(cfg, spec)
         assert sim["peak_bytes"] == meas["peak_bytes"], label
         assert sim["phase_peak_bytes"] == meas["phase_peak_bytes"], label
+
+
+def test_count_note_only_where_the_count_differs_from_the_published_one():
+    """The book's GPT-2 has its own output head: the Planner's model caption says what the published (tied)
+    count is; families counted as published say nothing."""
+    note = families()["gpt2"].count_note(PRESETS["gpt2-small"])
+    assert "124,439,808" in note and "38,597,376" in note  # HF GPT-2's published count; the book's head
+    assert families()["llama"].count_note(PRESETS["llama-3-8b"]) == ""

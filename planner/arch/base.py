@@ -113,6 +113,10 @@ class Family:
     def inventory(self, cfg) -> list[TensorSpec]:
         raise NotImplementedError
 
+    def count_note(self, cfg) -> str:
+        """A line beside the parameter count when it differs from what users know the model by ("" if not)."""
+        return ""
+
     def tied(self, cfg) -> bool:
         """True when the output head shares the token embedding's weight."""
         return bool(getattr(cfg, "tie_word_embeddings", False))

@@ -90,6 +90,14 @@ class BookGPT2(Family):
     def tied(self, cfg) -> bool:
         return False
 
+    def count_note(self, c) -> str:
+        """The book's GPT-2 has its own output head; published GPT-2 counts (124M) tie it to the embedding."""
+        from ..units import fmt_count
+
+        n, head = sum(t.numel for t in self.inventory(c) if t.kind == "param"), c.vocab_size * c.emb_dim
+        return (f"{fmt_count(n)} here: the book's GPT-2 has its own output head ({head:,}); "
+                f"Hugging Face's ties it to the token embedding: {n - head:,} ({fmt_count(n - head)}).")
+
     def inventory(self, c: GPT2Config) -> list[TensorSpec]:
         h, ctx = c.emb_dim, c.context_length
         specs = [TensorSpec("tok_emb.weight", (c.vocab_size, h), "param", role="embed"),
