@@ -215,6 +215,61 @@ class RMSDecoder(HFCausalLM):
         tensor."""
         return spec.batch_size * spec.seq_len * c.hidden_size * w.e_r if w.e_r < 4 else 0
 
+    # ---- fine-tuning: what the block saves when only some tensors need grad ----------------------------
+    # planner/estimate/finetune.py walks the block in order and asks these for the family's own pieces; torch
+    # saves an op's input only for the grads it must compute (a mul saves each operand for the other's grad).
+    def ft_norm(self, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
+                where: str = "block") -> list[Term]:
+        """transformers' RMSNorm: x.float() (a copy below fp32), x * rsqrt(mean(x^2) + eps), weight * normed:
+        its fp32 input and rsqrt when its input needs grad, its normed x when its weight trains."""
+        per_layer = where == "block"
+        terms = []
+        if rg_in:
+            terms.append(Term(f"{label}: fp32 input, rsqrt (input needs grad)", "4*b*s*h + 4*b*s",
+                              4 * b * s * h + 4 * b * s, per_layer, where, part))
+        if trains:
+            terms.append(Term(f"{label}: normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r, per_layer, where, part))
+        return terms
+
+    def ft_post_norm(self, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str,
+                     where: str = "block") -> tuple[list[Term], bool]:
+        """A norm on a sublayer's output before its residual add (Gemma 2's sandwich norms): its saves and whether
+        its output needs grad. Llama-shaped blocks have none: the sublayer's output passes as it is."""
+        return [], rg_in
+
+    def ft_qk_norm(self, x: parts.Shape, b: int, s: int, e: int, q: bool, k: bool,
+                   qk_trains: bool) -> tuple[list[Term], bool, bool]:
+        """Qwen 3's q_norm / k_norm (RMSNorm over head_dim, models/qwen3/modeling_qwen3.py; parts.head_rms_norms
+        for full training): each saves its fp32 input and an fp32 rsqrt per head when its input (the
+        projection's output) needs grad, and its normed x (e_m) when its weight trains; a training norm weight
+        makes its output need grad. Returns the terms and whether q and k then need grad."""
+        if not self.qk_norm:
+            return [], q, k
+        terms = []
+        for name, rg, heads in (("q_norm", q, x.a), ("k_norm", k, x.kv)):
+            if rg:
+                terms.append(Term(f"{name}: fp32 input, rsqrt (input needs grad)", "4*b*s*heads*d + 4*b*s*heads",
+                                  4 * b * s * heads * x.d + 4 * b * s * heads, True))
+            if qk_trains:
+                terms.append(Term(f"{name}: normed x (weight trains)", "b*s*heads*d*e_m", b * s * heads * x.d * e, True))
+        return terms, q or qk_trains, k or qk_trains
+
+    def ft_attention_extra(self, c, x: parts.Shape, b: int, s: int, e: int, q: bool, k: bool) -> list[Term]:
+        """Saves of the family's own eager-attention ops beyond the scores, softmax and values (none here)."""
+        return []
+
+    def ft_head_extra(self, c, b: int, s: int, e: int) -> list[Term]:
+        """Saves after the output head beyond its input (none here)."""
+        return []
+
+    def ft_final_norm_released(self, out: list[Term], h: int) -> int:
+        """Bytes the final norm's backward has released before its high point (none for Llama's RMSNorm)."""
+        return 0
+
+    def mask_count(self, c) -> int:
+        """Additive attention masks the model's forward builds and keeps through its layers (one here)."""
+        return 1
+
     # ---- backward high points -------------------------------------------------------------------------
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """In-block high points of a pre-norm RMSNorm + gated-MLP block's backward, read off the live-bytes

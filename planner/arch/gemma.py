@@ -50,7 +50,6 @@ class Gemma(RMSDecoder):
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers GemmaForCausalLM"
     grid_options = {"hidden_act": "gelu_pytorch_tanh", "head_dim": 32}
-    norm_one_plus_weight = True  # GemmaRMSNorm: x * rsqrt(...) * (1 + weight), in fp32 (planner/estimate/finetune.py)
     lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py, bench finetune)
     qlora_supported = False  # QLoRA (planner/estimate/quantized.py) not measured on the Gemma families yet
 
@@ -93,6 +92,30 @@ class Gemma(RMSDecoder):
         super().restore_buffers(model, cfg, device)
         emb = model.model.embed_tokens
         emb.embed_scale = torch.tensor(emb.scalar_embed_scale, device=device, dtype=emb.weight.dtype)
+
+
+    def ft_norm(self, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
+                where: str = "block") -> list[Term]:
+        """GemmaRMSNorm (models/gemma/modeling_gemma.py; parts.gemma_rms_norm for full training):
+        self._norm(x.float()) * (1.0 + self.weight.float()), all in fp32, then type_as(x). By what needs grad:
+        its fp32 input and rsqrt, and the fp32 (1 + weight) (h wide) when its input needs grad; the fp32 normed
+        x (not e_r, as Llama's) when its weight trains."""
+        per_layer = where != "head"
+        terms = []
+        if rg_in:
+            terms.append(Term(f"{label}: fp32 input, rsqrt, 1 + weight (input needs grad)", "4*b*s*h + 4*b*s + 4*h",
+                              4 * b * s * h + 4 * b * s + 4 * h, per_layer, where, part))
+        if trains:
+            terms.append(Term(f"{label}: fp32 normed x (weight trains)", "4*b*s*h", 4 * b * s * h, per_layer, where,
+                              part))
+        return terms
+
+    def ft_final_norm_released(self, out: list[Term], h: int) -> int:
+        """GemmaRMSNorm's last op's backward (the product with 1 + weight) has released what it saved, the fp32
+        normed x (weight trains) and 1 + weight, before the rsqrt chain's fp32 temporaries (measured on the op
+        timeline: gemma / gemma2 V97 h96 b4 s8 last:1 bf16, 12,672 B of the family's point)."""
+        released = sum(t.bytes for t in out if t.name.startswith("final norm: fp32 normed x"))
+        return released + (4 * h if any(t.name.startswith("final norm: fp32 input") for t in out) else 0)
 
 
 FAMILY = Gemma()

@@ -64,7 +64,6 @@ class Gemma2(Gemma):
     config_cls = Gemma2Config
     description = "transformers Gemma2ForCausalLM"
     grid_options = {"head_dim": 32, "sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it
-    sandwich_norms = True  # post-attention and post-feedforward norms on the sublayers' outputs (fine-tuning terms)
 
     def presets(self) -> dict:
         # tests/data/gemma-2-2b.config.json; 2,614,341,888 parameters.
@@ -161,6 +160,30 @@ class Gemma2(Gemma):
         with the residual's grad not yet formed (the post-feedforward norm sits between them): one more
         b*s*h*e_m at the end of the MLP's backward (measured, GemmaRMSNorm blocks)."""
         return spec.batch_size * spec.seq_len * c.hidden_size * w.e_m
+
+    def ft_post_norm(self, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str,
+                     where: str = "block") -> tuple[list[Term], bool]:
+        """The sandwich norms (Gemma2DecoderLayer.forward: post_attention_layernorm on the attention's output,
+        post_feedforward_layernorm on the MLP's, each before its residual add; inventory role norm.other)."""
+        return self.ft_norm(label, b, s, h, e_r, rg_in, trains, part=part, where=where), rg_in or trains
+
+    def ft_attention_extra(self, c: Gemma2Config, x, b: int, s: int, e: int, q: bool, k: bool) -> list[Term]:
+        """eager_attention_forward soft-caps the scores (/ cap, tanh, * cap): tanh saves its output for the
+        scores' grad (attention_terms for full training)."""
+        if c.attn_logit_softcapping is None or not (q or k):
+            return []
+        return [Term("attention soft-capping tanh output", "b*a*s^2*e_m", b * x.a * s * s * e, True)]
+
+    def ft_head_extra(self, c: Gemma2Config, b: int, s: int, e: int) -> list[Term]:
+        """Gemma2ForCausalLM.forward: logits / cap, tanh, * cap; tanh saves its output (the logits need grad in
+        every fine-tuning step: the head trains or its input needs grad; outside_terms for full training)."""
+        if c.final_logit_softcapping is None:
+            return []
+        return [Term("final logit soft-capping tanh output", "b*s*V*e_m", b * s * c.vocab_size * e, where="head")]
+
+    def mask_count(self, c: Gemma2Config) -> int:
+        """Gemma2Model builds a full and a sliding-window mask and keeps both through its layers."""
+        return len(set(self.layer_types(c)))
 
     @staticmethod
     def layer_types(c: Gemma2Config) -> list[str]:

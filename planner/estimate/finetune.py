@@ -63,53 +63,6 @@ def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
     return out
 
 
-def _norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
-          where: str = "block") -> list[Term]:
-    """transformers' RMSNorm: x.float() (a copy below fp32), x * rsqrt(mean(x^2) + eps), weight * normed."""
-    per_layer = where == "block"
-    terms = []
-    if rg_in:
-        terms += [Term(f"{label}: fp32 input, rsqrt (input needs grad)", "4*b*s*h + 4*b*s", 4 * b * s * h + 4 * b * s,
-                       per_layer, where, part)]
-    if trains:
-        terms.append(Term(f"{label}: normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r, per_layer, where, part))
-    return terms
-
-
-def _gemma_norm(label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
-                where: str = "block") -> list[Term]:
-    """GemmaRMSNorm (models/gemma/modeling_gemma.py; planner/arch/parts.py gemma_rms_norm for full training):
-    self._norm(x.float()) * (1.0 + self.weight.float()), all in fp32, then type_as(x). By what needs grad
-    (torch's mul saves each operand for the other's grad): its fp32 input and rsqrt, and the fp32
-    (1 + weight) (h wide) when its input needs grad; the fp32 normed x (not e_r, as Llama's) when its
-    weight trains."""
-    per_layer = where != "head"
-    terms = []
-    if rg_in:
-        terms.append(Term(f"{label}: fp32 input, rsqrt, 1 + weight (input needs grad)", "4*b*s*h + 4*b*s + 4*h",
-                          4 * b * s * h + 4 * b * s + 4 * h, per_layer, where, part))
-    if trains:
-        terms.append(Term(f"{label}: fp32 normed x (weight trains)", "4*b*s*h", 4 * b * s * h, per_layer, where, part))
-    return terms
-
-
-def _post_norm(family, terms: list, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool,
-               part: str, where: str = "block") -> bool:
-    """Gemma 2's sandwich norms (models/gemma2/modeling_gemma2.py Gemma2DecoderLayer.forward:
-    post_attention_layernorm on the attention's output, post_feedforward_layernorm on the MLP's, each
-    before its residual add; inventory role norm.other): appends their saves to terms and returns whether
-    the normed output needs grad. Other families have none: the sublayer's output passes as it is."""
-    if not getattr(family, "sandwich_norms", False):
-        return rg_in
-    terms += _norm_of(family)(label, b, s, h, e_r, rg_in, trains, part=part, where=where)
-    return rg_in or trains
-
-
-def _norm_of(family):
-    """The family's RMSNorm saves: GemmaRMSNorm's (1 + weight) form for the Gemma families, else Llama's."""
-    return _gemma_norm if getattr(family, "norm_one_plus_weight", False) else _norm
-
-
 def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
              where: str = "block", part: str = "") -> list[Term]:
     """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
@@ -157,7 +110,6 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
     sh = family.shape(cfg)
     b, s, h, f = spec.batch_size, spec.seq_len, sh.h, sh.f
     e = w.e_r
-    pre = f"model.layers.{i}"
     inv = [t for t in tensor_inventory(cfg) if t.kind == "param" and t.block == i]
     role_trains = lambda role: any(t.name in trains for t in inv if t.role == role)
     mods = {t.name.rsplit(".", 1)[0]: t.role for t in inv if not t.is_bias}
@@ -181,22 +133,12 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
             out[m.rsplit(".", 1)[1]] = x_rg or lora or f"{m}.weight" in trains
         return out
 
-    terms += _norm_of(family)("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
+    terms += family.ft_norm("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
     n1 = g or role_trains("norm.attn")
     outs = linear_group("attn.in", n1, h, "n1")
     q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
-    if getattr(family, "qk_norm", False):
-        # Qwen 3's q_norm / k_norm (RMSNorm over head_dim, models/qwen3/modeling_qwen3.py; planner/arch/parts.py
-        # head_rms_norms for full training): each saves its fp32 input and an fp32 rsqrt per head when its
-        # input (the projection's output) needs grad, and its normed x (e_m) when its weight trains
-        qk_trains = role_trains("norm.other")
-        for name, rg, heads in (("q_norm", q, sh.a), ("k_norm", k, sh.kv)):
-            if rg:
-                terms.append(Term(f"{name}: fp32 input, rsqrt (input needs grad)", "4*b*s*heads*d + 4*b*s*heads",
-                                  4 * b * s * heads * sh.d + 4 * b * s * heads, True))
-            if qk_trains:
-                terms.append(Term(f"{name}: normed x (weight trains)", "b*s*heads*d*e_m", b * s * heads * sh.d * e, True))
-        q, k = q or qk_trains, k or qk_trains  # a training norm weight makes its output need grad
+    qk_terms, q, k = family.ft_qk_norm(sh, b, s, e, q, k, role_trains("norm.other"))  # Qwen 3's q/k norms
+    terms += qk_terms
     rope = q or k
     attn_rg = q or k or v
     if attn_rg and sh.attention == "sdpa":
@@ -206,14 +148,13 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
         shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
     elif attn_rg:
         terms += eager_attention(sh, b, s, w, q or k, q, k, v)
-        if getattr(cfg, "attn_logit_softcapping", None) is not None and (q or k):
-            # Gemma 2's eager_attention_forward soft-caps the scores (/ cap, tanh, * cap): tanh saves its
-            # output for the scores' grad (planner/arch/gemma2.py attention_terms for full training)
-            terms.append(Term("attention soft-capping tanh output", "b*a*s^2*e_m", b * sh.a * s * s * e, True))
+        terms += family.ft_attention_extra(cfg, sh, b, s, e, q, k)  # (Gemma 2's soft-capped scores)
     o = linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
-    g = _post_norm(family, terms, "post-attention norm (attention output)", b, s, h, e, any(o.values()),
-                   role_trains("norm.other"), "norm.post_attn") or g
-    terms += _norm_of(family)("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
+    post, post_rg = family.ft_post_norm("post-attention norm (attention output)", b, s, h, e, any(o.values()),
+                                        role_trains("norm.other"), "norm.post_attn")  # (Gemma 2's sandwich norms)
+    terms += post
+    g = post_rg or g
+    terms += family.ft_norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
     n2 = g or role_trains("norm.mlp")
     mlp = linear_group("mlp.in", n2, h, "n2")
     gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
@@ -227,8 +168,10 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
                           "mlp.up_out"))
     prod_rg = gate or up
     down = linear_group("mlp.out", prod_rg, f, "prod")
-    g = _post_norm(family, terms, "post-feedforward norm (MLP output)", b, s, h, e, any(down.values()),
-                   role_trains("norm.other"), "norm.post_mlp", "mlp") or g  # the MLP's saves (as block_terms)
+    post, post_rg = family.ft_post_norm("post-feedforward norm (MLP output)", b, s, h, e, any(down.values()),
+                                        role_trains("norm.other"), "norm.post_mlp", "mlp")  # the MLP's saves
+    terms += post
+    g = post_rg or g
     return terms, g, rope
 
 
@@ -255,9 +198,9 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
         mask_bytes = b * s * s * w.e_r if cfg.attention == "eager" else s * s
         terms += parts.checkpoint_inputs(sh, b, s, spec, w, masked, mask_bytes)
-        if len(set(getattr(family, "layer_types", lambda c: [])(cfg))) > 1:
-            # Gemma 2: the full and the sliding-window masks both reach the checkpointed layers
-            # (planner/arch/gemma2.py outside_terms for full training)
+        if family.mask_count(cfg) > 1:
+            # the full and the sliding-window masks both reach the checkpointed layers (Gemma 2;
+            # planner/arch/gemma2.py outside_terms for full training)
             terms.append(Term("second (sliding-window) additive mask (checkpoint input)", "b*s^2*e_r",
                               b * s * s * w.e_r, where="kept"))
         g = True
@@ -275,13 +218,10 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         if rope_saved:
             terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
     final_trains = any(t.name in trains for t in inv if t.role == "norm.final")
-    terms += _norm_of(family)("final norm", b, s, h, e, g, final_trains, where="head")
+    terms += family.ft_norm("final norm", b, s, h, e, g, final_trains, where="head")
     if any(t.name in trains for t in inv if t.role == "head"):
         terms.append(Term("lm_head input (head trains)", "b*s*h*e_m", b * s * h * e, where="head"))
-    if getattr(cfg, "final_logit_softcapping", None) is not None:
-        # Gemma2ForCausalLM.forward: logits / cap, tanh, * cap; tanh saves its output (the logits need grad
-        # in every fine-tuning step: the head trains or its input needs grad; planner/arch/gemma2.py outside_terms)
-        terms.append(Term("final logit soft-capping tanh output", "b*s*V*e_m", b * s * V * e, where="head"))
+    terms += family.ft_head_extra(cfg, b, s, e)  # (Gemma 2's soft-capped logits)
     loss_kind = resolved_loss(family, spec)
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     ce_saved = b * s * V * w.e_ce + w.e_ce + shifted_labels
@@ -447,7 +387,6 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     numels, head_n = _numels_by_block(cfg, spec, train)
     out = [t for t in terms if not t.per_layer and t.where != "loss"]
     embed_bytes = sum(t.bytes for t in out if t.where in ("embed", "kept"))
-    head_bytes = sum(t.bytes for t in out if t.where == "head")
     saved_blocks = [sum(t.bytes for t in blk) for blk in per_block]
     stash = family.stash_extra(cfg, spec, w) if spec.checkpointing else 0
     points = {}
@@ -519,12 +458,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             head_input = sum(t.bytes for t in out if t.where == "head" and t.name.startswith("lm_head input"))
             # (Gemma 2's final soft-capping tanh output is freed by its own backward before the head's)
             softcap = sum(t.bytes for t in out if t.name.startswith("final logit soft-capping"))
-            # GemmaRMSNorm: its last op's backward (the product with 1 + weight) has released what it saved, the
-            # fp32 normed x (weight trains) and 1 + weight, before the rsqrt chain's fp32 temporaries (measured on
-            # the op timeline: gemma / gemma2 V97 h96 b4 s8 last:1 bf16, 12,672 B of the family's point)
-            if getattr(family, "norm_one_plus_weight", False):
-                softcap += sum(t.bytes for t in out if t.name.startswith("final norm: fp32 normed x"))
-                softcap += 4 * h if any(t.name.startswith("final norm: fp32 input") for t in out) else 0
+            softcap += family.ft_final_norm_released(out, h)  # (GemmaRMSNorm's saves, freed by then)
             points["final norm"] = (family.head_point(cfg, spec, w, ctx) + bsh * w.e_m - head_input - softcap
                                     + (bsh * w.e_r if w.e_r < 4 else 0))
     return points
@@ -549,8 +483,7 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     fp32_saved = lambda part: w.e_r == 4 and any(t.part == part and "fp32 input" in t.name for t in last)
     rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
     mask = b * s * s * w.e_r if cfg.attention == "eager" else 0
-    # Gemma 2: Gemma2Model.forward builds a full and a sliding-window mask, both alive through its layers
-    mask *= max(1, len(set(getattr(family, "layer_types", lambda c: [])(cfg))))
+    mask *= family.mask_count(cfg)  # (Gemma 2: a full and a sliding-window mask, both alive through its layers)
     # an input an adapter saved itself (fp32 base, lora_dropout 0: lora_A saves x) is in a_before_loss already
     x_saved = lambda part: any(t.part == part and t.name.endswith("LoRA input x") for t in last)
     alive = (bsh * w.e_r  # inputs_embeds
