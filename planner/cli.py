@@ -403,7 +403,7 @@ def cmd_bench(args) -> int:
 
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
-        return bench_record(args.grid, progress=progress)
+        return bench_record(args.grid, out=args.out, progress=progress)
     if args.what == "distributed":
         from .bench_distributed import main as bench_distributed
 
