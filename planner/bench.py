@@ -640,6 +640,10 @@ def longest_context_markdown() -> str:
 
 def main(what: str, quick: bool = False, out: str | None = None, device: str = "cpu",
          family: str | None = None) -> int:
+    if family and what != "families" and not (what == "finetune" and family == "gpt2"):
+        from .config import ConfigError
+
+        raise ConfigError("--family goes with bench families (and bench finetune --family gpt2: the book's GPT-2)")
     if what == "longest-context":
         text = longest_context_markdown()
         print(text)
