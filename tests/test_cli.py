@@ -245,3 +245,11 @@ def test_fit_measure_costs_progress_on_stderr(capsys, monkeypatch, tiny_config):
     assert code == 0 and len(err.splitlines()) == 3 and all("2-block proxy" in line for line in err.splitlines())
     code, out, err = run(capsys, *args, "--json")
     assert err == "" and json.loads(out)["measured_costs"] == {"checkpointing": 1.0, "grad-accum": 1.0}
+
+
+@pytest.mark.parametrize("argv", [["bench", "accuracy", "--family", "llama"], ["bench", "finetune", "--family", "llama"],
+                                  ["bench", "families", "--family", "nosuch"]])
+def test_bench_family_refused_where_it_does_not_apply_in_one_line(argv, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "family" in err[0], err
