@@ -144,3 +144,47 @@ def test_cli_writes_the_files_and_names_them(tmp_path):
                           "2", "--seq-len", "16", "--device", "cpu", "--trace", str(tmp_path / "no" / "t.json")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert bad.returncode == 2 and "does not exist" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_training_page_shows_alive_at_peak_the_category_timeline_and_offers_the_files(tmp_path, monkeypatch):
+    """The Training step page with a recorded simulate run that exported both files (tests/replay.py)."""
+    from streamlit.testing.v1 import AppTest
+
+    from planner.store import RunStore
+    from tests.replay import ReplayJob, recorded
+
+    monkeypatch.setenv("PLANNER_DATA", str(tmp_path / "data"))
+    events = recorded("simulate_train_tiny_export.jsonl")
+    rec = events[-1]
+    snap = simulate_training(BOOK_GPT, TrainSpec(1, 8, "fp32", "sgd"),
+                             exports={"memory_snapshot": str(tmp_path / "step.pickle"), "trace": str(tmp_path / "step.json")})
+    rec["memory_snapshot"], rec["trace"] = snap["memory_snapshot"], snap["trace"]  # files of this test's own
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    at.switch_page("pages/1_training.py").run()
+    at.radio(key="source").set_value("Paste a config").run()
+    at.text_area(key="config_text").set_value(json.dumps({"arch": "gpt2", "vocab_size": 300, "context_length": 64,
+                                                          "emb_dim": 32, "n_heads": 2, "n_layers": 2,
+                                                          "drop_rate": 0.1})).run()
+    at.session_state["job"] = ReplayJob(events, "done")
+    at.session_state["job_kind"] = "simulate"
+    at.run()
+    assert not at.exception and not at.error
+    by_cat, by_module, largest = (d.value for d in at.dataframe)  # the page's only tables: alive at the peak
+    assert list(by_cat.columns[:2]) == ["category", "bytes"] and list(by_module.columns[:2]) == ["module", "bytes"]
+    assert by_cat["bytes"].sum() == rec["peak_bytes"] == by_module["bytes"].sum()
+    assert list(largest["bytes"]) == [t["bytes"] for t in rec["alive_at_peak"]["largest"]]
+    assert any(h.value.startswith("Alive at the peak") for h in at.subheader)
+    charts = at.get("arrow_vega_lite_chart") + at.get("vega_lite_chart")
+    specs = [json.loads(c.proto.spec) for c in charts]
+    area = [s for s in specs if any(l.get("mark", {}).get("type") == "area" and "category" in json.dumps(l.get("encoding"))
+                                    for l in s.get("layer", []))]
+    assert area, "the stacked category area is drawn"
+    buttons = {b.proto.label: b for b in at.get("download_button")}
+    assert {"Download memory snapshot", "Download trace"} <= set(buttons)
+    [run] = RunStore().list()
+    assert run["record"]["memory_snapshot"] == snap["memory_snapshot"]  # kept with the run
+    at.switch_page("pages/3_runs.py").run()
+    assert not at.exception
+    assert {"Download memory snapshot", "Download trace"} <= {b.proto.label for b in at.get("download_button")}
+    RunStore().delete([run["id"]])
+    assert Path(snap["memory_snapshot"]).exists()  # not in the data folder's exports/: left alone

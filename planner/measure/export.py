@@ -141,6 +141,34 @@ def alive_at_peak(log: EventLog, top: int = 20, modules: int = 25) -> dict:
             "by_module": mods, "largest": largest}
 
 
+def category_timeline(log: EventLog, points: int = 300) -> dict:
+    """Live bytes by category over the step, at most ~`points` samples (each bucket of events keeps its sample
+    with the largest total, so the peak is drawn), and where each phase starts (x: the op index)."""
+    size = {uid: v[0] for uid, v in log.initial.items()}
+    cat = {uid: v[1] for uid, v in log.initial.items()}
+    by = {c: 0 for c in CATEGORIES}
+    for uid, n in size.items():
+        by[cat[uid]] += n
+    samples = [(0, dict(by))]
+    phases = []
+    for e in log.events:
+        if e[0] == "a":
+            size[e[1]], cat[e[1]] = e[2], log.category_of(e[1])
+            by[cat[e[1]]] += e[2]
+            samples.append((e[3], dict(by)))
+        elif e[0] == "f":
+            by[cat[e[1]]] -= size[e[1]]
+            samples.append((e[2], dict(by)))
+        else:
+            phases.append({"op": e[2], "phase": e[1]})
+    step = max(1, -(-len(samples) // points))
+    out = []
+    for i in range(0, len(samples), step):
+        x, b = max(samples[i:i + step], key=lambda s: sum(s[1].values()))
+        out.append({"op": x, **{c: v for c, v in b.items()}})
+    return {"categories": [c for c in CATEGORIES if any(p[c] for p in out)], "points": out, "phases": phases}
+
+
 class _Frames:
     """Interned frame lists (innermost first), so pickle stores each distinct stack once."""
 
