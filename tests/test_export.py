@@ -188,3 +188,13 @@ def test_training_page_shows_alive_at_peak_the_category_timeline_and_offers_the_
     assert {"Download memory snapshot", "Download trace"} <= {b.proto.label for b in at.get("download_button")}
     RunStore().delete([run["id"]])
     assert Path(snap["memory_snapshot"]).exists()  # not in the data folder's exports/: left alone
+
+
+def test_bench_export_times_a_child_and_checks_its_files():
+    from planner.bench_export import QUICK_ROWS, export_markdown, run_export_bench
+
+    [row] = run_export_bench(QUICK_ROWS, progress=lambda _: None)
+    assert row["viewer_peak"] == row["peak_bytes"] == row["counter_peak"] and row["omitted"] == 0
+    assert 0 < row["export_s"] < row["wall_s"] and row["snapshot_bytes"] > 0 and row["trace_bytes"] > 0
+    text = export_markdown([row])
+    assert text.startswith("# Profiling exports") and f"{row['peak_bytes']:,}" in text

@@ -161,10 +161,13 @@ def finish_log(log, exports: dict | None, emit: Callable[[dict], None] = lambda 
     """The record's `alive_at_peak` and, when asked, the written files (their keys name them)."""
     from .export import alive_at_peak, category_timeline, write_exports
 
+    t0 = time.perf_counter()
     out = {"alive_at_peak": alive_at_peak(log), "category_timeline": category_timeline(log)}
     if exports and (exports.get("memory_snapshot") or exports.get("trace")):
         emit({"event": "progress", "stage": "writing the snapshot and trace", "fraction": 0.95})
         out.update(write_exports(log, exports.get("memory_snapshot"), exports.get("trace")))
+        out["export_events"] = len(log.events)
+    out["export_time_s"] = time.perf_counter() - t0  # alive_at_peak, the category timeline and the files
     return out
 
 
