@@ -255,7 +255,9 @@ def test_simulate_then_download_the_memory_snapshot(server, page, tmp_path):
     sync_api.expect(page.get_by_text("Memory by category over the step")).to_be_visible()
     page.wait_for_timeout(1500)
     no_errors(page)
-    page.screenshot(path=SHOTS / "training-export.png", full_page=True)
+    page.get_by_text("Memory by category over the step").scroll_into_view_if_needed()
+    page.wait_for_timeout(800)
+    page.screenshot(path=SHOTS / "training-export.png")
     with page.expect_download() as info:
         page.get_by_role("button", name="Download memory snapshot").click()
     path = tmp_path / "snapshot.pickle"
