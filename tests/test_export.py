@@ -198,3 +198,12 @@ def test_bench_export_times_a_child_and_checks_its_files():
     assert 0 < row["export_s"] < row["wall_s"] and row["snapshot_bytes"] > 0 and row["trace_bytes"] > 0
     text = export_markdown([row])
     assert text.startswith("# Profiling exports") and f"{row['peak_bytes']:,}" in text
+
+
+def test_category_timeline_has_one_point_per_op_and_its_top_is_the_peak():
+    rec = simulate_training(HF_LLAMA, TrainSpec(2, 16, "fp32", "adamw", checkpointing=True))
+    tl = rec["category_timeline"]
+    ops = [p["op"] for p in tl["points"]]
+    assert ops == sorted(set(ops))  # a stacked area adds rows of one x: one row per op
+    assert max(sum(p[c] for c in tl["categories"]) for p in tl["points"]) == rec["peak_bytes"]
+    assert [m["phase"] for m in tl["phases"]][:3] == ["forward", "loss", "backward"]

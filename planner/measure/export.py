@@ -161,6 +161,11 @@ def category_timeline(log: EventLog, points: int = 300) -> dict:
             samples.append((e[2], dict(by)))
         else:
             phases.append({"op": e[2], "phase": e[1]})
+    per_op: dict[int, dict] = {}  # one sample per op (its largest), so a stacked chart never adds two
+    for x, b in samples:
+        if x not in per_op or sum(b.values()) >= sum(per_op[x].values()):
+            per_op[x] = b
+    samples = sorted(per_op.items())
     step = max(1, -(-len(samples) // points))
     out = []
     for i in range(0, len(samples), step):
