@@ -18,6 +18,10 @@
 - `alive_at_peak(log)`: the storages alive at the peak, grouped by category and by module (sums = the peak)
   and the largest ones with shape, dtype and the op that made them.
 
+On CUDA, `measure`'s peak_bytes is the allocator's max_memory_allocated (rounded blocks, workspaces); these
+files, built from live tensor bytes, peak at the record's tracked_peak_bytes instead (equal to peak_bytes on the
+CPU and in every simulation). The allocator's own `_record_memory_history` snapshot is not offered yet.
+
 Bounds for big runs (Llama-3-8B b1 s4096 simulated: ~30k ops): frames are interned (one list per distinct
 (op, module, phase), which pickle stores once); the snapshot keeps at most `max_events` trace events: past
 that, the smallest allocations that are not alive at the peak are left out (their alloc and free), so the
