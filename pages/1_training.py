@@ -10,12 +10,12 @@ import streamlit as st
 from pages import frame
 
 from planner.api import component_rows, phase_rows, step_run
-from planner.charts import PHASE_ORDER, grouped_bars, timeline
+from planner.charts import PHASE_ORDER, alive_tables, category_area, grouped_bars, timeline
 from planner.config import ConfigError, config_to_dict, model_label
 from planner.finetune import describe_tuning
 from planner.jobs import Job, JobBusy, running_pid
 from planner.spec import TrainSpec
-from planner.store import RunStore
+from planner.store import RunStore, export_files, run_files
 from planner.units import fmt_bytes
 
 TIMEOUT_S = 600
@@ -51,7 +51,7 @@ def start(kind: str = "measure") -> None:
     """Start `python -m planner measure|simulate train` for these settings (the job writes and removes the
     config file)."""
     try:
-        st.session_state["job"] = Job(run.child_args(kind, TIMEOUT_S), timeout_s=TIMEOUT_S + 30,
+        st.session_state["job"] = Job(run.child_args(kind, TIMEOUT_S, export_files(kind)), timeout_s=TIMEOUT_S + 30,
                                       config=config_to_dict(run_cfg)).start()
         st.session_state["job_kind"] = kind
         st.session_state.pop("train_result", None)
@@ -145,6 +145,33 @@ def show_result() -> None:
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
                                      estimate_bytes=e["peak_bytes"]))
             st.caption("Red: the budget. Black: the estimated peak.")
+        show_exports(rec, res["budget"])
+
+
+def show_exports(rec: dict, budget) -> None:
+    """What is alive at the peak, the step stacked by category, and the snapshot and trace to download."""
+    if rec.get("category_timeline"):
+        st.subheader("Memory by category over the step")
+        st.altair_chart(category_area(rec["category_timeline"], budget_bytes=budget))
+        st.caption("Live tensor bytes stacked by category; dashed lines: where each phase starts.")
+    if rec.get("alive_at_peak"):
+        alive = rec["alive_at_peak"]
+        tables = alive_tables(alive)
+        st.subheader(f"Alive at the peak ({fmt_bytes(alive['peak_bytes'])}, op {alive['op']}, {alive['phase']})")
+        c1, c2 = st.columns(2)
+        c1.dataframe(tables["category"], hide_index=True, key="alive_category")
+        c2.dataframe(tables["module"], hide_index=True, key="alive_module")
+        st.dataframe(tables["largest"], hide_index=True, key="alive_largest")
+    files = dict(run_files({"record": rec}))
+    if files:
+        d1, d2, _ = st.columns([1, 1, 2])
+        if "memory_snapshot" in files:
+            d1.download_button("Download memory snapshot", files["memory_snapshot"].read_bytes(), "memory_snapshot.pickle",
+                               "application/octet-stream", key="dl_snapshot", on_click="ignore",
+                               help="open it at pytorch.org/memory_viz (torch.cuda.memory._snapshot() format)")
+        if "trace" in files:
+            d2.download_button("Download trace", files["trace"].read_bytes(), "trace.json", "application/json",
+                               key="dl_trace", on_click="ignore", help="open it in ui.perfetto.dev or chrome://tracing")
 
 
 def show_ranks(rec: dict, e: dict, what: str) -> None:

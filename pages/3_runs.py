@@ -7,7 +7,7 @@ import streamlit as st
 from pages import frame
 
 from planner.charts import estimate_vs_measured
-from planner.store import RunStore, completed, runs_csv, runs_table
+from planner.store import RunStore, completed, run_files, runs_csv, runs_table, source
 
 cfg = frame("Runs")
 st.title("Runs")
@@ -40,3 +40,16 @@ if c1.button("Delete selected", key="delete", disabled=not to_delete):
     st.rerun()
 c2.download_button("Export CSV", runs_csv(runs), "runs.csv", "text/csv", on_click="ignore")
 c3.download_button("Export JSON", json.dumps(runs, indent=1), "runs.json", "application/json", on_click="ignore")
+
+with_files = [r for r in runs if run_files(r)]
+if with_files:  # the memory_viz snapshot and chrome trace a run exported (planner/measure/export.py)
+    st.subheader("Snapshots and traces")
+    chosen_id = st.selectbox("Run", [r["id"] for r in with_files], key="files_run",
+                             format_func=lambda i: next(f"#{r['id']} {r['model']} ({source(r)}, {r['status']})"
+                                                        for r in with_files if r["id"] == i))
+    run = next(r for r in with_files if r["id"] == chosen_id)
+    cols = st.columns(2)
+    for col, (what, path) in zip(cols, run_files(run)):
+        label, mime = (("Download memory snapshot", "application/octet-stream") if what == "memory_snapshot"
+                       else ("Download trace", "application/json"))
+        col.download_button(label, path.read_bytes(), path.name, mime, key=f"runs_dl_{what}", on_click="ignore")

@@ -36,9 +36,12 @@ class StepRun:
     def refused(self) -> bool:
         return bool(self.refusal)
 
-    def child_args(self, kind: str = "measure", timeout_s: int = 600) -> list[str]:
-        """`python -m planner measure|simulate train ...` for exactly these settings (the job adds the config)."""
+    def child_args(self, kind: str = "measure", timeout_s: int = 600, exports: dict | None = None) -> list[str]:
+        """`python -m planner measure|simulate train ...` for exactly these settings (the job adds the config);
+        `exports` ({"memory_snapshot": path, "trace": path}) adds --memory-snapshot / --trace (one process only)."""
         args = [kind, "train", *run_args(self.spec), "--json", "--progress", "--timeout", str(timeout_s)]
+        if exports and not self.parallel:
+            args += ["--memory-snapshot", exports["memory_snapshot"], "--trace", exports["trace"]]
         p = self.parallel
         if p:
             args += ["--world-size", str(p.world_size), "--parallel", p.parallel]

@@ -650,6 +650,10 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         if out:
             write_section(out, text)
         return 0
+    if what == "export":  # profiling exports' time and size: planner/bench_export.py
+        from .bench_export import main as export_main
+
+        return export_main(quick=quick, out=out)
     if what == "simulate":  # formula vs simulation at full size: planner/bench_simulate.py
         from .bench_simulate import main as simulate_main
         from .config import ConfigError

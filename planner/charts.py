@@ -127,3 +127,51 @@ def estimate_vs_measured(df: pd.DataFrame) -> alt.LayerChart:
     diagonal = alt.Chart(pd.DataFrame({"v": [0.0, hi]})).mark_line(strokeDash=[4, 4], color="gray").encode(
         x="v:Q", y="v:Q")
     return alt.layer(diagonal, points).properties(height=320)
+
+
+CATEGORY_ORDER = ["parameter", "buffer", "input", "optimizer state", "gradient", "activation", "temporary"]
+CATEGORY_COLORS = ["#4c78a8", "#9ecae9", "#bab0ac", "#54a24b", "#eeca3b", "#f58518", "#b279a2"]
+
+
+def category_area(timeline: dict, budget_bytes: int | None = None) -> alt.LayerChart:
+    """timeline: a record's `category_timeline` ({"points": [{"op", <category>: bytes}], "phases": [{"op",
+    "phase"}]}) -> live bytes stacked by category over the step (the memory_viz look), a rule where each phase
+    starts. The budget rule is drawn only within 3x of the data."""
+    points = timeline["points"]
+    cats = [c for c in CATEGORY_ORDER if c in timeline.get("categories", CATEGORY_ORDER)]
+    top = max((sum(p.get(c, 0) for c in cats) for p in points), default=0)
+    show_budget = bool(budget_bytes) and budget_bytes <= 3 * top
+    unit, size = unit_for(max(top, budget_bytes if show_budget else 0))
+    rows = [{"op": p["op"], "category": c, "size": p.get(c, 0) / size, "rank": CATEGORY_ORDER.index(c)}
+            for p in points for c in cats]
+    area = alt.Chart(pd.DataFrame(rows)).mark_area(interpolate="step-after").encode(
+        x=alt.X("op:Q", title="Op in the step"), y=alt.Y("size:Q", stack="zero", title=f"Live tensor bytes ({unit})"),
+        color=alt.Color("category:N", title="category", scale=alt.Scale(domain=CATEGORY_ORDER, range=CATEGORY_COLORS),
+                        sort=CATEGORY_ORDER),
+        order=alt.Order("rank:Q"), tooltip=["category:N", alt.Tooltip("size:Q", format=".3f", title=unit), "op:Q"])
+    marks = pd.DataFrame(timeline.get("phases") or [{"op": 0, "phase": "forward"}])
+    rules = alt.Chart(marks).mark_rule(color="gray", strokeDash=[3, 3]).encode(x="op:Q", tooltip=["phase:N", "op:Q"])
+    labels = alt.Chart(marks).mark_text(align="left", dx=3, dy=-5, baseline="top", color="gray").encode(
+        x="op:Q", y=alt.value(0), text="phase:N")
+    layers = [area, rules, labels]
+    if show_budget:
+        layers.append(alt.Chart().mark_rule(color=BUDGET_COLOR, strokeDash=[6, 3]).encode(y=alt.datum(budget_bytes / size)))
+    return alt.layer(*layers).properties(height=300)
+
+
+def alive_tables(alive: dict) -> dict[str, pd.DataFrame]:
+    """A record's `alive_at_peak` as three tables (by category, by module, the largest tensors), bytes readable."""
+    from .units import fmt_bytes
+
+    peak = alive["peak_bytes"] or 1
+
+    def table(rows, key):
+        return pd.DataFrame([{key: r[key], "bytes": r["bytes"], "size": fmt_bytes(r["bytes"]),
+                              "share": f"{100 * r['bytes'] / peak:.1f}%"} for r in rows])
+
+    largest = pd.DataFrame([{"bytes": t["bytes"], "size": fmt_bytes(t["bytes"]), "category": t["category"],
+                             "module": t["module"], "op": t["op"], "phase": t["phase"],
+                             "shape": "x".join(map(str, t["shape"])) if t.get("shape") is not None else "",
+                             "dtype": t.get("dtype") or ""} for t in alive["largest"]])
+    return {"category": table(alive["by_category"], "category"), "module": table(alive["by_module"], "module"),
+            "largest": largest}

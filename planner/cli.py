@@ -129,6 +129,9 @@ def build_parser() -> _Parser:
     p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller "
                                           "machine (default: no cap)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+    from .cli_simulate import add_export_args  # --memory-snapshot, --trace (planner/measure/export.py)
+
+    add_export_args(p)
     cli_parallel.add_parallel_args(p)
     p = command(mea, "load", "Load real checkpoints with a method, or every method, each in a fresh child "
                              "process; measured against estimated.")
@@ -148,9 +151,9 @@ def build_parser() -> _Parser:
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
-                                    "finetune", "finetune-8bit", "longest-context", "record"),
+                                    "finetune", "finetune-8bit", "longest-context", "record", "export"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
@@ -185,6 +188,9 @@ def cmd_measure_train(args) -> int:
     from .finetune import check_quantize_runnable
 
     check_quantize_runnable(spec)
+    from .cli_simulate import export_paths
+
+    exports = export_paths(args)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
     est = _estimate_record(cfg, spec)
@@ -196,6 +202,8 @@ def cmd_measure_train(args) -> int:
             raise ConfigError(f"refused: the estimated peak {fmt_bytes(est['peak_bytes'])} exceeds "
                               f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
     payload = {"config": config_to_dict(cfg), "spec": asdict(spec)}
+    if exports:
+        payload["exports"] = exports
     if args.memory_limit:
         try:
             payload["memory_limit_bytes"] = parse_size(args.memory_limit)
@@ -477,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
             elif args.command == "measure":
                 code = cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
             elif args.command == "simulate" and cli_parallel.parallel_requested(args):
+                from .cli_simulate import export_paths
+
+                export_paths(args)  # refused with --world-size (exit 2)
                 cfg, spec = parse_train(args)
                 code = cli_parallel.cmd_simulate(args, cfg, spec)
             elif args.command == "simulate" and args.what == "whatif":

@@ -42,6 +42,7 @@ def add_simulate(top, command) -> None:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the child is killed (exit 3; default: %(default)s)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+    add_export_args(p)
     from . import cli_parallel
 
     cli_parallel.add_parallel_args(p)
@@ -60,6 +61,33 @@ def add_simulate(top, command) -> None:
     w.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before each point's child is killed (exit 3; default: %(default)s)")
     w.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+
+
+def add_export_args(p) -> None:
+    """--memory-snapshot and --trace (simulate train, measure train): files the child writes (planner.measure.export)."""
+    p.add_argument("--memory-snapshot", metavar="FILE.pickle",
+                   help="write the step as a torch.cuda.memory._snapshot() pickle (opens at pytorch.org/memory_viz; "
+                        "its active-memory peak is peak_bytes); default: none")
+    p.add_argument("--trace", metavar="FILE.json",
+                   help="write a chrome trace of the step (phases and ops as spans, live bytes as a counter; opens in "
+                        "ui.perfetto.dev and chrome://tracing); default: none")
+
+
+def export_paths(args: argparse.Namespace) -> dict | None:
+    """{"memory_snapshot": absolute path, "trace": absolute path} for the payload, or None; ConfigError (exit 2)
+    for a folder that does not exist or with --world-size (not exported yet)."""
+    out = {}
+    for key, flag in (("memory_snapshot", "--memory-snapshot"), ("trace", "--trace")):
+        value = getattr(args, key, None)
+        if not value:
+            continue
+        path = Path(value).expanduser().resolve()
+        if not path.parent.is_dir():
+            raise ConfigError(f"{flag}: the folder {path.parent} does not exist")
+        out[key] = str(path)
+    if out and getattr(args, "world_size", 1) and getattr(args, "world_size", 1) > 1:
+        raise ConfigError("--memory-snapshot and --trace are not available with --world-size yet")
+    return out or None
 
 
 def _points(text: str) -> tuple[tuple[int, int], ...]:
@@ -171,6 +199,9 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
 
     cfg, spec, module = parse_simulate(args)
     payload = {"kind": "simulate", "spec": asdict(spec)}
+    exports = export_paths(args)
+    if exports:
+        payload["exports"] = exports
     if module:
         payload["module"] = list(module)
     else:

@@ -43,6 +43,22 @@ def whatif_fit_path(module_file: Path, function: str, run: dict) -> Path:
     return data_dir() / "whatif" / f"{key.hexdigest()[:16]}.json"
 
 
+def export_files(kind: str) -> dict:
+    """Where a run started from the app writes its memory_viz snapshot and chrome trace (kept with the run):
+    {"memory_snapshot": ..., "trace": ...} in the data folder's exports/, named by the time and the kind."""
+    folder = data_dir() / "exports"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}-{kind}"
+    return {"memory_snapshot": str(folder / f"{stem}.pickle"), "trace": str(folder / f"{stem}.json")}
+
+
+def run_files(run: dict) -> list[tuple[str, Path]]:
+    """A kept run's exported files that still exist: [(what, path)] with what "memory_snapshot" / "trace"."""
+    rec = run.get("record") if isinstance(run.get("record"), dict) else {}
+    return [(k, Path(rec[k])) for k in ("memory_snapshot", "trace")
+            if isinstance(rec.get(k), str) and Path(rec[k]).is_file()]
+
+
 class RunStore:
     def __init__(self, path: Path | None = None):
         self.path = Path(path or data_dir() / "runs.sqlite")
@@ -92,6 +108,13 @@ class RunStore:
         return [{**dict(r), "settings": json.loads(r["settings"]), "record": json.loads(r["record"])} for r in rows]
 
     def delete(self, ids: list[int]) -> None:
+        """Forget these runs, and remove the files they exported into the data folder."""
+        exports = (data_dir() / "exports").resolve()
+        for run in self.list():
+            if run["id"] in ids:
+                for _, path in run_files(run):
+                    if path.resolve().parent == exports:
+                        path.unlink(missing_ok=True)
         with self._connect() as db:
             db.executemany("DELETE FROM runs WHERE id = ?", [(i,) for i in ids])
 

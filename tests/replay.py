@@ -13,6 +13,9 @@ RECORDED = {
                                         "--dtype float16 --json --progress",
     "simulate_train_tiny.jsonl": "python -m planner simulate train --config tiny.json --batch-size 2 --seq-len 32 "
                                  "--device cpu --json --progress",
+    # the written files' absolute paths were replaced by their names (tests point them at files of their own)
+    "simulate_train_tiny_export.jsonl": "python -m planner simulate train --config tiny.json --batch-size 2 --seq-len 32 "
+                                        "--device cpu --json --progress --memory-snapshot step.pickle --trace step.json",
     "measure_train_tiny_fsdp2.jsonl": "python -m planner measure train --config tiny.json --batch-size 2 --seq-len 32 "
                                       "--device cpu --world-size 2 --parallel fsdp --json --progress",
 }

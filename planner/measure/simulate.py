@@ -69,7 +69,7 @@ from ..routines import training as _training_routine
 from ..spec import TrainSpec
 from . import procmem
 from .tracker import LiveBytesTracker
-from .training import PHASES, _PhaseRecorder, downsample
+from .training import PHASES, _PhaseRecorder, downsample, finish_log, start_log, stop_log
 
 _TRAINING_FILE = str(Path(_training_routine.__file__).resolve())
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -176,7 +176,7 @@ def fake_error_message(exc: BaseException) -> str | None:
 
 def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None,
                       module: tuple[str, str] | None = None, max_timeline_points: int = 600,
-                      trace: bool = False) -> dict:
+                      trace: bool = False, exports: dict | None = None) -> dict:
     """Simulate the step of `cfg` (or of the user's `module` = (path, function name)) under `spec`.
 
     With `trace`, the record also has "trace": {"ops": [aten op name], "phases": [...], "bytes": [live bytes
@@ -194,7 +194,7 @@ def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[
                               "plus the paged part)")
     holder: dict = {}
     try:
-        return _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace)
+        return _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace, exports)
     except SimulationError as exc:
         exc.train_phase = _phase(holder)
         raise
@@ -242,7 +242,7 @@ def real_run_branches():
             m.is_tracing = original
 
 
-def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False) -> dict:
+def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False, exports=None) -> dict:
     t_start = time.perf_counter()
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -269,9 +269,13 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False)
         tracker.reset_peak()
         persistent = tracker.current
         recorder = _PhaseRecorder(tracker, step.device)
+        log = start_log(tracker, step)
         tracker.recording = True
-        with answers, tracker, real_run_branches():
-            step.run(on_phase=recorder)
+        try:
+            with answers, tracker, real_run_branches():
+                step.run(on_phase=recorder)
+        finally:
+            stop_log(tracker, log)  # the global module hooks go, whatever happened
         tracker.recording = False
         optimizer_bytes = step.optimizer_state_bytes()
     peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
@@ -294,6 +298,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False)
     }
     if trace:
         result["trace"] = {"ops": tracker.op_names, "phases": tracker.op_phases, "bytes": tracker.op_bytes}
+    result.update(finish_log(log, exports, emit))
     emit({"event": "progress", "stage": "done", "fraction": 1.0})
     return result
 
@@ -338,7 +343,8 @@ def worker_main(payload: dict, emit: Callable[[dict], None]) -> int:
     cfg = config_from_dict(payload["config"]) if payload.get("config") else None
     module = tuple(payload["module"]) if payload.get("module") else None
     try:
-        result = simulate_training(cfg, spec, emit=emit, module=module, trace=bool(payload.get("trace")))
+        result = simulate_training(cfg, spec, emit=emit, module=module, trace=bool(payload.get("trace")),
+                                   exports=payload.get("exports"))
     except SimulationError as exc:
         emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup")})
         return 2

@@ -29,11 +29,14 @@ class LiveBytesTracker(TorchDispatchMode):
         self.samples: list[tuple[float, int, str]] = []
         self.t0 = time.perf_counter()
         self.recording = False
+        self.log = None  # planner.measure.events.EventLog when attached (off by default: no cost)
 
     def _forget(self, key: int) -> None:
         entry = self.live.pop(key, None)
         if entry is not None:
             self.current -= entry[1]
+            if self.log is not None:
+                self.log.free(key)
 
     def track(self, *objs) -> None:
         for obj in tree_flatten(objs)[0]:
@@ -44,6 +47,8 @@ class LiveBytesTracker(TorchDispatchMode):
                     nbytes = storage.nbytes()
                     self.live[key] = (weakref.ref(storage, lambda _r, k=key: self._forget(k)), nbytes)
                     self.current += nbytes
+                    if self.log is not None:
+                        self.log.alloc(key, obj, nbytes)
         if self.current > self.peak:
             self.peak = self.current
             self.peak_phase = self.phase
@@ -56,6 +61,8 @@ class LiveBytesTracker(TorchDispatchMode):
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
+        if self.log is not None:
+            self.log.set_phase(phase)
         self._sample()
 
     def reset_peak(self) -> None:
@@ -67,6 +74,9 @@ class LiveBytesTracker(TorchDispatchMode):
             self.samples.append((time.perf_counter() - self.t0, self.current, self.phase))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        log = self.log
+        if log is not None:
+            log.before_op(func)
         kernel = python_kernel(func, args) if func.namespace == "bitsandbytes" else None
         if kernel is not None:
             with self:  # re-entered: the kernel's own ops (its temporaries) are tracked one by one
@@ -74,6 +84,8 @@ class LiveBytesTracker(TorchDispatchMode):
         else:
             out = func(*args, **(kwargs or {}))
         self.track(out)
+        if log is not None:
+            log.after_op(out)
         self._sample()
         return out
 

@@ -48,11 +48,15 @@ class _PhaseRecorder:
 
 
 def measure_training(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None,
-                     max_timeline_points: int = 600) -> dict:
-    """Run the three steps; an exception leaves `train_phase` (build, forward, backward, ...) on itself."""
+                     max_timeline_points: int = 600, exports: dict | None = None) -> dict:
+    """Run the three steps; an exception leaves `train_phase` (build, forward, backward, ...) on itself.
+
+    The tracked step keeps an event log (planner.measure.events): the record gains `alive_at_peak`, and
+    `exports` ({"memory_snapshot": FILE.pickle, "trace": FILE.json}, either optional) writes those files
+    (planner.measure.export); the record names them."""
     holder: dict = {}
     try:
-        return _measure(cfg, spec, emit, max_timeline_points, holder)
+        return _measure(cfg, spec, emit, max_timeline_points, holder, exports)
     except BaseException as exc:
         step = holder.get("step")
         exc.train_phase = step.current_phase if step is not None else "build"
@@ -60,7 +64,7 @@ def measure_training(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], N
 
 
 def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], max_timeline_points: int,
-             holder: dict) -> dict:
+             holder: dict, exports: dict | None = None) -> dict:
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -106,11 +110,15 @@ def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], ma
     tracker.reset_peak()
     persistent = tracker.current
     recorder = _PhaseRecorder(tracker, device)
+    log = start_log(tracker, step)
     tracker.recording = True
     t0 = time.perf_counter()
-    with tracker:
-        step.run(on_phase=recorder)
-        _sync(device)
+    try:
+        with tracker:
+            step.run(on_phase=recorder)
+            _sync(device)
+    finally:
+        stop_log(tracker, log)  # the global module hooks go, whatever happened
     tracked_time = time.perf_counter() - t0
     tracker.recording = False
     peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
@@ -129,8 +137,38 @@ def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], ma
     result["peak_bytes"] = result["peak_allocated_bytes"] if device.type == "cuda" else result["tracked_peak_bytes"]
     if device.type == "cuda":
         result["peak_phase_source"] = "tracked step (timeline), peak from max_memory_allocated"
+    result.update(finish_log(log, exports, emit))
     emit({"event": "progress", "stage": "done", "fraction": 1.0})
     return result
+
+
+def start_log(tracker: LiveBytesTracker, step):
+    """Attach an event log (planner.measure.events) to the tracker for the tracked step."""
+    from .events import EventLog
+
+    log = EventLog(step)
+    log.start(tracker)
+    tracker.log = log
+    return log
+
+
+def stop_log(tracker: LiveBytesTracker, log) -> None:
+    tracker.log = None
+    log.close()
+
+
+def finish_log(log, exports: dict | None, emit: Callable[[dict], None] = lambda e: None) -> dict:
+    """The record's `alive_at_peak` and, when asked, the written files (their keys name them)."""
+    from .export import alive_at_peak, category_timeline, write_exports
+
+    t0 = time.perf_counter()
+    out = {"alive_at_peak": alive_at_peak(log), "category_timeline": category_timeline(log)}
+    if exports and (exports.get("memory_snapshot") or exports.get("trace")):
+        emit({"event": "progress", "stage": "writing the snapshot and trace", "fraction": 0.95})
+        out.update(write_exports(log, exports.get("memory_snapshot"), exports.get("trace")))
+        out["export_events"] = len(log.events)
+    out["export_time_s"] = time.perf_counter() - t0  # alive_at_peak, the category timeline and the files
+    return out
 
 
 def downsample(samples: list[tuple[float, int, str]], n: int) -> list[dict]:

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
         torch.ones(64, 64) @ torch.ones(64, 64)  # start the OpenMP thread pool before the cap applies
         _limit_memory(int(payload["memory_limit_bytes"]))
     try:
-        result = measure_training(cfg, spec, emit=emit)
+        result = measure_training(cfg, spec, emit=emit, exports=payload.get("exports"))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one JSON line
         if _is_oom(exc):
             emit({"event": "error", "error": f"out of memory: {str(exc).splitlines()[0][:300]}",

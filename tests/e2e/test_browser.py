@@ -232,6 +232,41 @@ def test_a_tiny_measurement_end_to_end(server, page):
     page.screenshot(path=SHOTS / "runs.png", full_page=True)
 
 
+def test_simulate_then_download_the_memory_snapshot(server, page, tmp_path):
+    """Issue #22: Simulate on the Training step page, then download the memory_viz snapshot it offers; the
+    downloaded pickle replays (as memory_viz does) to the simulated peak."""
+    import pickle
+
+    from planner.measure.export import viewer_peak
+
+    page.goto(server)
+    settle(page)
+    page.get_by_text("Paste a config").click()
+    settle(page)
+    box = page.get_by_role("textbox", name="Config JSON")
+    box.fill(json.dumps(TINY))
+    box.press("Control+Enter")
+    settle(page)
+    page.get_by_role("link", name="Training step").click()
+    settle(page)
+    page.get_by_role("button", name="Simulate").click()
+    sync_api.expect(page.get_by_text("Simulated peak")).to_be_visible(timeout=120_000)
+    settle(page)
+    sync_api.expect(page.get_by_text("Memory by category over the step")).to_be_visible()
+    page.wait_for_timeout(1500)
+    no_errors(page)
+    page.get_by_text("Memory by category over the step").scroll_into_view_if_needed()
+    page.wait_for_timeout(800)
+    page.screenshot(path=SHOTS / "training-export.png")
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Download memory snapshot").click()
+    path = tmp_path / "snapshot.pickle"
+    info.value.save_as(path)
+    snap = pickle.loads(path.read_bytes())
+    assert viewer_peak(snap) == snap["planner"]["peak_bytes"] > 0
+    assert {"alloc", "free_completed"} <= {e["action"] for e in snap["device_traces"][0]}
+
+
 def run_processes():
     """The measurement processes of this module's app server (its `planner measure` child and that child's
     worker, wherever they were re-parented), told from other sessions' by the server's PLANNER_DATA."""
