@@ -38,10 +38,13 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--attention", choices=ATTENTION_KINDS,
                    help="attention kernel (default: the model's own, as its config says)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--loss", choices=LOSSES, default="default",
+    p.add_argument("--loss", type=_loss_arg, default="default", metavar="|".join(LOSSES[:3] + ("chunked-ce[:N]", "cce")),
                    help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
                         "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
-                        "returned logits")
+                        "returned logits; chunked-ce[:N]: cross-entropy over chunks of N tokens, each chunk's logits "
+                        "from the hidden states and the head weight, recomputed in backward (default N: Liger's "
+                        "rule); cce: Cut Cross-Entropy's algorithm (per-token log-sum-exp, logits recomputed by "
+                        "blocks in backward)")
     p.add_argument("--train-layers", default="all",
                    help="fine-tuning: which parameters train: all; head (output projection and final norm); "
                         "last:N (the last N blocks, the final norm and an untied head); the rest is frozen")
@@ -61,6 +64,19 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--device", required=device_required, default=None if device_required else "cpu",
                    help="cpu, cuda or cuda:N" + (" (required)" if device_required else ""))
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
+
+
+def _loss_arg(text: str) -> str:
+    """--loss: one of LOSSES, or chunked-ce:N (argparse answers exit 2 with this message otherwise)."""
+    from .losses import check_loss
+
+    try:
+        check_loss(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if text.split(":")[0] not in LOSSES or (":" in text and not text.startswith("chunked-ce:")):
+        raise argparse.ArgumentTypeError(f"invalid choice {text!r} (choose from {', '.join(LOSSES)}, chunked-ce:N)")
+    return text
 
 
 def progress(text: str) -> None:

@@ -14,6 +14,9 @@ OPTIMIZER_IMPLS = ("default", "foreach", "for-loop", "fused")
 # default: as the model's users train it (transformers: model(input_ids=x, labels=y).loss; the book's
 # GPT-2: cross-entropy over its logits); labels / cross-entropy force one.
 LOSSES = ("default", "labels", "cross-entropy")
+# Issue #24 (planner/losses.py): the loss from the final hidden states and the head weight, the logits never
+# whole: chunked-ce[:N] (N tokens a chunk) and cce (Cut Cross-Entropy).
+LOSSES = LOSSES + ("chunked-ce", "cce")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 # planner.whatif's fit points (b, s): b >= 2 and b = 1 at a few short sequences (the polynomial is exact, so
@@ -71,7 +74,10 @@ class TrainSpec:
         check_bnb_optimizer(self.optimizer, self.optimizer_impl, str(self.device).split(":")[0])
         if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
             raise ConfigError(f"fused is not available for {self.optimizer}")
-        if self.loss not in LOSSES:
+        from .losses import check_loss
+
+        check_loss(self.loss)
+        if self.loss.split(":")[0] not in LOSSES:
             raise ConfigError(f"unknown loss {self.loss!r}; choose one of: {', '.join(LOSSES)}")
         check_device(self.device)
         from .finetune import check_lora_settings, check_train_layers
@@ -117,6 +123,10 @@ def check_fits_model(cfg: ModelConfig, spec: TrainSpec) -> None:
     family = family_of(cfg)
     if spec.loss == "labels" and family.default_loss != "labels":
         raise ConfigError(f"the {family.arch} model has no labels= loss; use --loss cross-entropy (or default)")
+    from .losses import is_fused
+
+    if is_fused(spec.loss):
+        family.check_fused_loss(cfg, spec)
     family.check_run(cfg, spec)
     from .finetune import check_finetune
 

@@ -134,6 +134,10 @@ class GPTModel(nn.Module):
         self.gradient_checkpointing = False
 
     def forward(self, in_idx):
+        return self.out_head(self.hidden_states(in_idx))
+
+    def hidden_states(self, in_idx):
+        """Everything before the output head (a fused loss takes these and out_head.weight)."""
         batch_size, seq_len = in_idx.shape
         tok_embeds = self.tok_emb(in_idx)
         pos_embeds = self.pos_emb(torch.arange(seq_len, device=in_idx.device))
@@ -144,9 +148,7 @@ class GPTModel(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
         else:
             x = self.trf_blocks(x)
-        x = self.final_norm(x)
-        logits = self.out_head(x)
-        return logits
+        return self.final_norm(x)
 
 
 def calc_loss_batch(input_batch, target_batch, model, on_phase: Callable[[str], None]):
