@@ -101,3 +101,21 @@ def test_cli_estimate_json_has_the_fused_terms():
     rec = json.loads(proc.stdout)
     assert rec["run"]["loss"] == "chunked-ce:64"
     assert any("chunked-ce" in t["name"] for t in rec["terms"]) and rec["transients"]["logits"] == 0
+
+
+def test_advice_ranks_the_fused_losses_with_their_saving():
+    from planner.fit import advice
+
+    cfg = resolve_model("llama-3-8b", None)
+    spec = TrainSpec(1, 4096, "bf16-amp", "adamw")
+    opts = advice(cfg, spec, 136 * 2**30)
+    now = estimate_training(cfg, spec).peak_bytes
+    chunked = next(o for o in opts if o.changes == ["chunked-ce"])
+    assert chunked.fits and chunked.peak_bytes < now and "lowers the peak by" in chunked.cost
+    assert chunked.peak_bytes == estimate_training(cfg, TrainSpec(1, 4096, "bf16-amp", "adamw", loss="chunked-ce")).peak_bytes
+    # cheapest first among those that fit: the fused losses (rank 1) before checkpointing (rank 2)
+    keys = [o.changes for o in opts if o.fits]
+    assert keys.index(["chunked-ce"]) < keys.index(["checkpointing"])
+    # not offered where the family cannot take it (Gemma 2's soft-capped logits)
+    g = resolve_model("gemma-2-2b", None)
+    assert not any("chunked-ce" in o.changes for o in advice(g, TrainSpec(1, 2048, "bf16-amp", "adamw"), 2**30))

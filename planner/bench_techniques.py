@@ -1,0 +1,91 @@
+"""`python -m planner bench losses`: the fused losses' grid (issue #24) for docs/accuracy.md: each row estimated,
+measured (the real step, live bytes on the CPU) and simulated (fake tensors), the estimate's error against the
+measurement (the 1% bar) and the simulation's (to the byte); then, without --quick, llama-3-8b b1 s4096
+bf16-AMP at full size, the formula beside the simulated step, plain cross-entropy (transformers' labels= loss)
+against chunked-ce and cce."""
+from __future__ import annotations
+
+from .bench_common import write_section
+from .arch.qwen2 import Qwen2Config
+from .config import GPT2Config, LlamaConfig, resolve_model
+from .estimate.training import estimate_training
+from .spec import TrainSpec
+from .units import fmt_bytes
+
+LOSS_BAR_PCT = 1.0
+HEADING = "# Fused losses: chunked-ce and cce (issue #24)"
+
+
+def losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
+    gpt = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.0)
+    llama = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+    qwen = Qwen2Config(vocab_size=400, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                       tie_word_embeddings=True)
+    models = [("gpt2 V500 h48", gpt), ("llama V300 h48", llama)] + ([] if quick else [("qwen2 V400 h48 tied", qwen)])
+    runs = [(2, 32, "fp32", "sgd", "chunked-ce:8"), (2, 32, "fp32", "adamw", "chunked-ce:32"),
+            (4, 32, "bf16-amp", "adamw", "chunked-ce:32"), (2, 64, "bf16", "sgd", "chunked-ce"),
+            (2, 32, "fp32", "adamw", "cce"), (2, 32, "bf16-amp", "sgd", "cce"), (4, 32, "bf16", "sgd", "cce")]
+    if quick:
+        runs = runs[:1] + runs[4:5]
+    return [(f"{name} b{b} s{s} {prec} {opt} {loss}", cfg, TrainSpec(b, s, prec, opt, loss=loss))
+            for name, cfg in models for b, s, prec, opt, loss in runs]
+
+
+def full_size_rows() -> list[dict]:
+    """llama-3-8b b1 s4096 bf16-AMP: the formula and the simulated step (about a minute each, ~0.3 GB)."""
+    from .measure.simulate import simulate_training
+
+    cfg = resolve_model("llama-3-8b", None)
+    out = []
+    for loss in ("default", "chunked-ce", "cce"):
+        spec = TrainSpec(1, 4096, "bf16-amp", "adamw", loss=loss)
+        est, sim = estimate_training(cfg, spec), simulate_training(cfg, spec)
+        out.append({"loss": loss, "est": est, "sim": sim})
+    return out
+
+
+def markdown(rows: list[dict], full: list[dict] | None) -> str:
+    lines = [HEADING, "",
+             "`--loss chunked-ce[:N]`: cross-entropy over chunks of N tokens (default: Liger-Kernel's rule, "
+             "next_power_of_2(cdiv(b*s, cdiv(V, h)))), each chunk's logits from the final hidden states and the "
+             "head weight under torch.utils.checkpoint, so the b*s*V logits never exist whole and the backward "
+             "recomputes one chunk at a time. `--loss cce`: Cut Cross-Entropy's algorithm (per-token "
+             "log-sum-exp kept, logits recomputed block by block in backward) as a plain-torch autograd Function: "
+             "cut-cross-entropy 25.1.1's only non-Triton path computes the whole logits, so its own kernels are "
+             "left to the CUDA check. Terms: planner/estimate/losses.py. Regenerate: `python -m planner bench losses "
+             "--out docs/accuracy.md`. CPU, live-bytes tracker; estimate bar 1%, simulate = measure to the byte.", "",
+             "| config | estimate | measured | error | simulated - measured (B) | phase est / meas |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['estimate_bytes']:,} | {r['measured_bytes']:,} | {r['error_pct']:+.3f}% "
+                     f"| {r['simulated_bytes'] - r['measured_bytes']:+,} | {r['estimated_phase']} / {r['measured_phase']} |")
+    worst = max(abs(r["error_pct"]) for r in rows)
+    exact = all(r["simulated_bytes"] == r["measured_bytes"] for r in rows)
+    lines += ["", f"Worst |error| {worst:.3f}% ({'meets' if worst <= LOSS_BAR_PCT else 'MISSES'} the {LOSS_BAR_PCT}% "
+              f"bar); simulated {'==' if exact else '!='} measured on every row."]
+    if full:
+        lines += ["", "Full size, llama-3-8b b1 s4096 bf16-AMP, AdamW (formula vs the simulated step; `default` is "
+                  "transformers' labels= loss):", "",
+                  "| loss | loss phase (formula) | loss phase (simulated) | peak (formula) | peak (simulated) | error | "
+                  "peak phase |", "|---|---:|---:|---:|---:|---:|---|"]
+        for f in full:
+            e, s = f["est"], f["sim"]
+            err = 100.0 * (e.peak_bytes - s["peak_bytes"]) / s["peak_bytes"]
+            lines.append(f"| {f['loss']} | {fmt_bytes(e.phase_peak_bytes['loss'])} | "
+                         f"{fmt_bytes(s['phase_peak_bytes']['loss'])} | {fmt_bytes(e.peak_bytes)} | "
+                         f"{fmt_bytes(s['peak_bytes'])} | {err:+.2f}% | {e.peak_phase} / {s['peak_phase']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(quick: bool = False, out: str | None = None, progress=print) -> int:
+    from .bench import run_accuracy
+
+    rows = run_accuracy(losses_grid(quick), in_process=True, simulate=True, progress=progress)
+    full = None if quick else full_size_rows()
+    text = markdown(rows, full)
+    print(text)
+    if out:
+        write_section(out, text)
+    return 0
