@@ -64,7 +64,11 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
     worst = max(abs(r["error_pct"]) for r in rows)
     exact = all(r["simulated_bytes"] == r["measured_bytes"] for r in rows)
     lines += ["", f"Worst |error| {worst:.3f}% ({'meets' if worst <= LOSS_BAR_PCT else 'MISSES'} the {LOSS_BAR_PCT}% "
-              f"bar); simulated {'==' if exact else '!='} measured on every row."]
+              f"bar); simulated {'==' if exact else '!='} measured on every row.",
+              "", "Known gap (measured, not in the grid): with many small chunks (b*s/N >= 8) on transformers' "
+              "families the chunked-ce backward point is up to ~2% high (the hidden chunks' grads, counted as held "
+              "until split's backward, are not all alive at the measured peak there), and cce on Llama fp32 b4 s32 "
+              "with one block is +1.9%; both on the safe side."]
     if full:
         lines += ["", "Full size, llama-3-8b b1 s4096 bf16-AMP, AdamW (formula vs the simulated step; `default` is "
                   "transformers' labels= loss):", "",
@@ -76,6 +80,9 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
             lines.append(f"| {f['loss']} | {fmt_bytes(e.phase_peak_bytes['loss'])} | "
                          f"{fmt_bytes(s['phase_peak_bytes']['loss'])} | {fmt_bytes(e.peak_bytes)} | "
                          f"{fmt_bytes(s['peak_bytes'])} | {err:+.2f}% | {e.peak_phase} / {s['peak_phase']} |")
+        lines += ["", "The loss phase falls by ~5.8 GiB (the b*s*V bf16 logits, their fp32 copy and log-softmax "
+                  "output are never whole); the peak falls by less (~4 GiB), because it moves to the blocks' "
+                  "backward sweep, which the loss does not change."]
     return "\n".join(lines) + "\n"
 
 
