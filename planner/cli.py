@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from . import cli_parallel
 from .api import RAM_GUARD_FRACTION  # the guard the Training step page applies too
@@ -187,7 +187,9 @@ def cmd_measure_train(args) -> int:
     check_quantize_runnable(spec)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
-    est = _estimate_record(cfg, spec)
+    estimated = not (spec.checkpointing and spec.checkpoint_policy != "full")  # planner/checkpointing.py
+    # a policy not estimated yet: the RAM guard takes the run without checkpointing, which keeps more
+    est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
     if spec.device_type == "cpu":
         import psutil
 
@@ -214,16 +216,21 @@ def cmd_measure_train(args) -> int:
     if outcome.exit_code == EXIT_INVALID:
         raise ConfigError(outcome.record.get("error", "invalid request"))
     rec = {k: v for k, v in outcome.record.items() if k != "event"}
-    rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
-    if outcome.exit_code == 0:
+    if not estimated:
+        est = None
+        rec["estimate"] = None
+    else:
+        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
+    if outcome.exit_code == 0 and est is not None:
         rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
     else:
         rec.setdefault("stderr_tail", outcome.stderr[-1500:])
     if args.json:
         print(json.dumps(rec))
     elif outcome.exit_code == 0:
-        print(f"measured peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}; "
-              f"estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%")
+        print(f"measured peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}"
+              + (f"; estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%" if est else
+                 "; not estimated (checkpointing policy)"))
         print(f"peak RSS {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s")
     else:
         print(f"measurement failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)

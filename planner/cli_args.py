@@ -34,7 +34,11 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer whose states are held")
     p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
                    help="PyTorch's optimizer kernel; default is its own pick (for-loop on CPU, foreach on CUDA)")
-    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    p.add_argument("--checkpointing", nargs="?", const="full", default=None, metavar="POLICY",
+                   help="activation checkpointing of every block; POLICY (planner/checkpointing.py): full (the "
+                        "default), every:K (blocks 0, K, 2K, ...: transformers' every_n_layers), selective "
+                        "(torchtitan's op policy: matmul and attention outputs kept, pointwise recomputed); "
+                        "every:K and selective are measured and simulated, not estimated yet")
     p.add_argument("--attention", choices=ATTENTION_KINDS,
                    help="attention kernel (default: the model's own, as its config says)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -88,7 +92,8 @@ def parse_train(args) -> tuple:
     cfg = resolve_model(args.model, args.config)
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
-                     optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
+                     optimizer=args.optimizer, checkpointing=bool(args.checkpointing),
+                     checkpoint_policy=args.checkpointing or "full", grad_accum=args.grad_accum,
                      optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
                      **finetune_args(args))
     if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):

@@ -185,7 +185,7 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
     est = None
     if module:
         rec["module"] = f"{module[0]}:{module[1]}"
-    else:
+    elif not (spec.checkpointing and spec.checkpoint_policy != "full"):  # a policy not estimated yet: none
         est = _estimate_record(cfg, spec)
         rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
     if outcome.exit_code == 0 and est is not None:

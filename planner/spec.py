@@ -54,6 +54,9 @@ class TrainSpec:
     # prepare_model_for_kbit_training then casts every non-quantized parameter (norms, embeddings, head) to fp32.
     quantize_base: str = "none"     # none | nf4 | fp4 | int8
     double_quant: bool = False      # bnb_4bit_use_double_quant (BitsAndBytesConfig's default: False)
+    # Issue #24 (planner/checkpointing.py): with checkpointing, which blocks and what they keep: full (every block,
+    # its input only: what `checkpointing` has always meant), every:K, selective (torchtitan's op policy)
+    checkpoint_policy: str = "full"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "grad_accum"):
@@ -80,6 +83,11 @@ class TrainSpec:
         if self.loss.split(":")[0] not in LOSSES:
             raise ConfigError(f"unknown loss {self.loss!r}; choose one of: {', '.join(LOSSES)}")
         check_device(self.device)
+        from .checkpointing import check_policy
+
+        check_policy(self.checkpoint_policy)
+        if self.checkpoint_policy != "full" and not self.checkpointing:
+            raise ConfigError(f"checkpoint_policy {self.checkpoint_policy!r} needs checkpointing")
         from .finetune import check_lora_settings, check_train_layers
 
         check_train_layers(self.train_layers)
@@ -146,7 +154,8 @@ def run_args(spec: TrainSpec) -> list[str]:
     args = ["--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len), "--precision", spec.precision,
             "--optimizer", spec.optimizer, "--grad-accum", str(spec.grad_accum), "--optimizer-impl",
             spec.optimizer_impl, "--device", spec.device, "--loss", spec.loss]
-    args += ["--checkpointing"] if spec.checkpointing else []
+    args += (["--checkpointing"] + ([spec.checkpoint_policy] if spec.checkpoint_policy != "full" else [])
+             if spec.checkpointing else [])
     args += ["--train-layers", spec.train_layers] if spec.train_layers != "all" else []
     if spec.lora_r:
         args += ["--lora-r", str(spec.lora_r), "--lora-alpha", repr(spec.lora_alpha),
