@@ -8,7 +8,7 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context|losses [--quick] [--out FILE] [--family NAME]
+    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context|losses|checkpoint-policies [--quick] [--out FILE] [--family NAME]
     python -m planner bench finetune --family gpt2   (the book's GPT-2 fine-tuning rows)
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
@@ -148,7 +148,8 @@ def build_parser() -> _Parser:
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
-                                    "finetune", "finetune-8bit", "longest-context", "record", "losses"),
+                                    "finetune", "finetune-8bit", "longest-context", "record", "losses",
+                                    "checkpoint-policies"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
@@ -411,6 +412,10 @@ def cmd_bench(args) -> int:
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
         return bench_record(args.grid, progress=progress)
+    if args.what == "checkpoint-policies":  # issue #24: planner/bench_techniques.py
+        from .bench_techniques import main_checkpointing
+
+        return main_checkpointing(quick=args.quick, out=args.out)
     if args.what == "losses":  # issue #24: the fused losses' grid (planner/bench_techniques.py)
         from .bench_techniques import main as bench_losses
 
