@@ -29,8 +29,25 @@ def losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
             (2, 32, "fp32", "adamw", "cce"), (2, 32, "bf16-amp", "sgd", "cce"), (4, 32, "bf16", "sgd", "cce")]
     if quick:
         runs = runs[:1] + runs[4:5]
-    return [(f"{name} b{b} s{s} {prec} {opt} {loss}", cfg, TrainSpec(b, s, prec, opt, loss=loss))
+    rows = [(f"{name} b{b} s{s} {prec} {opt} {loss}", cfg, TrainSpec(b, s, prec, opt, loss=loss))
             for name, cfg in models for b, s, prec, opt, loss in runs]
+    if not quick:  # every transformers family's first grid config (Gemma 2's soft-capped logits are refused)
+        from .arch import families
+        from .validation import ConfigError
+        from .spec import check_fits_model
+
+        for fam_name, fam in families().items():
+            if fam.source != "transformers":
+                continue
+            label, cfg, _, _ = fam.grid_configs()[0]
+            for loss in ("chunked-ce:16", "cce"):
+                spec = TrainSpec(2, 32, "bf16-amp", "sgd", loss=loss)
+                try:
+                    check_fits_model(cfg, spec)
+                except ConfigError:
+                    continue
+                rows.append((f"{fam_name}: {label} b2 s32 bf16-amp sgd {loss}", cfg, spec))
+    return rows
 
 
 def full_size_rows() -> list[dict]:

@@ -158,6 +158,9 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
     if args.lora_r is not None or args.train_layers != "all" or getattr(args, "quantize_base", None):
         raise ConfigError("--lora-r, --quantize-base and --train-layers apply to presets and configs; with --module, freeze or wrap "
                           "your model inside make_model")
+    if getattr(args, "loss", "default") != "default":
+        raise ConfigError("--loss applies to presets and configs; with --module, define loss_fn(output, targets) "
+                          "in your file")
     path, func = parse_module_ref(args.module)
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
