@@ -42,14 +42,12 @@ def test_liger_chunk_rule():
     assert chunk_tokens("chunked-ce:1000", 64, 500, 48) == 64  # at most the tokens there are
 
 
-@pytest.mark.parametrize("cfg", [GPT, LLAMA], ids=["gpt2", "llama"])
-@pytest.mark.parametrize("spec", [
-    TrainSpec(2, 32, "fp32", "sgd", loss="chunked-ce:8"),
-    TrainSpec(4, 32, "bf16-amp", "adamw", loss="chunked-ce:32"),
-    TrainSpec(2, 64, "bf16", "sgd", loss="chunked-ce"),
-    TrainSpec(2, 32, "bf16-amp", "sgd", loss="cce"),
-    TrainSpec(4, 32, "bf16", "sgd", loss="cce"),
-], ids=lambda s: f"{s.precision}-{s.loss}-b{s.batch_size}s{s.seq_len}")
+@pytest.mark.parametrize("cfg,spec", [
+    (GPT, TrainSpec(2, 32, "fp32", "sgd", loss="chunked-ce:8")),
+    (GPT, TrainSpec(4, 32, "bf16", "sgd", loss="cce")),
+    (LLAMA, TrainSpec(4, 32, "bf16-amp", "adamw", loss="chunked-ce:32")),
+    (LLAMA, TrainSpec(2, 32, "bf16-amp", "sgd", loss="cce")),
+], ids=["gpt2-fp32-chunked", "gpt2-bf16-cce", "llama-amp-chunked", "llama-amp-cce"])
 def test_fused_loss_estimate_within_bar(cfg, spec):
     est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
     assert est.peak_phase == meas["peak_phase"]
