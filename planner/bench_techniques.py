@@ -5,6 +5,8 @@ bf16-AMP at full size, the formula beside the simulated step, plain cross-entrop
 against chunked-ce and cce."""
 from __future__ import annotations
 
+import re
+
 from .bench_common import write_section
 from .arch.qwen2 import Qwen2Config
 from .config import GPT2Config, LlamaConfig, resolve_model
@@ -46,6 +48,7 @@ def losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
                     check_fits_model(cfg, spec)
                 except ConfigError:
                     continue
+                label = re.sub(r" b\d+ s\d+$", "", label)  # the grid's own batch and sequence are not this run's
                 rows.append((f"{fam_name}: {label} b2 s32 bf16-amp sgd {loss}", cfg, spec))
     return rows
 
