@@ -99,6 +99,10 @@ def parse_train(args) -> tuple:
     if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
         raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
                           "for one process)")
+    from .losses import is_fused
+
+    if is_fused(spec.loss) and cli_parallel.parallel_requested(args):
+        raise ConfigError(f"--loss {spec.loss} with --world-size / --parallel is not modelled yet")
     return prepare(cfg, spec, args.attention), spec
 
 
