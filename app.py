@@ -18,7 +18,7 @@ from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, targe
 from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
 from planner.plan import longest_context, plan
 from planner.reference import UNSLOTH_LLAMA31_8B
-from planner.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
+from planner.spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
 from planner.units import fmt_bytes
 
 PHASE_WHY = {
@@ -34,7 +34,8 @@ PHASE_WHY = {
 START = TrainSpec(batch_size=4, seq_len=512)
 SEQ_CAP = 32768  # the slider's top for long-context models (a typed URL may not exceed the model's context)
 OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision", "optimizer": "optimizer",
-               "opt_impl": "optimizer_impl", "accum": "grad_accum", "ckpt": "checkpointing"}
+               "opt_impl": "optimizer_impl", "accum": "grad_accum", "ckpt": "checkpointing",
+               "loss": "loss"}
 QUANT_TYPES = ["nf4", "fp4"]  # bitsandbytes' 4-bit types (BitsAndBytesConfig bnb_4bit_quant_type)
 
 state = st.session_state
@@ -254,6 +255,10 @@ quant = t4.selectbox("4-bit type", QUANT_TYPES, key="quant", bind="query-params"
                      help="bitsandbytes' 4-bit data type for the frozen base (nf4: QLoRA's NormalFloat)")
 double_quant = t5.toggle("Double quant.", True, key="double_quant", bind="query-params", disabled=tune != "qlora",
                          help="bnb_4bit_use_double_quant: the per-64-weight scales themselves in 8 bits (QLoRA's recipe)")
+loss = st.selectbox("Loss", LOSSES, LOSSES.index(START.loss), key="loss", bind="query-params",
+                    help="default: as the model's users train it; chunked-ce: cross-entropy over chunks of tokens, "
+                         "the b*s*V logits never whole (Liger's chunking, each chunk recomputed in backward); "
+                         "cce: Cut Cross-Entropy's algorithm (planner/losses.py)")
 tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=targets[target], quantize=quant,
                      double_quant=bool(double_quant))
 par = None if layout == LAYOUTS[0] else {
@@ -261,4 +266,5 @@ par = None if layout == LAYOUTS[0] else {
                                                        "mp_param_dtype": MP_CHOICES[mp], "cpu_offload": bool(offload)}
                                                       if layout == "fsdp" else {})}
 planner(cfg, model, {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt),
-                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device, **tuning}, attention, par)
+                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device, "loss": loss,
+                     **tuning}, attention, par)

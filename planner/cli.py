@@ -8,7 +8,7 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context [--quick] [--out FILE] [--family NAME]
+    python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context|losses|checkpoint-policies [--quick] [--out FILE] [--family NAME]
     python -m planner bench finetune --family gpt2   (the book's GPT-2 fine-tuning rows)
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from . import cli_parallel
 from .api import RAM_GUARD_FRACTION  # the guard the Training step page applies too
@@ -151,7 +151,8 @@ def build_parser() -> _Parser:
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
-                                    "finetune", "finetune-8bit", "longest-context", "record", "export"),
+                                    "finetune", "finetune-8bit", "longest-context", "record", "export", "losses",
+                                    "checkpoint-policies"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
@@ -193,7 +194,9 @@ def cmd_measure_train(args) -> int:
     exports = export_paths(args)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
-    est = _estimate_record(cfg, spec)
+    estimated = not (spec.checkpointing and spec.checkpoint_policy != "full")  # planner/checkpointing.py
+    # a policy not estimated yet: the RAM guard takes the run without checkpointing, which keeps more
+    est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
     if spec.device_type == "cpu":
         import psutil
 
@@ -222,16 +225,21 @@ def cmd_measure_train(args) -> int:
     if outcome.exit_code == EXIT_INVALID:
         raise ConfigError(outcome.record.get("error", "invalid request"))
     rec = {k: v for k, v in outcome.record.items() if k != "event"}
-    rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
-    if outcome.exit_code == 0:
+    if not estimated:
+        est = None
+        rec["estimate"] = None
+    else:
+        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
+    if outcome.exit_code == 0 and est is not None:
         rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
     else:
         rec.setdefault("stderr_tail", outcome.stderr[-1500:])
     if args.json:
         print(json.dumps(rec))
     elif outcome.exit_code == 0:
-        print(f"measured peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}; "
-              f"estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%")
+        print(f"measured peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}"
+              + (f"; estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%" if est else
+                 "; not estimated (checkpointing policy)"))
         print(f"peak RSS {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s")
     else:
         print(f"measurement failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)
@@ -412,6 +420,14 @@ def cmd_bench(args) -> int:
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
         return bench_record(args.grid, out=args.out, progress=progress)
+    if args.what == "checkpoint-policies":  # issue #24: planner/bench_techniques.py
+        from .bench_techniques import main_checkpointing
+
+        return main_checkpointing(quick=args.quick, out=args.out)
+    if args.what == "losses":  # issue #24: the fused losses' grid (planner/bench_techniques.py)
+        from .bench_techniques import main as bench_losses
+
+        return bench_losses(quick=args.quick, out=args.out)
     if args.what == "distributed":
         from .bench_distributed import main as bench_distributed
 

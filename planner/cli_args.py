@@ -34,14 +34,21 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer whose states are held")
     p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
                    help="PyTorch's optimizer kernel; default is its own pick (for-loop on CPU, foreach on CUDA)")
-    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    p.add_argument("--checkpointing", nargs="?", const="full", default=None, metavar="POLICY",
+                   help="activation checkpointing of every block; POLICY (planner/checkpointing.py): full (the "
+                        "default), every:K (blocks 0, K, 2K, ...: transformers' every_n_layers), selective "
+                        "(torchtitan's op policy: matmul and attention outputs kept, pointwise recomputed); "
+                        "every:K and selective are measured and simulated, not estimated yet")
     p.add_argument("--attention", choices=ATTENTION_KINDS,
                    help="attention kernel (default: the model's own, as its config says)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--loss", choices=LOSSES, default="default",
+    p.add_argument("--loss", type=_loss_arg, default="default", metavar="|".join(LOSSES[:3] + ("chunked-ce[:N]", "cce")),
                    help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
                         "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
-                        "returned logits")
+                        "returned logits; chunked-ce[:N]: cross-entropy over chunks of N tokens, each chunk's logits "
+                        "from the hidden states and the head weight, recomputed in backward (default N: Liger's "
+                        "rule); cce: Cut Cross-Entropy's algorithm (per-token log-sum-exp, logits recomputed by "
+                        "blocks in backward)")
     p.add_argument("--train-layers", default="all",
                    help="fine-tuning: which parameters train: all; head (output projection and final norm); "
                         "last:N (the last N blocks, the final norm and an untied head); the rest is frozen")
@@ -63,6 +70,19 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
 
 
+def _loss_arg(text: str) -> str:
+    """--loss: one of LOSSES, or chunked-ce:N (argparse answers exit 2 with this message otherwise)."""
+    from .losses import check_loss
+
+    try:
+        check_loss(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if text.split(":")[0] not in LOSSES or (":" in text and not text.startswith("chunked-ce:")):
+        raise argparse.ArgumentTypeError(f"invalid choice {text!r} (choose from {', '.join(LOSSES)}, chunked-ce:N)")
+    return text
+
+
 def progress(text: str) -> None:
     """One progress line on stderr (stdout stays the command's answer)."""
     print(f"planner: {text}", file=sys.stderr, flush=True)
@@ -72,12 +92,17 @@ def parse_train(args) -> tuple:
     cfg = resolve_model(args.model, args.config)
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
-                     optimizer=args.optimizer, checkpointing=args.checkpointing, grad_accum=args.grad_accum,
+                     optimizer=args.optimizer, checkpointing=bool(args.checkpointing),
+                     checkpoint_policy=args.checkpointing or "full", grad_accum=args.grad_accum,
                      optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
                      **finetune_args(args))
     if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
         raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
                           "for one process)")
+    from .losses import is_fused
+
+    if is_fused(spec.loss) and cli_parallel.parallel_requested(args):
+        raise ConfigError(f"--loss {spec.loss} with --world-size / --parallel is not modelled yet")
     return prepare(cfg, spec, args.attention), spec
 
 

@@ -186,6 +186,9 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
     if args.lora_r is not None or args.train_layers != "all" or getattr(args, "quantize_base", None):
         raise ConfigError("--lora-r, --quantize-base and --train-layers apply to presets and configs; with --module, freeze or wrap "
                           "your model inside make_model")
+    if getattr(args, "loss", "default") != "default":
+        raise ConfigError("--loss applies to presets and configs; with --module, define loss_fn(output, targets) "
+                          "in your file")
     path, func = parse_module_ref(args.module)
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
@@ -216,7 +219,7 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
     est = None
     if module:
         rec["module"] = f"{module[0]}:{module[1]}"
-    else:
+    elif not (spec.checkpointing and spec.checkpoint_policy != "full"):  # a policy not estimated yet: none
         est = _estimate_record(cfg, spec)
         rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
     if outcome.exit_code == 0 and est is not None:

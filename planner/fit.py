@@ -29,6 +29,13 @@ CHANGES = {
     "fused": (0, "none: the same update in one fused kernel per parameter group (no temporaries)"),
     "for-loop": (1, "same update, one parameter at a time: more, smaller kernels (slower on a GPU)"),
     "grad-accum": (1, "same gradients; smaller micro-batches run slower per sample (smaller matmuls)"),
+    # Issue #24 (planner/losses.py, planner/estimate/losses.py): the same loss, the logits never whole.
+    "chunked-ce": (1, "the same cross-entropy over chunks of tokens (Liger-Kernel's chunking; torch.utils.checkpoint "
+                      "per chunk): each chunk's head matmul is recomputed in backward, ~1/3 more head work, ~0% of "
+                      "the step for a large model"),
+    "cce": (1, "the same cross-entropy by Cut Cross-Entropy's algorithm (Wijmans et al. 2024, arXiv 2411.09009: "
+               "no slowdown with its CUDA kernels); measured here as a plain-torch equivalent, which recomputes the "
+               "logits block by block"),
     "checkpointing": (2, "recomputes each block's forward in backward: ~1 extra forward per step"),
     "bf16-amp": (3, "matmuls in bf16 (8-bit mantissa); fp32 master weights keep updates exact; usually no loss change"),
     "fp16-amp": (4, "matmuls in fp16 with dynamic loss scaling (GradScaler); overflow-skipped steps possible"),
@@ -46,7 +53,7 @@ CHANGES = {
                  "their benchmarks): the base carries quantization error, and dequantizing it every step costs time"),
 }
 # Changes that combine with each other (each combination is offered only if every change in it lowers the peak).
-COMBINABLE = ("sdpa", "fused", "checkpointing", "bf16-amp")
+COMBINABLE = ("sdpa", "fused", "checkpointing", "bf16-amp", "chunked-ce")
 
 
 @dataclass
@@ -133,6 +140,11 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
         if spec.batch_size % k == 0:
             new = dataclasses.replace(spec, batch_size=spec.batch_size // k, grad_accum=spec.grad_accum * k)
             out.append(_Change("grad-accum", f"grad-accum {new.grad_accum} x batch {new.batch_size}", new, att))
+    from .losses import is_fused
+
+    if not is_fused(spec.loss):  # a loss that takes the hidden states: refused where the family cannot (peak None)
+        out.append(_Change("chunked-ce", "chunked cross-entropy (--loss chunked-ce)", dataclasses.replace(spec, loss="chunked-ce"), att))
+        out.append(_Change("cce", "Cut Cross-Entropy (--loss cce)", dataclasses.replace(spec, loss="cce"), att))
     if not spec.checkpointing:
         out.append(_Change("checkpointing", "checkpointing", dataclasses.replace(spec, checkpointing=True), att))
     for prec in (() if spec.quantize_base != "none" else ("bf16-amp", "fp16-amp", "bf16")):  # QLoRA: bf16 only
@@ -178,6 +190,8 @@ def _combine(spec: TrainSpec, attention: str, changes: tuple[_Change, ...]) -> t
             spec = dataclasses.replace(spec, optimizer_impl="fused")
         elif c.key == "checkpointing":
             spec = dataclasses.replace(spec, checkpointing=True)
+        elif c.key == "chunked-ce":
+            spec = dataclasses.replace(spec, loss="chunked-ce")
         else:
             spec = dataclasses.replace(spec, precision=c.spec.precision)
     return spec, attention
@@ -235,6 +249,8 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
                 what = "2 micro-batches of half the batch, " if c.key == "grad-accum" else ""
                 text += (f" (measured here, {what}2-block proxy: step time x{costs[c.key]:.2f})" if costs[c.key] >= 1.02
                          else f" (measured here, {what}2-block proxy: within timing noise)")
+            if c.key in ("chunked-ce", "cce") and len(combo) == 1:  # what it saves, beside what it costs
+                text = f"lowers the peak by {fmt_bytes(now - peak)}; " + text
             words.append(f"{c.label}: {text}")
         options.append(Option(changes=[c.key for c in combo], label=" + ".join(c.label for c in combo),
                               spec=dataclasses.asdict(new_spec), attention=attention, peak_bytes=peak,

@@ -14,6 +14,9 @@ OPTIMIZER_IMPLS = ("default", "foreach", "for-loop", "fused")
 # default: as the model's users train it (transformers: model(input_ids=x, labels=y).loss; the book's
 # GPT-2: cross-entropy over its logits); labels / cross-entropy force one.
 LOSSES = ("default", "labels", "cross-entropy")
+# Issue #24 (planner/losses.py): the loss from the final hidden states and the head weight, the logits never
+# whole: chunked-ce[:N] (N tokens a chunk) and cce (Cut Cross-Entropy).
+LOSSES = LOSSES + ("chunked-ce", "cce")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 # planner.whatif's fit points (b, s): b >= 2 and b = 1 at a few short sequences (the polynomial is exact, so
@@ -51,6 +54,9 @@ class TrainSpec:
     # prepare_model_for_kbit_training then casts every non-quantized parameter (norms, embeddings, head) to fp32.
     quantize_base: str = "none"     # none | nf4 | fp4 | int8
     double_quant: bool = False      # bnb_4bit_use_double_quant (BitsAndBytesConfig's default: False)
+    # Issue #24 (planner/checkpointing.py): with checkpointing, which blocks and what they keep: full (every block,
+    # its input only: what `checkpointing` has always meant), every:K, selective (torchtitan's op policy)
+    checkpoint_policy: str = "full"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "grad_accum"):
@@ -71,9 +77,17 @@ class TrainSpec:
         check_bnb_optimizer(self.optimizer, self.optimizer_impl, str(self.device).split(":")[0])
         if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
             raise ConfigError(f"fused is not available for {self.optimizer}")
-        if self.loss not in LOSSES:
+        from .losses import check_loss
+
+        check_loss(self.loss)
+        if self.loss.split(":")[0] not in LOSSES:
             raise ConfigError(f"unknown loss {self.loss!r}; choose one of: {', '.join(LOSSES)}")
         check_device(self.device)
+        from .checkpointing import check_policy
+
+        check_policy(self.checkpoint_policy)
+        if self.checkpoint_policy != "full" and not self.checkpointing:
+            raise ConfigError(f"checkpoint_policy {self.checkpoint_policy!r} needs checkpointing")
         from .finetune import check_lora_settings, check_train_layers
 
         check_train_layers(self.train_layers)
@@ -117,6 +131,10 @@ def check_fits_model(cfg: ModelConfig, spec: TrainSpec) -> None:
     family = family_of(cfg)
     if spec.loss == "labels" and family.default_loss != "labels":
         raise ConfigError(f"the {family.arch} model has no labels= loss; use --loss cross-entropy (or default)")
+    from .losses import is_fused
+
+    if is_fused(spec.loss):
+        family.check_fused_loss(cfg, spec)
     family.check_run(cfg, spec)
     from .finetune import check_finetune
 
@@ -136,7 +154,8 @@ def run_args(spec: TrainSpec) -> list[str]:
     args = ["--batch-size", str(spec.batch_size), "--seq-len", str(spec.seq_len), "--precision", spec.precision,
             "--optimizer", spec.optimizer, "--grad-accum", str(spec.grad_accum), "--optimizer-impl",
             spec.optimizer_impl, "--device", spec.device, "--loss", spec.loss]
-    args += ["--checkpointing"] if spec.checkpointing else []
+    args += (["--checkpointing"] + ([spec.checkpoint_policy] if spec.checkpoint_policy != "full" else [])
+             if spec.checkpointing else [])
     args += ["--train-layers", spec.train_layers] if spec.train_layers != "all" else []
     if spec.lora_r:
         args += ["--lora-r", str(spec.lora_r), "--lora-alpha", repr(spec.lora_alpha),

@@ -51,7 +51,8 @@ def shown(at, cfg=None) -> tuple[TrainSpec, str]:
                                optimizer=at.selectbox(key="optimizer").value, checkpointing=at.toggle(key="ckpt").value,
                                grad_accum=int(at.number_input(key="accum").value),
                                optimizer_impl=at.selectbox(key="opt_impl").value,
-                               device=at.selectbox(key="device").value), **tuning})
+                               device=at.selectbox(key="device").value, loss=at.selectbox(key="loss").value),
+                       **tuning})
     return spec, at.selectbox(key="attention").value
 
 
@@ -90,7 +91,7 @@ def test_each_advice_option_applies_exactly_its_own_settings():
     at = app()
     at.slider(key="batch").set_value(64).run()
     before = {k: at.session_state[k] for k in ("batch", "seq", "precision", "optimizer", "opt_impl", "accum", "ckpt",
-                                               "attention", "tune", "lora_r", "lora_targets", "quant", "double_quant")}
+                                               "attention", "tune", "lora_r", "lora_targets", "quant", "double_quant", "loss")}
     labels = at.selectbox(key="advice_choice").options
     assert len(set(labels)) == len(labels) and {"grad-accum 2 x batch 32", "grad-accum 4 x batch 16"} <= set(labels)
     table = at.dataframe[0].value.set_index("option")

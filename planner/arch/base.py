@@ -82,6 +82,11 @@ class Family:
         """Map a published config.json's legacy spellings onto the config's fields (override per family)."""
         return data
 
+    def check_fused_loss(self, cfg, spec) -> None:
+        """Refuse a fused loss (chunked-ce, cce: planner/losses.py) this family's run cannot take."""
+        if spec.finetuning:
+            raise ConfigError(f"--loss {spec.loss} with fine-tuning (--lora-r / --train-layers) is not modelled yet")
+
     def check_run(self, cfg, spec) -> None:
         """Refuse a run this family cannot estimate or transformers cannot run (ConfigError, one line)."""
 
@@ -223,6 +228,15 @@ class HFCausalLM(Family):
         cross-entropy: the book's loss over the returned logits (the output object dies at once)."""
         import torch.nn.functional as F
 
+        from ..losses import is_fused
+
+        if is_fused(loss_kind):  # as a user plugs a fused loss in: the base model's last hidden state and
+            # the head weight (planner/routines/losses.py); the head's own forward never runs
+            from ..routines.losses import fused_loss
+
+            hidden = getattr(model, model.base_model_prefix)(input_ids=inputs).last_hidden_state
+            on_phase("loss")
+            return fused_loss(hidden, model.get_output_embeddings().weight, targets, loss_kind)
         if loss_kind == "labels":
             # The loss runs inside the model's forward: the output head's forward hook marks where it starts.
             # DDP wraps the model (`.module`); FSDP2 changes the model's class in place.

@@ -85,6 +85,15 @@ class Gemma2(Gemma):
             data = {**data, "attention": "eager"}
         return RMSDecoder.from_dict(self, data)
 
+    def check_fused_loss(self, cfg, spec) -> None:
+        """Gemma2ForCausalLM soft-caps its logits (logits / cap, tanh, * cap) before the loss; the fused losses
+        here (planner/routines/losses.py) take plain hidden @ W.T logits, so they are refused with the cap on."""
+        if cfg.final_logit_softcapping is not None:
+            from ..validation import ConfigError
+
+            raise ConfigError(f"--loss {spec.loss} does not apply Gemma 2's final_logit_softcapping; not modelled yet")
+        super().check_fused_loss(cfg, spec)
+
     def attention_kinds(self, cfg) -> tuple[str, ...]:
         return ("eager",)
 

@@ -239,8 +239,15 @@ class BookGPT2(Family):
     def loss(self, model, inputs, targets, loss_kind: str, on_phase):
         """LLMs-from-scratch ch05 calc_loss_batch: cross-entropy over the flattened logits; `logits`
         dies on return."""
+        from ..losses import is_fused
         from ..models.gpt2 import calc_loss_batch
 
+        if is_fused(loss_kind):  # planner/routines/losses.py: the final hidden states and the head weight
+            from ..routines.losses import fused_loss
+
+            hidden = model.hidden_states(inputs)
+            on_phase("loss")
+            return fused_loss(hidden, model.out_head.weight, targets, loss_kind)
         return calc_loss_batch(inputs, targets, model, on_phase)
 
 

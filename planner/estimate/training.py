@@ -18,6 +18,8 @@ from ..arch.base import resolved_loss
 from ..config import ModelConfig
 from ..spec import TrainSpec
 from . import bnb_optim
+from ..losses import is_fused
+from .losses import fused_loss
 from .activations import Term, Widths, block_terms, outside_terms
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
 
@@ -243,6 +245,12 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+    policy = getattr(spec, "checkpoint_policy", "full")
+    if spec.checkpointing and policy != "full":  # planner/checkpointing.py
+        from ..validation import ConfigError
+
+        raise ConfigError(f"checkpointing policy {policy} is measured and simulated, not estimated yet "
+                          "(use simulate train or measure train)")
     if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py), on the book's GPT-2
         # (finetune_book.py) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
@@ -274,6 +282,10 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
 
     blk = block_terms(cfg, spec, w)
     out = outside_terms(cfg, spec, w)
+    fused = None
+    if is_fused(loss_kind):  # chunked-ce / cce (planner/estimate/losses.py): the head runs inside the loss
+        fused = fused_loss(loss_kind, b * s, V, cfg.hidden, w.e_r, w.e_m, e_p, w.amp)
+        out = [t for t in out if not t.name.endswith("head input")] + [t for t in fused.saved if t.where == "head"]
     blk_bytes = sum(t.bytes for t in blk)
     out_bytes = sum(t.bytes for t in out)
     # log_softmax output and nll_loss's 0-d total_weight; transformers' ForCausalLMLoss also saves its
@@ -288,6 +300,9 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     else:
         saved_blocks = L * blk_bytes
         amp_weights = autocast_weight_bytes(cfg, spec)
+    if fused is not None:  # no b*s*V log-softmax output; the head's autocast copy is not saved by the head
+        ce_saved = sum(t.bytes for t in fused.saved if t.where == "loss")
+        amp_weights -= autocast_weight_bytes(cfg, spec) - autocast_weight_bytes(cfg, spec, blocks_only=True)
     activations = saved_blocks + out_bytes + amp_weights + ce_saved
 
     logits = bsV * w.e_m
@@ -295,6 +310,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # ForCausalLMLoss's logits.float() (transformers/loss/loss_utils.py), which pure bf16 pays too.
     logits_fp32_copy = bsV * 4 if (w.amp or (loss_kind == "labels" and w.e_m < 4)) else 0
     ce_grads = 2 * bsV * w.e_ce  # nll_loss_backward output and _log_softmax_backward_data output
+    if fused is not None:  # never whole: a chunk's are in fused.loss_point / fused.backward_point
+        logits = logits_fp32_copy = ce_grads = 0
     opt_tmp, opt_tmp_formula = optimizer_temporary_bytes(cfg, spec)
 
     base = params + buffers + inputs + opt_state + scaler
@@ -320,12 +337,15 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     fwd = family.forward_terms(cfg, spec, w)
     fwd_bytes = sum(t.bytes for t in fwd)
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
+    fused_loss_point = fused.loss_point if fused is not None else 0
+    fused_bwd_point = fused.backward_point if fused is not None else 0
     phase = {
         "forward": base + accum_grads + a_before_loss + logits + fwd_bytes,
-        "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
+        + fused_loss_point,
         # nll_loss's backward has run (and released its saved target) when log_softmax's backward
         # allocates its output: the shifted labels are gone at that high point.
-        "backward": base + max(accum_grads + activations - shifted_labels + ce_grads, sweep, grads,
+        "backward": base + max(accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point, sweep, grads,
                                tied_embedding_accumulation(cfg, spec)),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
@@ -340,7 +360,16 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     peak_phase = max(phase, key=phase.get)
 
     terms = blk + out + fwd
-    if loss_kind == "labels":
+    notes = []
+    if fused is not None:
+        terms += [t for t in fused.saved if t.where == "loss"]
+        terms += [Term(f"transient: {loss_kind} loss phase (one chunk's logits, fp32 copy, log-softmax)",
+                       "see planner/estimate/losses.py", fused.loss_point, where="transient"),
+                  Term(f"transient: {loss_kind} backward (one chunk recomputed and its grads)",
+                       "see planner/estimate/losses.py", fused.backward_point, where="transient")]
+        notes.append(f"{loss_kind}: the b*s*V logits never exist whole ({fused.chunk} tokens a chunk); "
+                     f"extra compute: {fused.compute}")
+    elif loss_kind == "labels":
         terms.append(Term("log_softmax output (fp32: ForCausalLMLoss upcasts the logits) + nll total_weight"
                           " + shifted labels", "4*b*s*V + 4 + 8*b*s", ce_saved))
     else:
@@ -351,7 +380,6 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
               Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads, where="transient"),
               Term("transient: optimizer step", opt_tmp_formula, opt_tmp, where="transient")]
     terms = [dict(vars(t)) for t in terms]  # its fields are plain values: asdict's deep copy is 10x the cost
-    notes = []
     if spec.device_type == "cuda":
         notes.append("CUDA: 512-B allocator rounding and one cuBLAS workspace are included; the CUDA context "
                      f"(~{CUDA_CONTEXT_BYTES // 2**20} MiB) is not, as max_memory_allocated does not count it. "

@@ -132,21 +132,28 @@ class GPTModel(nn.Module):
         self.final_norm = LayerNorm(cfg["emb_dim"])
         self.out_head = nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
         self.gradient_checkpointing = False
+        self.checkpoint_every = 1    # blocks i % checkpoint_every == 0 are checkpointed (planner/checkpointing.py)
+        self.checkpoint_kwargs = {}  # e.g. a selective policy's context_fn
 
     def forward(self, in_idx):
+        return self.out_head(self.hidden_states(in_idx))
+
+    def hidden_states(self, in_idx):
+        """Everything before the output head (a fused loss takes these and out_head.weight)."""
         batch_size, seq_len = in_idx.shape
         tok_embeds = self.tok_emb(in_idx)
         pos_embeds = self.pos_emb(torch.arange(seq_len, device=in_idx.device))
         x = tok_embeds + pos_embeds
         x = self.drop_emb(x)
         if self.gradient_checkpointing and self.training:
-            for block in self.trf_blocks:
-                x = checkpoint(block, x, use_reentrant=False)
+            for i, block in enumerate(self.trf_blocks):
+                if i % self.checkpoint_every == 0:
+                    x = checkpoint(block, x, use_reentrant=False, **self.checkpoint_kwargs)
+                else:
+                    x = block(x)
         else:
             x = self.trf_blocks(x)
-        x = self.final_norm(x)
-        logits = self.out_head(x)
-        return logits
+        return self.final_norm(x)
 
 
 def calc_loss_batch(input_batch, target_batch, model, on_phase: Callable[[str], None]):

@@ -143,8 +143,10 @@ class TrainingStep:
         else:
             self.model = build_model(cfg, self.device, spec.param_dtype)
         self.model.train()
-        if spec.checkpointing:
-            self.family.enable_checkpointing(self.model)
+        if spec.checkpointing:  # the policy: planner/checkpointing.py (full is the family's own)
+            from .checkpointing import enable_policy
+
+            enable_policy(self.family, self.model, getattr(spec, "checkpoint_policy", "full"))
         if spec.finetuning:
             self.model = apply_finetuning(self.model, cfg, spec)
         self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], spec)

@@ -1,0 +1,41 @@
+"""Activation checkpointing policies (issue #24; no torch): which blocks are checkpointed and what a checkpointed
+block keeps.
+
+  full        every block under torch.utils.checkpoint(use_reentrant=False): only its input is kept (the
+              planner's `--checkpointing` since the start; estimated in planner/estimate/training.py)
+  every:K     blocks 0, K, 2K, ... checkpointed, the others keep their saved tensors: transformers'
+              activation_checkpointing_enable(every_n_layers=K) (modeling_utils.py _set_gradient_checkpointing:
+              layer_index % every_n_layers == 0), the same rule for the book's GPT-2
+  selective   every block checkpointed with torch.utils.checkpoint's create_selective_checkpoint_contexts and
+              torchtitan's op policy (torchtitan/models/llama3/infra/parallelize.py `_save_list` and
+              `_custom_policy`): the outputs of matmuls (aten.mm, every second one recomputed) and of the fused
+              attention kernels are saved, pointwise ops are recomputed
+every:K and selective are measured and simulated (the real step); their estimate is not modelled yet.
+"""
+from __future__ import annotations
+
+import re
+
+from .validation import ConfigError
+
+POLICIES = ("full", "every:K", "selective")
+_EVERY_RE = re.compile(r"^every:(\d+)$")
+
+
+def check_policy(policy: str) -> None:
+    if policy in ("full", "selective"):
+        return
+    m = _EVERY_RE.match(policy or "")
+    if m is None or int(m.group(1)) <= 0:
+        raise ConfigError(f"unknown checkpointing policy {policy!r}; choose one of: full, every:K (K >= 1), selective")
+
+
+def every_k(policy: str) -> int:
+    """K of every:K (1 for full and selective: every block)."""
+    m = _EVERY_RE.match(policy)
+    return int(m.group(1)) if m else 1
+
+
+def checkpointed_blocks(policy: str, layers: int) -> list[int]:
+    k = every_k(policy)
+    return [i for i in range(layers) if i % k == 0]
