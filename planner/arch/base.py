@@ -85,6 +85,14 @@ class Family:
     def check_run(self, cfg, spec) -> None:
         """Refuse a run this family cannot estimate or transformers cannot run (ConfigError, one line)."""
 
+    # ---- inference (planner/estimate/inference.py) -----------------------------------------------------
+    def infer_caches(self, cfg) -> tuple[str, ...]:
+        """The caches generate() can run this model with, the default first (planner/infer_spec.py CACHES)."""
+        return ("dynamic", "static")
+
+    def check_infer(self, cfg, ispec) -> None:
+        """Refuse an inference run this family cannot estimate or run (ConfigError, one line)."""
+
     def to_dict(self, cfg) -> dict:
         out = {"arch": self.arch}
         out.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init})

@@ -90,6 +90,10 @@ class BookGPT2(Family):
     def tied(self, cfg) -> bool:
         return False
 
+    def infer_caches(self, cfg) -> tuple[str, ...]:
+        """The book's generate_text_simple keeps no cache: it recomputes the whole context per token."""
+        return ("none",)
+
     def inventory(self, c: GPT2Config) -> list[TensorSpec]:
         h, ctx = c.emb_dim, c.context_length
         specs = [TensorSpec("tok_emb.weight", (c.vocab_size, h), "param", role="embed"),
