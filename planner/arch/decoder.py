@@ -239,7 +239,7 @@ class RMSDecoder(HFCausalLM):
         norm: the post-attention RMSNorm in fp32: the residual and two fp32 b*s*h temporaries."""
         x = self.shape(c)
         b, s, h = ispec.batch_size, ispec.prompt_len, c.hidden_size
-        kv_len = ispec.total_len if ispec.cache == "static" else s
+        kv_len = ispec.total_len - 1 if ispec.cache == "static" else s
         bsh = b * s * h
         ctx = (2 if c.num_hidden_layers > 1 else 1) * bsh * e + 2 * b * s * self.rope_dim(c) * e
         attn = bsh * e + self.infer_attention(c, ispec, e, s, kv_len)
@@ -259,9 +259,9 @@ class RMSDecoder(HFCausalLM):
         if c.attention == "eager":
             kv_rep = 2 * b * x.a * kv_len * x.d * e if x.kv < x.a else 0
             return q + kv_rep + b * s * kv_len * e + b * x.a * s * kv_len * (e + 4 + (e if e < 4 else 0))
-        masked = ispec.cache == "static"
-        kv_rep = 2 * b * x.a * kv_len * x.d * e if (x.kv < x.a and not parts.sdpa_enable_gqa(x, masked)) else 0
-        return 2 * q + kv_rep + (b * s * kv_len if masked else 0)
+        # measured: a StaticCache's padded mask is not passed at these shapes either (K/V are not repeated)
+        kv_rep = 2 * b * x.a * kv_len * x.d * e if (x.kv < x.a and not parts.sdpa_enable_gqa(x, False)) else 0
+        return 2 * q + kv_rep
 
     def infer_decode_points(self, c, ispec, e: int) -> dict[str, int]:
         """DynamicLayer.update (cache_utils.py): `self.keys = torch.cat([self.keys, key_states], dim=-2)`
@@ -269,7 +269,7 @@ class RMSDecoder(HFCausalLM):
         (b, kv, p + n - 2, d) on top of the grown cache. A StaticCache writes in place (index_copy_)."""
         b = ispec.batch_size
         static = ispec.cache == "static"
-        kv_len = ispec.total_len if static else ispec.total_len - 1
+        kv_len = ispec.total_len - 1
         ids = self.infer_decode_ids_bytes(c, ispec)
         # the last forward's attention over the whole cache (one query), beside the previous step's scores
         points = {"attention over the cache": ids + 4 * b * c.vocab_size + b * c.hidden_size * e * 3

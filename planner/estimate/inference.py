@@ -36,9 +36,11 @@ def estimate_inference(cfg: ModelConfig, ispec: InferSpec) -> dict:
 
     kv_tok = family.kv_bytes_per_token(cfg, e)  # one token's K and V over all layers, per sequence
     static = ispec.cache == "static"
-    kv_prefill_len = ispec.total_len if static else p
+    # StaticCache: max_cache_len = generate's max_length - 1 (the last token never enters the model: measured,
+    # (b, kv, p + n - 1, d) per layer), allocated whole at the layer's first update
+    kv_prefill_len = ispec.total_len - 1 if static else p
     kv_prefill = b * kv_tok * kv_prefill_len
-    kv_decode = b * kv_tok * (ispec.total_len if static else ispec.total_len - 1)
+    kv_decode = b * kv_tok * (ispec.total_len - 1)
 
     pre_points = family.infer_prefill_points(cfg, ispec, e)   # name -> bytes above base + full prompt cache
     logit_terms = family.infer_logits_terms(cfg, ispec, e)
@@ -65,10 +67,10 @@ def estimate_inference(cfg: ModelConfig, ispec: InferSpec) -> dict:
     kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
     terms = [Term("weights", "P*e", weights, where="kept"), Term("buffers", "buffers", buffers, where="kept"),
              Term("prompt ids and attention mask", "2*8*b*p" if inputs == 16 * b * p else "8*b*p", inputs, where="kept"),
-             Term("KV cache at the prefill high point" + (" (StaticCache: every layer at prompt + new)" if static
+             Term("KV cache at the prefill high point" + (" (StaticCache: every layer at p + n - 1)" if static
                                                            else " (DynamicCache: the prompt)"),
-                  f"b*{'(p + n)' if static else 'p'}*kv_token", kv_prefill, where="prefill"),
-             Term("KV cache at the last decode step", f"b*{'(p + n)' if static else '(p + n - 1)'}*kv_token",
+                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token", kv_prefill, where="prefill"),
+             Term("KV cache at the last decode step", "b*(p + n - 1)*kv_token",
                   kv_decode, where="decode")]
     terms += [Term(f"prefill high point: {k}", "family (infer_prefill_points)", v, where="prefill")
               for k, v in pre_points.items()]
