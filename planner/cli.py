@@ -117,6 +117,9 @@ def build_parser() -> _Parser:
     _add_model(p)
     _add_run(p)
     cli_parallel.add_parallel_args(p)
+    from .cli_infer import add_infer  # estimate|measure|simulate infer: planner/cli_infer.py
+
+    add_infer(est, command, "estimate")
     p = command(est, "load", "The device and CPU peaks of loading the weights with a method, or every method.")
     _add_model(p)
     _add_load(p)
@@ -130,6 +133,7 @@ def build_parser() -> _Parser:
                                           "machine (default: no cap)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
     cli_parallel.add_parallel_args(p)
+    add_infer(mea, command, "measure")
     p = command(mea, "load", "Load real checkpoints with a method, or every method, each in a fresh child "
                              "process; measured against estimated.")
     _add_model(p)
@@ -474,7 +478,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             args = parser.parse_args(argv)
             default_precision(args)
-            if args.command == "estimate":
+            if getattr(args, "what", None) == "infer":
+                from .cli_infer import cmd_infer
+
+                code = cmd_infer(args)
+            elif args.command == "estimate":
                 code = cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
             elif args.command == "measure":
                 code = cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
