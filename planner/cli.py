@@ -152,7 +152,7 @@ def build_parser() -> _Parser:
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
-                                    "finetune", "finetune-8bit", "longest-context", "record"),
+                                    "finetune", "finetune-8bit", "longest-context", "record", "inference"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
@@ -408,6 +408,10 @@ def cmd_bench(args) -> int:
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
         return bench_record(args.grid, progress=progress)
+    if args.what == "inference":  # generate()'s peak: planner/bench_inference.py
+        from .bench_inference import main as bench_inference
+
+        return bench_inference(quick=args.quick, out=args.out, progress=progress)
     if args.what == "distributed":
         from .bench_distributed import main as bench_distributed
 
