@@ -235,7 +235,8 @@ class RMSDecoder(HFCausalLM):
         kv = a), the (b, 1, s, kv_len) additive mask, and the scores: matmul * scaling (+ mask), softmax's
         fp32 output and, below fp32, its cast back, b*a*s*kv_len*(e + 4 + [e < 4]*e).
         attention (sdpa): the norm output, q, the K/V SDPA reads (repeated unless enable_gqa) and its output.
-        mlp: the residual and the post-attention norm's output, act(gate), up and their product (3*b*s*f).
+        mlp: the residual and the post-attention norm's output, act(gate), up and their product (3*b*s*f;
+        Phi-3's fused gate_up: its (b, s, 2f) output, act(gate) and the product, 4*b*s*f).
         norm: the post-attention RMSNorm in fp32: the residual and two fp32 b*s*h temporaries."""
         x = self.shape(c)
         b, s, h = ispec.batch_size, ispec.prompt_len, c.hidden_size
@@ -243,7 +244,8 @@ class RMSDecoder(HFCausalLM):
         bsh = b * s * h
         ctx = (2 if c.num_hidden_layers > 1 else 1) * bsh * e + 2 * b * s * self.rope_dim(c) * e
         attn = bsh * e + self.infer_attention(c, ispec, e, s, kv_len)
-        mlp = 2 * bsh * e + 3 * b * s * x.f * e
+        # fused gate_up (Phi-3): gate and up are views of one (b, s, 2f) output, alive until the product exists
+        mlp = 2 * bsh * e + (4 if self.fused_gate_up else 3) * b * s * x.f * e
         norm = bsh * e + 8 * bsh
         return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm}
 
