@@ -237,7 +237,8 @@ class RMSDecoder(HFCausalLM):
         attention (sdpa): the norm output, q, the K/V SDPA reads (repeated unless enable_gqa) and its output.
         mlp: the residual and the post-attention norm's output, act(gate), up and their product (3*b*s*f;
         Phi-3's fused gate_up: its (b, s, 2f) output, act(gate) and the product, 4*b*s*f).
-        norm: the post-attention RMSNorm in fp32: the residual and two fp32 b*s*h temporaries."""
+        norm: the post-attention RMSNorm in fp32: the residual and two fp32 b*s*h temporaries.
+        eager, after the attention: its mask and the returned attention weights (kept by the layer's `_`)."""
         x = self.shape(c)
         b, s, h = ispec.batch_size, ispec.prompt_len, c.hidden_size
         kv_len = ispec.total_len - 1 if ispec.cache == "static" else s
@@ -247,6 +248,11 @@ class RMSDecoder(HFCausalLM):
         # fused gate_up (Phi-3): gate and up are views of one (b, s, 2f) output, alive until the product exists
         mlp = 2 * bsh * e + (4 if self.fused_gate_up else 3) * b * s * x.f * e
         norm = bsh * e + 8 * bsh
+        if c.attention == "eager":
+            # the additive mask (built once per forward, alive through every layer) and the attention weights
+            # eager_attention_forward returns, which the decoder layer keeps in `_` through its MLP (measured)
+            after = b * s * kv_len * e + b * x.a * s * kv_len * e
+            mlp, norm = mlp + after, norm + after
         return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm}
 
     def infer_attention(self, c, ispec, e: int, s: int, kv_len: int) -> int:
