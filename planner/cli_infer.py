@@ -29,25 +29,25 @@ def add_infer(group, command, kind: str) -> None:
             "measure": "Run one real generate() call in a child process; measured against estimated.",
             "simulate": "Run one generate() call on fake tensors in a child process: its exact peak at any size."}[kind]
     p = command(group, "infer", text)
-    p.add_argument("model_name", nargs="?", metavar="MODEL", help="a preset (the same as --model)")
+    p.add_argument("model_name", nargs="?", metavar="MODEL", help="a preset (the same as --model; default: none, give --model or --config)")
     _add_model(p)
     p.add_argument("--batch-size", type=int, required=True, help="prompts generated together")
     p.add_argument("--prompt-len", type=int, required=True, help="tokens per prompt")
     p.add_argument("--new-tokens", type=int, required=True, help="tokens generated per prompt (all of them: "
                                                                  "min_new_tokens = max_new_tokens)")
-    p.add_argument("--precision", choices=INFER_PRECISIONS, default="fp32", help="the weights' dtype")
+    p.add_argument("--precision", choices=INFER_PRECISIONS, default="fp32", help="the weights' dtype (default: %(default)s)")
     p.add_argument("--attention", choices=("eager", "sdpa"), default=None, help="attention kernel (default: the config's)")
     p.add_argument("--cache", choices=CACHES + BOOK_CACHES, default=None,
                    help="dynamic (generate's default DynamicCache) | static (cache_implementation='static'); "
-                        "the book's GPT-2: none (default: the family's)")
-    p.add_argument("--quantize-weights", choices=WEIGHT_QUANT, default="none", help="weight quantization (none yet)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--json", action="store_true", help="print the record as JSON")
+                        "the book's GPT-2: none (default: the family's first: dynamic, or none)")
+    p.add_argument("--quantize-weights", choices=WEIGHT_QUANT, default="none", help="weight quantization (default: %(default)s; bitsandbytes not built yet)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the record as JSON (default: a short text)")
     if kind != "estimate":
-        p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
-        p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
+        p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3; default: %(default)s)")
+        p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result (default: none)")
     if kind == "measure":
-        p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB)")
+        p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB; default: no cap)")
 
 
 def parse_infer(args: argparse.Namespace):
