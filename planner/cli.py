@@ -117,6 +117,9 @@ def build_parser() -> _Parser:
     _add_model(p)
     _add_run(p)
     cli_parallel.add_parallel_args(p)
+    from .cli_infer import add_infer  # estimate|measure|simulate infer: planner/cli_infer.py
+
+    add_infer(est, command, "estimate")
     p = command(est, "load", "The device and CPU peaks of loading the weights with a method, or every method.")
     _add_model(p)
     _add_load(p)
@@ -133,6 +136,7 @@ def build_parser() -> _Parser:
 
     add_export_args(p)
     cli_parallel.add_parallel_args(p)
+    add_infer(mea, command, "measure")
     p = command(mea, "load", "Load real checkpoints with a method, or every method, each in a fresh child "
                              "process; measured against estimated.")
     _add_model(p)
@@ -152,7 +156,7 @@ def build_parser() -> _Parser:
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "longest-context", "record", "export", "losses",
-                                    "checkpoint-policies"),
+                                    "checkpoint-policies", "inference"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
@@ -428,6 +432,10 @@ def cmd_bench(args) -> int:
         from .bench_techniques import main as bench_losses
 
         return bench_losses(quick=args.quick, out=args.out)
+    if args.what == "inference":  # generate()'s peak: planner/bench_inference.py
+        from .bench_inference import main as bench_inference
+
+        return bench_inference(quick=args.quick, out=args.out, progress=progress)
     if args.what == "distributed":
         from .bench_distributed import main as bench_distributed
 
@@ -496,7 +504,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             args = parser.parse_args(argv)
             default_precision(args)
-            if args.command == "estimate":
+            if getattr(args, "what", None) == "infer":
+                from .cli_infer import cmd_infer
+
+                code = cmd_infer(args)
+            elif args.command == "estimate":
                 code = cmd_estimate_train(args) if args.what == "train" else cmd_estimate_load(args)
             elif args.command == "measure":
                 code = cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)

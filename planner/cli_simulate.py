@@ -47,6 +47,9 @@ def add_simulate(top, command) -> None:
 
     cli_parallel.add_parallel_args(p)
 
+    from .cli_infer import add_infer
+
+    add_infer(sub, command, "simulate")
     w = command(sub, "whatif", "Fit instant what-ifs: simulate a few small (batch, sequence) points, fit each op's "
                                "live bytes as a polynomial in b and s, and answer any (b, s) from the fit.")
     _add_model(w)

@@ -90,6 +90,39 @@ class Family:
     def check_run(self, cfg, spec) -> None:
         """Refuse a run this family cannot estimate or transformers cannot run (ConfigError, one line)."""
 
+    # ---- inference (planner/estimate/inference.py) -----------------------------------------------------
+    def infer_caches(self, cfg) -> tuple[str, ...]:
+        """The caches generate() can run this model with, the default first (planner/infer_spec.py CACHES)."""
+        return ("dynamic", "static")
+
+    def check_infer(self, cfg, ispec) -> None:
+        """Refuse an inference run this family cannot estimate or run (ConfigError, one line)."""
+
+    def infer_input_bytes(self, cfg, ispec) -> int:
+        """The prompt batch generate() is given: input_ids and attention_mask, int64 (b, p) each."""
+        return 2 * 8 * ispec.batch_size * ispec.prompt_len
+
+    def kv_bytes_per_token(self, cfg, e: int) -> int:
+        """One token's keys and values over all layers, for one sequence (bytes)."""
+        raise NotImplementedError(f"{self.arch}: no inference model yet")
+
+    def infer_prefill_points(self, cfg, ispec, e: int) -> dict[str, int]:
+        """The prefill forward's high points: name -> live bytes above the weights, the prompt and the KV
+        cache of every layer (the last layer's high points are the largest: the cache is then complete)."""
+        raise NotImplementedError(f"{self.arch}: no inference model yet")
+
+    def infer_decode_points(self, cfg, ispec, e: int) -> dict[str, int]:
+        """The last decode forward's high points above the weights, the prompt and the cache at p + n - 1."""
+        return {}
+
+    def infer_logits_terms(self, cfg, ispec, e: int) -> list:
+        """What the token selection holds beside the cache (Term objects)."""
+        return []
+
+    def infer_decode_ids_bytes(self, cfg, ispec) -> int:
+        """generate's grown input_ids and attention_mask at the last step (int64 (b, p + n - 1) and (b, p + n))."""
+        return 8 * ispec.batch_size * (2 * ispec.total_len - 1)
+
     def to_dict(self, cfg) -> dict:
         out = {"arch": self.arch}
         out.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init})

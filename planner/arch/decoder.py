@@ -270,6 +270,91 @@ class RMSDecoder(HFCausalLM):
         """Additive attention masks the model's forward builds and keeps through its layers (one here)."""
         return 1
 
+    # ---- inference (planner/estimate/inference.py) ------------------------------------------------
+    def check_infer(self, c, ispec) -> None:
+        sw = self.sliding_window(c)
+        if sw is not None and sw < ispec.total_len:
+            raise ConfigError(f"a sliding window ({sw}) shorter than prompt + new tokens ({ispec.total_len}) is not "
+                              "modelled for inference yet")
+
+    def kv_bytes_per_token(self, c, e: int) -> int:
+        """K and V of every layer, (kv heads x head_dim) each (cache_utils.py DynamicLayer / StaticLayer)."""
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * e
+
+    def infer_prefill_points(self, c, ispec, e: int) -> dict[str, int]:
+        """The last layer of the prompt's forward under torch.inference_mode (no tensor is saved: only the
+        Python references of the forward keep tensors alive; measured op by op on the live-bytes timeline):
+        always alive there: inputs_embeds (the model forward's local) and the layer's input (the caller's
+        hidden_states; the same tensor in a 1-layer model), cos and sin (b, s, d_rope) in the weights' dtype.
+        attention (eager): the input norm's output, q after RoPE, the repeat_kv copies of K and V (none when
+        kv = a), the (b, 1, s, kv_len) additive mask, and the scores: matmul * scaling (+ mask), softmax's
+        fp32 output and, below fp32, its cast back, b*a*s*kv_len*(e + 4 + [e < 4]*e).
+        attention (sdpa): the norm output, q, the K/V SDPA reads (repeated unless enable_gqa) and its output.
+        mlp: the residual and the post-attention norm's output, act(gate), up and their product (3*b*s*f;
+        Phi-3's fused gate_up: its (b, s, 2f) output, act(gate) and the product, 4*b*s*f).
+        norm: the post-attention RMSNorm in fp32: the residual and two fp32 b*s*h temporaries.
+        eager, after the attention: its mask and the returned attention weights (kept by the layer's `_`)."""
+        x = self.shape(c)
+        b, s, h = ispec.batch_size, ispec.prompt_len, c.hidden_size
+        kv_len = ispec.total_len - 1 if ispec.cache == "static" else s
+        bsh = b * s * h
+        ctx = (2 if c.num_hidden_layers > 1 else 1) * bsh * e + 2 * b * s * self.rope_dim(c) * e
+        attn = bsh * e + self.infer_attention(c, ispec, e, s, kv_len)
+        # fused gate_up (Phi-3): gate and up are views of one (b, s, 2f) output, alive until the product exists
+        mlp = 2 * bsh * e + (4 if self.fused_gate_up else 3) * b * s * x.f * e
+        norm = bsh * e + 8 * bsh
+        if c.attention == "eager":
+            # the additive mask (built once per forward, alive through every layer) and the attention weights
+            # eager_attention_forward returns, which the decoder layer keeps in `_` through its MLP (measured)
+            after = b * s * kv_len * e + b * x.a * s * kv_len * e
+            mlp, norm = mlp + after, norm + after
+        return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm}
+
+    def infer_attention(self, c, ispec, e: int, s: int, kv_len: int) -> int:
+        """One attention call's tensors beyond the cache, s queries over kv_len keys (eager_attention_forward,
+        sdpa_attention_forward): q after RoPE; eager: repeat_kv's copies of K and V (none when kv = a), the
+        (b, 1, s, kv_len) mask in the weights' dtype, the scores (matmul * scaling, + mask), softmax's fp32
+        output and below fp32 its cast back: b*a*s*kv_len*(e + 4 + [e < 4]*e); sdpa: its output, and K/V
+        repeated unless enable_gqa (no mask: a StaticCache passes one), a StaticCache's bool mask."""
+        x = self.shape(c)
+        b = ispec.batch_size
+        q = b * x.a * s * x.d * e
+        if c.attention == "eager":
+            kv_rep = 2 * b * x.a * kv_len * x.d * e if x.kv < x.a else 0
+            return q + kv_rep + b * s * kv_len * e + b * x.a * s * kv_len * (e + 4 + (e if e < 4 else 0))
+        # measured: a StaticCache's padded mask is not passed at these shapes either (K/V are not repeated)
+        kv_rep = 2 * b * x.a * kv_len * x.d * e if (x.kv < x.a and not parts.sdpa_enable_gqa(x, False)) else 0
+        return 2 * q + kv_rep
+
+    def infer_decode_points(self, c, ispec, e: int) -> dict[str, int]:
+        """DynamicLayer.update (cache_utils.py): `self.keys = torch.cat([self.keys, key_states], dim=-2)`
+        holds the old and the new keys (then values) of one layer at once: the last layer's old K and V
+        (b, kv, p + n - 2, d) on top of the grown cache. A StaticCache writes in place (index_copy_)."""
+        b = ispec.batch_size
+        static = ispec.cache == "static"
+        kv_len = ispec.total_len - 1
+        ids = self.infer_decode_ids_bytes(c, ispec)
+        # the last forward's attention over the whole cache (one query), beside the previous step's scores
+        points = {"attention over the cache": ids + 4 * b * c.vocab_size + b * c.hidden_size * e * 3
+                  + self.infer_attention(c, ispec, e, 1, kv_len)}
+        if not static:
+            points["cache concatenation (one layer's old K and V)"] = (
+                2 * b * c.num_key_value_heads * c.head_dim * (ispec.total_len - 2) * e + ids + 4 * b * c.vocab_size)
+        return points
+
+    def infer_logits_terms(self, c, ispec, e: int) -> list[Term]:
+        """The token selection of the last position (generation/utils.py _sample): the model output's
+        logits (b, 1, V) in the weights' dtype, generate's fp32 copy `outputs.logits[:, -1].to(copy=True,
+        dtype=float32)`, and MinNewTokensLengthLogitsProcessor (min_new_tokens=N, logits_process.py): the
+        clone of the scores, torch.arange(V) (int64), the EOS mask (bool V) and torch.where's output, after
+        MinLengthLogitsProcessor (generate sets min_length too) has returned its own torch.where output."""
+        b, V = ispec.batch_size, c.vocab_size
+        return [Term("logits of the last position", "b*V*e", b * V * e, where="logits"),
+                Term("fp32 copy, MinLength's output, MinNewTokens' clone and torch.where output", "4*4*b*V",
+                     16 * b * V, where="logits"),
+                Term("MinNewTokensLengthLogitsProcessor vocab arange (int64) and EOS mask (bool)", "9*V", 9 * V,
+                     where="logits")]
+
     # ---- backward high points -------------------------------------------------------------------------
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """In-block high points of a pre-norm RMSNorm + gated-MLP block's backward, read off the live-bytes

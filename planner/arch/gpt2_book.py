@@ -98,6 +98,10 @@ class BookGPT2(Family):
         return (f"{fmt_count(n)} here: the book's GPT-2 has its own output head ({head:,}); "
                 f"Hugging Face's ties it to the token embedding: {n - head:,} ({fmt_count(n - head)}).")
 
+    def infer_caches(self, cfg) -> tuple[str, ...]:
+        """The book's generate_text_simple keeps no cache: it recomputes the whole context per token."""
+        return ("none",)
+
     def inventory(self, c: GPT2Config) -> list[TensorSpec]:
         h, ctx = c.emb_dim, c.context_length
         specs = [TensorSpec("tok_emb.weight", (c.vocab_size, h), "param", role="embed"),

@@ -67,6 +67,8 @@ def main(argv: list[str]) -> int:
     from ..spec import TrainSpec
     from .training import measure_training
 
+    if payload.get("kind") in ("infer", "simulate-infer"):  # generate() (planner.measure.inference / simulate_infer)
+        return _infer(payload)
     if payload.get("kind") == "simulate":  # planner.measure.simulate: the step on fake tensors
         from .simulate import worker_main
 
@@ -94,6 +96,46 @@ def main(argv: list[str]) -> int:
         _limit_memory(int(payload["memory_limit_bytes"]))
     try:
         result = measure_training(cfg, spec, emit=emit, exports=payload.get("exports"))
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one JSON line
+        if _is_oom(exc):
+            emit({"event": "error", "error": f"out of memory: {str(exc).splitlines()[0][:300]}",
+                  "phase": getattr(exc, "train_phase", "setup"), "oom": True})
+            return EXIT_OOM
+        raise
+    emit({"event": "result", **result})
+    return 0
+
+
+def _infer(payload: dict) -> int:
+    """One generate() call, measured ("infer") or on fake tensors ("simulate-infer")."""
+    import torch
+
+    from ..config import config_from_dict
+    from ..infer_spec import InferSpec
+
+    cfg = config_from_dict(payload["config"])
+    ispec = InferSpec(**payload["spec"])
+    problem = _check_cuda(ispec.device)
+    if problem:
+        emit({"event": "error", "error": problem, "phase": "setup"})
+        return EXIT_INVALID
+    if payload["kind"] == "simulate-infer":
+        from .simulate_infer import SimulationError, simulate_inference
+
+        try:
+            result = simulate_inference(cfg, ispec, emit=emit)
+        except SimulationError as exc:
+            emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup")})
+            return EXIT_INVALID
+        emit({"event": "result", **result})
+        return 0
+    if payload.get("memory_limit_bytes"):
+        torch.ones(64, 64) @ torch.ones(64, 64)  # start the OpenMP thread pool before the cap applies
+        _limit_memory(int(payload["memory_limit_bytes"]))
+    from .inference import measure_inference
+
+    try:
+        result = measure_inference(cfg, ispec, emit=emit)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one JSON line
         if _is_oom(exc):
             emit({"event": "error", "error": f"out of memory: {str(exc).splitlines()[0][:300]}",

@@ -1,0 +1,128 @@
+"""`python -m planner estimate|simulate|measure infer`: the peak of one generate() call (planner/infer_spec.py).
+
+    python -m planner estimate infer --model llama-3-8b --batch-size 8 --prompt-len 30000 --new-tokens 2000 \
+        --precision bf16 --attention sdpa --cache dynamic --json
+    python -m planner measure  infer --config my.json --batch-size 2 --prompt-len 64 --new-tokens 8 --json \
+        [--progress] [--timeout S] [--memory-limit 2GiB]
+    python -m planner simulate infer --model llama-3-8b --batch-size 8 --prompt-len 32768 --new-tokens 16 --json
+
+The estimate needs no torch; measure and simulate run the call in a child process (planner.measure.worker
+kinds "infer" and "simulate-infer"). Bad input: exit 2 with one line; out of memory or time: exit 3.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .cli_args import EXIT_INVALID, _add_model
+from .config import ConfigError, config_to_dict, resolve_model, with_attention
+from .infer_spec import CACHES, BOOK_CACHES, INFER_PRECISIONS, WEIGHT_QUANT, InferSpec, check_infer
+from .units import fmt_bytes, parse_size
+
+INFER_KEYS = ["peak_bytes", "peak_phase", "persistent_bytes"]
+
+
+def add_infer(group, command, kind: str) -> None:
+    """Add the `infer` subcommand to estimate / measure / simulate (`group` is its subparsers)."""
+    text = {"estimate": "The peak memory of one generate() call (prefill and decode), term by term (no torch).",
+            "measure": "Run one real generate() call in a child process; measured against estimated.",
+            "simulate": "Run one generate() call on fake tensors in a child process: its exact peak at any size."}[kind]
+    p = command(group, "infer", text)
+    p.add_argument("model_name", nargs="?", metavar="MODEL", help="a preset (the same as --model; default: none, give --model or --config)")
+    _add_model(p)
+    p.add_argument("--batch-size", type=int, required=True, help="prompts generated together")
+    p.add_argument("--prompt-len", type=int, required=True, help="tokens per prompt")
+    p.add_argument("--new-tokens", type=int, required=True, help="tokens generated per prompt (all of them: "
+                                                                 "min_new_tokens = max_new_tokens)")
+    p.add_argument("--precision", choices=INFER_PRECISIONS, default="fp32", help="the weights' dtype (default: %(default)s)")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default=None, help="attention kernel (default: the config's)")
+    p.add_argument("--cache", choices=CACHES + BOOK_CACHES, default=None,
+                   help="dynamic (generate's default DynamicCache) | static (cache_implementation='static'); "
+                        "the book's GPT-2: none (default: the family's first: dynamic, or none)")
+    p.add_argument("--quantize-weights", choices=WEIGHT_QUANT, default="none", help="weight quantization (default: %(default)s; bitsandbytes not built yet)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the record as JSON (default: a short text)")
+    if kind != "estimate":
+        p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3; default: %(default)s)")
+        p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result (default: none)")
+    if kind == "measure":
+        p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB; default: no cap)")
+
+
+def parse_infer(args: argparse.Namespace):
+    if args.model_name and (args.model or args.config):
+        raise ConfigError("give the model once: MODEL, --model or --config")
+    cfg = resolve_model(args.model_name or args.model, args.config)
+    if args.attention:
+        cfg = with_attention(cfg, args.attention)
+    from .arch import family_of
+
+    cache = args.cache or family_of(cfg).infer_caches(cfg)[0]
+    ispec = InferSpec(batch_size=args.batch_size, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                      precision=args.precision, cache=cache, quantize_weights=args.quantize_weights,
+                      device=args.device)
+    check_infer(cfg, ispec)
+    return cfg, ispec
+
+
+def estimate_record(cfg, ispec) -> dict:
+    from .estimate.inference import estimate_inference
+
+    try:
+        est = estimate_inference(cfg, ispec)
+    except NotImplementedError as exc:
+        raise ConfigError(f"{exc} (estimate infer covers the RMSNorm decoders: llama, mistral, qwen2, qwen3, phi3)") from None
+    return {"model": config_to_dict(cfg), "run": ispec.to_dict(), **est}
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    cfg, ispec = parse_infer(args)
+    if args.command == "estimate":
+        rec = estimate_record(cfg, ispec)
+        if args.json:
+            print(json.dumps(rec))
+        else:
+            print(f"peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}")
+            for k, v in rec["components"].items():
+                print(f"  {k:12s} {fmt_bytes(v)}")
+            print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+        return 0
+    from .runner import run_worker
+
+    payload = {"kind": "infer" if args.command == "measure" else "simulate-infer",
+               "config": config_to_dict(cfg), "spec": ispec.to_dict()}
+    if getattr(args, "memory_limit", None):
+        try:
+            payload["memory_limit_bytes"] = parse_size(args.memory_limit)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    try:
+        est = estimate_record(cfg, ispec)
+    except ConfigError:
+        est = None  # a family the estimate does not cover yet: measured alone
+
+    def on_event(event: dict) -> None:
+        if event.get("event") == "progress" and args.json and args.progress:
+            print(json.dumps(event), flush=True)
+
+    outcome = run_worker(payload, timeout_s=args.timeout, on_event=on_event)
+    if outcome.exit_code == EXIT_INVALID:
+        raise ConfigError(outcome.record.get("error", "invalid request"))
+    rec = {k: v for k, v in outcome.record.items() if k != "event"}
+    if est is not None:
+        rec["estimate"] = {k: est[k] for k in INFER_KEYS + ["phase_peak_bytes", "components"]}
+        if outcome.exit_code == 0:
+            rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
+    if outcome.exit_code != 0:
+        rec.setdefault("stderr_tail", outcome.stderr[-1500:])
+    if args.json:
+        print(json.dumps(rec))
+    elif outcome.exit_code == 0:
+        line = f"{rec['kind']} peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}"
+        if est is not None:
+            line += f"; estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%"
+        print(line)
+    else:
+        print(f"{args.command} failed in phase {rec.get('phase')}: {rec.get('error')}", file=sys.stderr)
+    return outcome.exit_code

@@ -1,0 +1,91 @@
+"""Peak memory of one generate() call, from the config alone (no torch, microseconds).
+
+What is alive when (transformers 5.23 generation/utils.py _sample, cache_utils.py; measured with
+planner.measure.inference on the live-bytes timeline):
+  prefill  weights W and the prompt, the KV cache of the layers done so far (DynamicCache: the prompt's K/V
+           per layer, each a torch.cat result; StaticCache: every layer's (b, kv, prompt + new, d) buffers,
+           allocated at its first update), the forward's no-grad intermediates at a block's high point
+           (the family says which: planner/arch/<family>.py infer_block_points), then the logits of the
+           last position only (generate passes logits_to_keep=1) and the token selection's fp32 copies.
+  decode   W + the cache grown to prompt + new - 1 tokens; a DynamicCache grows by torch.cat, so one layer
+           holds its old and its new K/V at once; then the last position's logits and their copies.
+The peak is the larger of the two phases; its phase is reported with it.
+"""
+from __future__ import annotations
+
+from ..accounting import DTYPE_BYTES, buffer_bytes, param_count
+from ..arch import family_of
+from ..arch.terms import Term
+from ..config import ModelConfig
+from ..infer_spec import InferSpec
+
+INFER_PHASES = ("prefill", "decode")
+
+
+def estimate_inference(cfg: ModelConfig, ispec: InferSpec) -> dict:
+    """The estimate's record of one generate() call: the keys of planner.measure.inference's record
+    (peak_bytes, peak_phase, phase_peak_bytes, persistent_bytes) and the components (weights, buffers, inputs,
+    kv_cache, activations, logits) at the peak, with the terms and their formulas."""
+    family = family_of(cfg)
+    e = DTYPE_BYTES[ispec.param_dtype]
+    b, p, n = ispec.batch_size, ispec.prompt_len, ispec.new_tokens
+    weights = param_count(cfg) * e
+    buffers = buffer_bytes(cfg, ispec.param_dtype)
+    inputs = family.infer_input_bytes(cfg, ispec)
+    base = weights + buffers + inputs
+
+    kv_tok = family.kv_bytes_per_token(cfg, e)  # one token's K and V over all layers, per sequence
+    static = ispec.cache == "static"
+    # StaticCache: max_cache_len = generate's max_length - 1 (the last token never enters the model: measured,
+    # (b, kv, p + n - 1, d) per layer), allocated whole at the layer's first update
+    kv_prefill_len = ispec.total_len - 1 if static else p
+    kv_prefill = b * kv_tok * kv_prefill_len
+    kv_decode = b * kv_tok * (ispec.total_len - 1)
+
+    pre_points = family.infer_prefill_points(cfg, ispec, e)   # name -> bytes above base + full prompt cache
+    logit_terms = family.infer_logits_terms(cfg, ispec, e)
+    logits = sum(t.bytes for t in logit_terms)
+    dec_points = family.infer_decode_points(cfg, ispec, e) if n > 1 else {}
+    pre_act = max(pre_points.values())
+    pre_name = max(pre_points, key=pre_points.get)
+    prefill_options = {"activations": (kv_prefill + pre_act, pre_act, 0),
+                       "logits": (kv_prefill + logits, 0, logits)}
+    # decode: the previous step's processed scores (next_token_scores, b*V fp32) are still bound in _sample
+    prev_scores = 4 * b * cfg.vocab_size
+    decode_options = {"logits": (kv_decode + logits + prev_scores + family.infer_decode_ids_bytes(cfg, ispec), 0,
+                                 logits + prev_scores)}
+    if dec_points:
+        dname = max(dec_points, key=dec_points.get)
+        decode_options["activations"] = (kv_decode + dec_points[dname], dec_points[dname], 0)
+    phase, parts = {}, {}
+    for name, options in (("prefill", prefill_options), ("decode", decode_options)):
+        key = max(options, key=lambda k: options[k][0])
+        phase[name] = base + options[key][0]
+        parts[name] = options[key]
+    peak_phase = max(phase, key=phase.get)
+    _, act, lg = parts[peak_phase]
+    kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
+    terms = [Term("weights", "P*e", weights, where="kept"), Term("buffers", "buffers", buffers, where="kept"),
+             Term("prompt ids and attention mask", "2*8*b*p" if inputs == 16 * b * p else "8*b*p", inputs, where="kept"),
+             Term("KV cache at the prefill high point" + (" (StaticCache: every layer at p + n - 1)" if static
+                                                           else " (DynamicCache: the prompt)"),
+                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token", kv_prefill, where="prefill"),
+             Term("KV cache at the last decode step", "b*(p + n - 1)*kv_token",
+                  kv_decode, where="decode")]
+    terms += [Term(f"prefill high point: {k}", "family (infer_prefill_points)", v, where="prefill")
+              for k, v in pre_points.items()]
+    terms += [Term(f"decode high point: {k}", "family (infer_decode_points)", v, where="decode")
+              for k, v in dec_points.items()]
+    terms += logit_terms
+    return {
+        "kind": "estimate",
+        "peak_bytes": phase[peak_phase], "peak_phase": peak_phase, "phase_peak_bytes": phase,
+        "persistent_bytes": base,
+        "components": {"weights": weights, "buffers": buffers, "inputs": inputs, "kv_cache": kv_at_peak,
+                       "activations": act, "logits": lg},
+        "kv_cache_bytes_per_token": kv_tok, "prefill_high_point": pre_name,
+        "terms": [dict(vars(t)) for t in terms],
+        "notes": [f"{family.arch}: generate(max_new_tokens={n}, min_new_tokens={n}, do_sample=False), "
+                  f"{ispec.cache} cache, {cfg.attention if hasattr(cfg, 'attention') else 'eager'} attention; "
+                  "logits of the last prompt position only (logits_to_keep=1)"],
+    }

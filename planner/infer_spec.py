@@ -1,0 +1,95 @@
+"""What one inference run is: the settings that, with the model config, decide the memory of generate() (no torch).
+
+The run is transformers' `model.generate(input_ids, attention_mask=..., max_new_tokens=N, min_new_tokens=N,
+do_sample=False)` on a batch of `batch_size` prompts of `prompt_len` tokens (greedy: every sequence makes all N
+tokens), with the weights in `precision`, the attention kernel `attention` and the cache class `cache` chosen
+the way transformers chooses it (`cache_implementation`); the book's GPT-2 runs its generate_text_simple (no
+cache: the whole context is recomputed for every token). planner/routines/inference.py runs it;
+planner/estimate/inference.py estimates it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .config import ConfigError, ModelConfig
+from .spec import check_device
+
+INFER_PRECISIONS = ("fp32", "fp16", "bf16")
+# dynamic: DynamicCache (generate's default: one torch.cat per layer and token, cache_utils.py DynamicLayer);
+# static: StaticCache (cache_implementation="static": max_length slots allocated at the first update);
+# none: the book's GPT-2 (generate_text_simple keeps no cache).
+CACHES = ("dynamic", "static")
+BOOK_CACHES = ("none",)
+WEIGHT_QUANT = ("none",)  # int8 / nf4 / fp4 (bitsandbytes) are not built yet
+PRECISION_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class InferSpec:
+    batch_size: int
+    prompt_len: int
+    new_tokens: int
+    precision: str = "fp32"        # the weights' dtype (the model is built in it): fp32 | fp16 | bf16
+    cache: str = "dynamic"         # dynamic | static (transformers' models); none (the book's GPT-2)
+    quantize_weights: str = "none"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "prompt_len", "new_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"{name} must be an integer, got {v!r}")
+            if v <= 0:
+                raise ConfigError(f"{name} must be positive, got {v}")
+        if self.precision not in INFER_PRECISIONS:
+            raise ConfigError(f"unknown inference precision {self.precision!r}; choose one of: "
+                              f"{', '.join(INFER_PRECISIONS)}")
+        if self.cache not in CACHES + BOOK_CACHES:
+            raise ConfigError(f"unknown cache {self.cache!r}; choose one of: {', '.join(CACHES + BOOK_CACHES)}")
+        if self.quantize_weights not in WEIGHT_QUANT:
+            raise ConfigError(f"--quantize-weights {self.quantize_weights} is not built for inference yet; "
+                              f"choose one of: {', '.join(WEIGHT_QUANT)}")
+        check_device(self.device)
+
+    @property
+    def total_len(self) -> int:
+        """The longest sequence the run reaches: the prompt and every new token (generate's max_length)."""
+        return self.prompt_len + self.new_tokens
+
+    @property
+    def param_dtype(self) -> str:
+        return PRECISION_DTYPE[self.precision]
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_cache(cfg: ModelConfig) -> str:
+    """The cache a run gets when none is named: transformers' DynamicCache, or none for the book's GPT-2."""
+    from .arch import family_of
+
+    return family_of(cfg).infer_caches(cfg)[0]
+
+
+def check_infer(cfg: ModelConfig, ispec: InferSpec) -> None:
+    """Refuse a run the model cannot make (one-line ConfigError)."""
+    from .arch import family_of
+
+    family = family_of(cfg)
+    if ispec.total_len > cfg.max_seq_len:
+        raise ConfigError(f"prompt_len {ispec.prompt_len} + new_tokens {ispec.new_tokens} = {ispec.total_len} is "
+                          f"longer than the model's context of {cfg.max_seq_len}")
+    caches = family.infer_caches(cfg)
+    if ispec.cache not in caches:
+        raise ConfigError(f"the {family.arch} model cannot use cache {ispec.cache!r}; it can use: {', '.join(caches)}")
+    family.check_infer(cfg, ispec)
+
+
+def infer_args(ispec: InferSpec) -> list[str]:
+    """The command line's options for this spec (`python -m planner measure|simulate infer ...`)."""
+    return ["--batch-size", str(ispec.batch_size), "--prompt-len", str(ispec.prompt_len), "--new-tokens",
+            str(ispec.new_tokens), "--precision", ispec.precision, "--cache", ispec.cache, "--device", ispec.device]
