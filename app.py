@@ -9,18 +9,22 @@ shows, so the figures always come from exactly the settings on the screen.
 import dataclasses
 
 import pandas as pd
+import psutil
 import streamlit as st
 
 from pages import frame, machine_budget, md_escape
+from planner.api import RAM_GUARD_FRACTION
 from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
-from planner.config import ATTENTION_KINDS, ConfigError, with_attention
+from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_label, with_attention
 from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
 from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
 from planner.plan import longest_context, plan
-from planner.infer_spec import INFER_PRECISIONS, InferSpec
+from planner.infer_spec import INFER_PRECISIONS, InferSpec, infer_args
+from planner.jobs import Job, JobBusy
 from planner.reference import UNSLOTH_LLAMA31_8B
 from planner.serving import VLLM_GPU_MEMORY_UTILIZATION, cache_choices, plan_inference
 from planner.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
+from planner.store import RunStore
 from planner.units import fmt_bytes
 
 PHASE_WHY = {
@@ -244,11 +248,77 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, f"Batch ({ispec.total_len:,} tokens)"))
     k2.vega_lite_chart(curve_spec(p.context_curve, "context", p.tensor_budget_bytes,
                                   f"Context: prompt + {ispec.new_tokens} new (batch {ispec.batch_size})"))
+    state["infer_run"] = {"ispec": dataclasses.asdict(ispec), "attention": attention, "config": config_to_dict(run_cfg),
+                          "estimate": est}
+    b1, b2 = st.columns([1, 4])
+    busy = "infer_job" in state
+    room = int(RAM_GUARD_FRACTION * psutil.virtual_memory().available)  # the CLI's guard for a CPU measurement
+    here = ispec.device_type == "cpu" and est["peak_bytes"] <= room
+    b1.button("Measure this generation", disabled=busy or not here, on_click=start_generation, args=("measure",),
+              key="infer_measure", help="runs generate() for real in a child process on this machine"
+              + ("" if here else f" (not offered: it needs a CPU run within {fmt_bytes(room)} of this machine's RAM)"))
+    b2.button("Simulate", disabled=busy, on_click=start_generation, args=("simulate",), key="infer_simulate",
+              help="the same generate() on fake tensors: exact live bytes at any size, no memory used")
     terms_box = st.expander("Every term and its formula, and each phase's peak", key="infer_terms_open", on_change="rerun")
     if terms_box.open:
         terms_box.dataframe(pd.DataFrame(est["terms"])[["name", "formula", "bytes"]], hide_index=True, width="stretch")
         terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
                                           for k, v in est["phase_peak_bytes"].items()]), hide_index=True, width="stretch")
+
+
+def start_generation(kind: str) -> None:
+    """`python -m planner measure|simulate infer ...` for the settings on the screen (a background job)."""
+    run = state["infer_run"]
+    args = [kind, "infer", *infer_args(InferSpec(**run["ispec"])), "--attention", run["attention"], "--json",
+            "--progress", "--timeout", "600"]
+    try:
+        state["infer_job"] = Job(args, timeout_s=630, config=run["config"]).start()
+        state["infer_job_run"] = {**run, "kind": kind}
+        state.pop("infer_result", None)
+    except JobBusy as exc:
+        state["infer_job_message"] = str(exc)
+
+
+def generation_panel() -> None:
+    """A running measure / simulate of the generation (progress, cancel), then its record beside the estimate;
+    every finished run is kept on the Runs page with its kind."""
+    if msg := state.pop("infer_job_message", None):
+        st.warning(msg)
+    job = state.get("infer_job")
+    if job is not None:
+        status = job.state()
+        if status == "running":
+            fraction, stage = job.progress()
+            st.progress(min(max(fraction, 0.0), 1.0), text=f"Running: {stage}")
+            if st.button("Cancel", key="infer_cancel"):
+                job.cancel()
+                status = job.state()
+        if status == "running":
+            return
+        # finished: kept on the Runs page, then the page is redrawn (the panel stops polling)
+        run, record = state.pop("infer_job_run"), job.result() or {}
+        status = "failed" if status == "done" and "peak_bytes" not in record else status
+        est = run["estimate"]
+        RunStore().save("infer", model_label(state["model_cfg"], state["model_id"]),
+                        {**run["ispec"], "attention": run["attention"]}, run["ispec"]["device"], est["peak_bytes"],
+                        record.get("peak_bytes"), {"kind": run["kind"], **record}, status)
+        state["infer_result"] = {"status": status, "record": record, "estimate": est, "kind": run["kind"],
+                                 "stderr": job.stderr()}
+        del state["infer_job"]
+        st.rerun()
+    res = state.get("infer_result")
+    if not res:
+        return
+    rec, est, what = res["record"], res["estimate"], ("Simulated" if res["kind"] == "simulate" else "Measured")
+    if res["status"] == "cancelled":
+        st.info("Cancelled: every process of the run has ended; it is listed on the Runs page as cancelled.")
+    elif res["status"] != "done":
+        st.error(f"{res['status'].capitalize()}: {rec.get('error', 'no result')}")
+    else:
+        r1, r2, r3 = st.columns(3)
+        r1.metric(f"{what} peak", fmt_bytes(rec["peak_bytes"]), help=f"phase: {rec.get('peak_phase')}")
+        r2.metric("Estimated peak", fmt_bytes(est["peak_bytes"]), help=f"phase: {est['peak_phase']}")
+        r3.metric("Error", f"{100 * (est['peak_bytes'] - rec['peak_bytes']) / rec['peak_bytes']:+.2f}%")
 
 
 def inference_mode(cfg, gpu) -> None:
@@ -269,6 +339,8 @@ def inference_mode(cfg, gpu) -> None:
     attention = i4.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="infer_attention",
                              bind="query-params", help=f"This model's own: {cfg.attention}")
     inference_planner(cfg, {"precision": precision, "cache": cache, "device": device}, attention)
+    if "infer_job" in state or "infer_result" in state:  # polled every second while a job runs
+        st.fragment(run_every=1.0 if "infer_job" in state else None)(generation_panel)()
 
 
 cfg = frame("Planner")

@@ -1,6 +1,7 @@
 """The Planner page's inference mode as a user drives it (AppTest): the figures are planner.serving's for the
 settings on the screen, the serving capacity answers hold at their bounds, and refusals are one line."""
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,26 @@ def test_inference_mode_refuses_a_context_beyond_the_model_in_one_line():
     assert not at.exception, at.exception
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "longer than the model's context" in errors[0], errors
+
+
+def test_simulate_this_generation_runs_a_child_and_keeps_the_run():
+    """One click simulates the generation on the screen in a child process; its record is shown beside the
+    estimate and kept on the Runs page with kind infer."""
+    from planner.store import RunStore
+
+    at = open_inference("llama-3.2-1b", infer_precision="bf16", infer_batch=1, prompt=64, new_tokens=4,
+                        infer_attention="sdpa")
+    at.button(key="infer_simulate").click().run()
+    for _ in range(120):
+        if "infer_job" not in at.session_state:
+            break
+        time.sleep(1)
+        at.run()
+    assert not at.exception, at.exception
+    est = at.session_state["infer_result"]["estimate"]
+    rec = at.session_state["infer_result"]["record"]
+    assert at.session_state["infer_result"]["status"] == "done", at.session_state["infer_result"]
+    assert metric(at, "Simulated peak") == fmt_bytes(rec["peak_bytes"])
+    assert abs(est["peak_bytes"] - rec["peak_bytes"]) <= 0.01 * rec["peak_bytes"]  # #21's bar
+    runs = RunStore().list("infer")
+    assert runs and runs[0]["measured_bytes"] == rec["peak_bytes"] and runs[0]["record"]["kind"] == "simulate"
