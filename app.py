@@ -9,16 +9,22 @@ shows, so the figures always come from exactly the settings on the screen.
 import dataclasses
 
 import pandas as pd
+import psutil
 import streamlit as st
 
 from pages import frame, machine_budget, md_escape
+from planner.api import RAM_GUARD_FRACTION
 from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
-from planner.config import ATTENTION_KINDS, ConfigError
+from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_label, with_attention
 from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
 from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
 from planner.plan import longest_context, plan
+from planner.infer_spec import INFER_PRECISIONS, InferSpec, infer_args
+from planner.jobs import Job, JobBusy
 from planner.reference import UNSLOTH_LLAMA31_8B
+from planner.serving import VLLM_GPU_MEMORY_UTILIZATION, cache_choices, plan_inference
 from planner.spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
+from planner.store import RunStore
 from planner.units import fmt_bytes
 
 PHASE_WHY = {
@@ -37,6 +43,13 @@ OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision"
                "opt_impl": "optimizer_impl", "accum": "grad_accum", "ckpt": "checkpointing",
                "loss": "loss"}
 QUANT_TYPES = ["nf4", "fp4"]  # bitsandbytes' 4-bit types (BitsAndBytesConfig bnb_4bit_quant_type)
+GOALS = ["training", "inference"]
+# Where the inference mode starts (every other setting is InferSpec's default, as in `estimate infer`).
+START_INFER = InferSpec(batch_size=1, prompt_len=512, new_tokens=128)
+INFER_PHASE_WHY = {
+    "prefill": "the prefill: the whole prompt's forward, its working set beside the prompt's KV cache",
+    "decode": "decoding: the KV cache grown to the last token, one token's forward and its logits",
+}
 
 state = st.session_state
 
@@ -182,9 +195,163 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
                                             for k, v in est.transients.items()]), hide_index=True, width="stretch")
 
 
+@st.fragment
+def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
+    """The batch, prompt, new tokens and budget of one generate() call, and every figure (planner.serving)."""
+    top = cfg.max_seq_len
+    default_bytes, default_source = machine_budget(ispec_fields["device"])
+    default_gib = round(default_bytes / 2**30, 1)
+    c1, c2, c3, c4 = st.columns(4)
+    batch = c1.number_input("Batch (sequences)", 1, 65536, START_INFER.batch_size, key="infer_batch", bind="query-params")
+    prompt = c2.number_input("Prompt tokens", 1, max(1, top - 1), min(START_INFER.prompt_len, top - 1), key="prompt",
+                             bind="query-params", help=f"prompt + new tokens up to the model's context ({top:,})")
+    new = c3.number_input("New tokens", 1, max(1, top - 1), min(START_INFER.new_tokens, top - 1), key="new_tokens",
+                          bind="query-params")
+    budget_gib = c4.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="infer_budget_gib",
+                                 bind="query-params")
+    c4.caption(f"Default: {default_gib} GiB, {default_source}.")
+    try:
+        ispec = InferSpec(batch_size=int(batch), prompt_len=int(prompt), new_tokens=int(new), **ispec_fields)
+        run_cfg = with_attention(cfg, attention)
+        p = plan_inference(run_cfg, ispec, int(budget_gib * 2**30))
+    except ConfigError as exc:
+        st.error(str(exc))
+        return
+    est = p.estimate
+    m1, m2, m3 = st.columns(3)
+    m1.metric("Estimated peak of generate()", fmt_bytes(p.peak_bytes),
+              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.tensor_budget_bytes - p.peak_bytes))}",
+              delta_color="normal" if p.fits else "inverse")
+    m2.metric("Budget for tensors" if p.cuda_context_bytes else "Budget", fmt_bytes(p.tensor_budget_bytes))
+    m3.metric("Peak phase", est["peak_phase"])
+    lines = [f"The peak falls in {INFER_PHASE_WHY[est['peak_phase']]}."] + [md_escape(n) for n in est.get("notes", [])]
+    if p.cuda_context_bytes:
+        lines.insert(0, f"Budget {fmt_bytes(p.budget_bytes)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} = "
+                        f"{fmt_bytes(p.tensor_budget_bytes)} for tensors.")
+    st.caption("  \n".join(lines))
+    st.vega_lite_chart(breakdown_spec(p.breakdown))
+    st.subheader("Serving capacity")
+    f1, f2, f3 = st.columns(3)
+    f1.metric(f"Largest batch at {ispec.total_len:,} tokens", p.max_batch, help=md_escape(p.max_batch_reason))
+    f2.metric(f"Longest context at batch {ispec.batch_size}", f"{p.max_context:,}", help=md_escape(p.max_context_reason))
+    f3.metric("KV cache tokens that fit", f"{p.kv_tokens:,}",
+              help=f"beside the weights and this run's working set; vLLM's rule ({VLLM_GPU_MEMORY_UTILIZATION:.0%} of "
+                   f"the budget, gpu_memory_utilization): {p.kv_tokens_vllm:,} tokens")
+    st.caption(f"KV cache: {fmt_bytes(est['kv_cache_bytes_per_token'])} per token and sequence. vLLM's own figure "
+               f"for this budget would be about {p.kv_tokens_vllm:,} tokens (its rule, not a measurement of ours: it "
+               f"plans the cache in {VLLM_GPU_MEMORY_UTILIZATION:.0%} of the device).")
+    if p.advice:
+        st.dataframe(pd.DataFrame([{"change": c.label, "peak": fmt_bytes(c.peak_bytes), "fits": "yes" if c.fits else "no",
+                                    "cost": c.cost} for c in p.advice]), hide_index=True, width="stretch")
+    else:
+        st.caption("No single change lowers this estimated peak.")
+    k1, k2 = st.columns(2)
+    k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, f"Batch ({ispec.total_len:,} tokens)"))
+    k2.vega_lite_chart(curve_spec(p.context_curve, "context", p.tensor_budget_bytes,
+                                  f"Context: prompt + {ispec.new_tokens} new (batch {ispec.batch_size})"))
+    state["infer_run"] = {"ispec": dataclasses.asdict(ispec), "attention": attention, "config": config_to_dict(run_cfg),
+                          "estimate": est}
+    b1, b2 = st.columns([1, 4])
+    busy = "infer_job" in state
+    room = int(RAM_GUARD_FRACTION * psutil.virtual_memory().available)  # the CLI's guard for a CPU measurement
+    here = ispec.device_type == "cpu" and est["peak_bytes"] <= room
+    b1.button("Measure this generation", disabled=busy or not here, on_click=start_generation, args=("measure",),
+              key="infer_measure", help="runs generate() for real in a child process on this machine"
+              + ("" if here else f" (not offered: it needs a CPU run within {fmt_bytes(room)} of this machine's RAM)"))
+    b2.button("Simulate", disabled=busy, on_click=start_generation, args=("simulate",), key="infer_simulate",
+              help="the same generate() on fake tensors: exact live bytes at any size, no memory used")
+    terms_box = st.expander("Every term and its formula, and each phase's peak", key="infer_terms_open", on_change="rerun")
+    if terms_box.open:
+        terms_box.dataframe(pd.DataFrame(est["terms"])[["name", "formula", "bytes"]], hide_index=True, width="stretch")
+        terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
+                                          for k, v in est["phase_peak_bytes"].items()]), hide_index=True, width="stretch")
+
+
+def start_generation(kind: str) -> None:
+    """`python -m planner measure|simulate infer ...` for the settings on the screen (a background job)."""
+    run = state["infer_run"]
+    args = [kind, "infer", *infer_args(InferSpec(**run["ispec"])), "--attention", run["attention"], "--json",
+            "--progress", "--timeout", "600"]
+    try:
+        state["infer_job"] = Job(args, timeout_s=630, config=run["config"]).start()
+        state["infer_job_run"] = {**run, "kind": kind}
+        state.pop("infer_result", None)
+    except JobBusy as exc:
+        state["infer_job_message"] = str(exc)
+
+
+def generation_panel() -> None:
+    """A running measure / simulate of the generation (progress, cancel), then its record beside the estimate;
+    every finished run is kept on the Runs page with its kind."""
+    if msg := state.pop("infer_job_message", None):
+        st.warning(msg)
+    job = state.get("infer_job")
+    if job is not None:
+        status = job.state()
+        if status == "running":
+            fraction, stage = job.progress()
+            st.progress(min(max(fraction, 0.0), 1.0), text=f"Running: {stage}")
+            if st.button("Cancel", key="infer_cancel"):
+                job.cancel()
+                status = job.state()
+        if status == "running":
+            return
+        # finished: kept on the Runs page, then the page is redrawn (the panel stops polling)
+        run, record = state.pop("infer_job_run"), job.result() or {}
+        status = "failed" if status == "done" and "peak_bytes" not in record else status
+        est = run["estimate"]
+        RunStore().save("infer", model_label(state["model_cfg"], state["model_id"]),
+                        {**run["ispec"], "attention": run["attention"]}, run["ispec"]["device"], est["peak_bytes"],
+                        record.get("peak_bytes"), {"kind": run["kind"], **record}, status)
+        state["infer_result"] = {"status": status, "record": record, "estimate": est, "kind": run["kind"],
+                                 "stderr": job.stderr()}
+        del state["infer_job"]
+        st.rerun()
+    res = state.get("infer_result")
+    if not res:
+        return
+    rec, est, what = res["record"], res["estimate"], ("Simulated" if res["kind"] == "simulate" else "Measured")
+    if res["status"] == "cancelled":
+        st.info("Cancelled: every process of the run has ended; it is listed on the Runs page as cancelled.")
+    elif res["status"] != "done":
+        st.error(f"{res['status'].capitalize()}: {rec.get('error', 'no result')}")
+    else:
+        r1, r2, r3 = st.columns(3)
+        r1.metric(f"{what} peak", fmt_bytes(rec["peak_bytes"]), help=f"phase: {rec.get('peak_phase')}")
+        r2.metric("Estimated peak", fmt_bytes(est["peak_bytes"]), help=f"phase: {est['peak_phase']}")
+        r3.metric("Error", f"{100 * (est['peak_bytes'] - rec['peak_bytes']) / rec['peak_bytes']:+.2f}%")
+
+
+def inference_mode(cfg, gpu) -> None:
+    """The settings of a generate() call that change only in a full rerun, then the fragment."""
+    caches, top = cache_choices(cfg), cfg.max_seq_len
+    if state.get("cache") not in caches:  # another model's cache choice (the book's GPT-2 keeps none)
+        state["cache"] = caches[0]
+    for key, start in (("prompt", START_INFER.prompt_len), ("new_tokens", START_INFER.new_tokens)):
+        if state.get(key, 0) > top - 1:  # a longer context than this model's
+            state[key] = min(start, top - 1)
+    i1, i2, i3, i4 = st.columns([2, 1.2, 1.2, 1.2])
+    precision = i1.segmented_control("Weights", INFER_PRECISIONS, default=START_INFER.precision, required=True,
+                                     key="infer_precision", bind="query-params", width="stretch")
+    cache = i2.selectbox("KV cache", caches, key="cache", bind="query-params",
+                         help="dynamic: transformers' DynamicCache (grows by concatenation); static: StaticCache "
+                              "(prompt + new tokens allocated at the first step)")
+    device = i3.selectbox("Device", ["cuda", "cpu"] if gpu else ["cpu", "cuda"], key="infer_device", bind="query-params")
+    attention = i4.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="infer_attention",
+                             bind="query-params", help=f"This model's own: {cfg.attention}")
+    inference_planner(cfg, {"precision": precision, "cache": cache, "device": device}, attention)
+    if "infer_job" in state or "infer_result" in state:  # polled every second while a job runs
+        st.fragment(run_every=1.0 if "infer_job" in state else None)(generation_panel)()
+
+
 cfg = frame("Planner")
 st.title("Planner: will it fit?")
 model, gpu = state["model_id"], state["gpu"]
+goal = st.segmented_control("Plan for", GOALS, default=GOALS[0], required=True, key="goal", bind="query-params",
+                            help="training: one training or fine-tuning step; inference: one generate() call")
+if goal == "inference":
+    inference_mode(cfg, gpu)
+    st.stop()
 # The widgets start at START (a link's values win over it); session state then decides what each shows, and
 # is set here by an applied option and when the model changes (its own attention, a sequence within its
 # context), and by the fragment when the device changes an untyped budget's default.

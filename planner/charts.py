@@ -10,12 +10,14 @@ import altair as alt
 import pandas as pd
 
 GIB = 2**30
-COMPONENT_ORDER = ["params", "buffers", "inputs", "optimizer", "grads", "comm buffers", "activations", "transients"]
+COMPONENT_ORDER = ["params", "buffers", "inputs", "optimizer", "grads", "comm buffers", "activations", "transients",
+                   "kv cache"]
 PHASE_ORDER = ["forward", "loss", "backward", "optimizer", "zero_grad", "done"]
 # One colour per meaning across the app: red is the budget and nothing else, black the estimated peak.
 BUDGET_COLOR = "#d62728"
 ESTIMATE_COLOR = "black"
-COMPONENT_COLORS = ["#4c78a8", "#9ecae9", "#bab0ac", "#54a24b", "#eeca3b", "#8c6d31", "#f58518", "#b279a2"]
+COMPONENT_COLORS = ["#4c78a8", "#9ecae9", "#bab0ac", "#54a24b", "#eeca3b", "#8c6d31", "#f58518", "#b279a2",
+                    "#72b7b2"]
 PHASE_COLORS = ["#72b7b2", "#e6a0c4", "#9d755d", "#88d27a", "#c6dbef", "#d9d9d9"]
 CATEGORY_SCHEME = "set2"  # other categorical colours (no red)
 
