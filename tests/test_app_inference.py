@@ -88,3 +88,11 @@ def test_simulate_this_generation_runs_a_child_and_keeps_the_run():
     assert abs(est["peak_bytes"] - rec["peak_bytes"]) <= 0.01 * rec["peak_bytes"]  # #21's bar
     runs = RunStore().list("infer")
     assert runs and runs[0]["measured_bytes"] == rec["peak_bytes"] and runs[0]["record"]["kind"] == "simulate"
+
+
+def test_a_family_without_an_inference_estimate_is_refused_in_one_line():
+    """The book's GPT-2 generates (measure and simulate run it) but its file does not model generate() yet."""
+    at = open_inference("gpt2-small", infer_batch=1, prompt=64, new_tokens=8)
+    assert not at.exception, at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "the estimate of generate() covers" in errors[0], errors

@@ -16,16 +16,33 @@ from __future__ import annotations
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count
 from ..arch import family_of
 from ..arch.terms import Term
-from ..config import ModelConfig
+from ..config import ConfigError, ModelConfig
 from ..infer_spec import InferSpec
 
 INFER_PHASES = ("prefill", "decode")
 
 
+def estimated_families() -> list[str]:
+    """The families whose file models generate() (they implement the inference hooks of planner/arch/base.py)."""
+    from ..arch import families
+    from ..arch.base import Family
+
+    return [arch for arch, fam in families().items() if type(fam).kv_bytes_per_token is not Family.kv_bytes_per_token]
+
+
 def estimate_inference(cfg: ModelConfig, ispec: InferSpec) -> dict:
     """The estimate's record of one generate() call: the keys of planner.measure.inference's record
     (peak_bytes, peak_phase, phase_peak_bytes, persistent_bytes) and the components (weights, buffers, inputs,
-    kv_cache, activations, logits) at the peak, with the terms and their formulas."""
+    kv_cache, activations, logits) at the peak, with the terms and their formulas. A family whose file does not
+    model generate() yet is refused in one line (ConfigError): measure and simulate still run it."""
+    try:
+        return _estimate(cfg, ispec)
+    except NotImplementedError as exc:
+        raise ConfigError(f"{exc}: the estimate of generate() covers {', '.join(estimated_families())}; "
+                          "measure or simulate this model instead") from None
+
+
+def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     family = family_of(cfg)
     e = DTYPE_BYTES[ispec.param_dtype]
     b, p, n = ispec.batch_size, ispec.prompt_len, ispec.new_tokens
