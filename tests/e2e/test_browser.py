@@ -319,3 +319,22 @@ def test_cancel_ends_the_measurement(server, page):
     no_errors(page)
     sync_api.expect(page.get_by_role("button", name="Run measurement")).to_be_enabled()
     page.screenshot(path=SHOTS / "training-cancelled.png", full_page=True)
+
+
+def test_inference_mode_by_deep_link(server, page):
+    """The Planner in inference mode opens from a link with its settings: the estimate of generate() and the
+    serving capacity are shown for exactly those settings (planner.serving)."""
+    from planner.config import PRESETS
+    from planner.infer_spec import InferSpec
+    from planner.serving import plan_inference
+    from planner.units import fmt_bytes
+
+    page.goto(f"{server}/?model=llama-3.2-1b&goal=inference&infer_precision=bf16&infer_batch=4&prompt=2048"
+              "&new_tokens=128&infer_budget_gib=24")
+    settle(page)
+    no_errors(page)
+    p = plan_inference(PRESETS["llama-3.2-1b"], InferSpec(4, 2048, 128, precision="bf16"), 24 * 2**30)
+    sync_api.expect(page.get_by_text("Serving capacity")).to_be_visible()
+    sync_api.expect(page.get_by_text(fmt_bytes(p.peak_bytes)).first).to_be_visible()
+    sync_api.expect(page.get_by_text(f"{p.kv_tokens:,}").first).to_be_visible()
+    page.screenshot(path=SHOTS / "planner-inference.png", full_page=True)
