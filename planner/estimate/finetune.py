@@ -76,7 +76,7 @@ def _adapter_amp(label: str, b: int, s: int, n_in: int, n_out: int, spec, e_m: i
         terms.append(Term(f"{label} LoRA dropout noise (fp32)", "b*s*in*4", b * s * n_in * 4, True, where, part))
     terms.append(Term(f"{label} LoRA autocast copy of x", "b*s*in*e_m", b * s * n_in * e_m, True, where, part))
     terms.append(Term(f"{label} lora_A output", "b*s*r*e_m", b * s * r * e_m, True, where, part))
-    terms.append(Term(f"{label} lora_B weight copy" + (", lora_A weight copy" if rg_in else ""),
+    terms.append(Term(f"{label} lora_B weight copy" + (", lora_A weight copy" if rg_in else "") + " (trains: autocast-cached)",
                       "(r*out + rg*in*r)*e_m", (r * n_out + (n_in * r if rg_in else 0)) * e_m, True, where, part))
     return terms
 
@@ -153,7 +153,8 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
                     terms.append(Term(f"{short} input autocast copy (weight trains)", "b*s*in*e_m",
                                       b * s * n_in * em, True, where, part))
                 if x_rg:
-                    terms.append(Term(f"{short} weight autocast copy (input needs grad)", "out*in*e_m",
+                    cached = " (trains: autocast-cached)" if f"{m}.weight" in trains else ""
+                    terms.append(Term(f"{short} weight autocast copy (input needs grad){cached}", "out*in*e_m",
                                       numel[f"{m}.weight"] * em, True, where, part))
                 if lin:
                     terms.extend(_adapter_amp(short, b, s, n_in, lin.n_out, spec, em, x_rg, where, part))
@@ -260,7 +261,9 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         terms.append(Term("lm_head input (head trains)", "b*s*h*e_m", b * s * h * (w.e_m if w.amp else e), where="head"))
     if w.amp and (g or final_trains):
         # autocast: the head's e_m weight copy, saved for its input's grad (tests/test_finetune_amp_facts.py)
-        terms.append(Term("lm_head weight autocast copy (input needs grad)", "V*h*e_m", V * h * w.e_m, where="head"))
+        cached = " (trains: autocast-cached)" if head_trains else ""
+        terms.append(Term(f"lm_head weight autocast copy (input needs grad){cached}", "V*h*e_m", V * h * w.e_m,
+                          where="head"))
     terms += family.ft_head_extra(cfg, b, s, e)  # (Gemma 2's soft-capped logits)
     loss_kind = resolved_loss(family, spec)
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
@@ -268,6 +271,24 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
     terms.append(Term("log_softmax output + nll total_weight (+ shifted labels)", "b*s*V*e_ce + e_ce + 8*b*s",
                       ce_saved, where="loss"))
     return terms, ce_saved, per_block
+
+
+def autocast_cache_bytes(cfg, spec, w, terms) -> int:
+    """autocast's cache beyond what the graph saves, alive through the forward and the loss (aten
+    autocast_mode.cpp cached_cast caches the copy of every fp32 leaf that requires grad until the outermost
+    autocast region exits; planner/estimate/training.py autocast_weight_bytes / autocast_bias_bytes): the
+    e_m copies of the trainable Linear weights and biases and the adapters, less the copies the forward's
+    saved set holds already (named "autocast-cached" there; under checkpointing the blocks save nothing in
+    the forward, so every block's trainable copies are only cached)."""
+    if not w.amp:
+        return 0
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    inv = [t for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast and (keep is None or t.name in keep)]
+    total = sum(t.numel for t in inv) * w.e_m
+    total += sum(spec.lora_r * (lin.n_in + lin.n_out) for lin in adapted_linears(family, cfg, spec)) * w.e_m
+    saved = sum(t.bytes for t in terms if "autocast-cached" in t.name)
+    return max(0, total - saved)
 
 
 def forward_only_bytes(cfg, spec, w, terms) -> int:
@@ -575,7 +596,8 @@ def estimate_finetune(cfg, spec):
     # the loss inside the model (labels=): the causal LM's forward still holds the final norm's output
     # (hidden_states, the head's input) while its loss_function runs; counted unless the head trains and
     # saved it (measured on the op timeline: qwen3 V97 h32 b2 s256 LoRA on the MLP, bf16, peak in the loss)
-    head_input_saved = any(t.where == "head" and t.name.startswith("lm_head input") for t in terms)
+    # (under autocast the head saves its e_m copy, not the hidden state itself)
+    head_input_saved = not w.amp and any(t.where == "head" and t.name.startswith("lm_head input") for t in terms)
     in_model_loss = (fwd + 8 * b * (s + 1) + (0 if head_input_saved else b * s * cfg.hidden * w.e_r)
                      if loss_kind == "labels" else 0)
     scaler = 8 if spec.precision == "fp16-amp" else 0  # GradScaler's 0-d fp32 scale and int32 growth tracker (training.py)
@@ -591,9 +613,14 @@ def estimate_finetune(cfg, spec):
         later = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train, grads_exist=True)
         sweep = max(sweep, accum + max(later.values(), default=0))
         backward_points.update({f"later micro-batch: {k}": accum + v for k, v in later.items()})
+    cache = autocast_cache_bytes(cfg, spec, w, terms)
+    # autocast's fresh copy of a frozen weight lives through its matmul: the largest one is a forward
+    # transient (read off the op timeline: llama V97 h96 b4 s8 head bf16-amp, the forward 48 KiB above)
+    largest_cast = max((t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast
+                        and not t.is_bias), default=0) * w.e_m if w.amp else 0
     phase = {
-        "forward": base + accum + max(a_before_loss + logits + fwd, forward_mlp),
-        "loss": base + accum + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        "forward": base + accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
+        "loss": base + accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
         "backward": base + max(accum + activations - shifted_labels + ce_grads, grads, sweep),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
