@@ -280,6 +280,8 @@ def test_qlora_estimate_imports_no_torch_nor_bitsandbytes():
             "    estimate_training(prepare(cfg, spec), spec)\n"
             "assert time.perf_counter() - t < 2.0, time.perf_counter() - t\n"
             "assert not {'torch', 'transformers', 'peft', 'bitsandbytes'} & set(sys.modules), 'imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
 
 
 # ---------------------------------------------------------------- the book's GPT-2 (issue #12 item 2)
