@@ -1,0 +1,116 @@
+"""Sparse Mixture-of-Experts decoders (no torch): a Llama-shaped block whose MLP is a router and E experts
+(Mixtral, Qwen2-MoE, Qwen3-MoE in transformers 5.23; family files mixtral.py, qwen2_moe.py, qwen3_moe.py).
+
+The sparse block as transformers runs it (models/mixtral/modeling_mixtral.py MixtralSparseMoeBlock and
+MixtralTopKRouter; integrations/moe.py grouped_mm_experts_forward, the default experts implementation), with
+N = b*s tokens, E experts, k experts per token, f the expert width:
+  router   logits = linear(x, W_gate) (N, E); probs = softmax(logits.float()); top-k values and indices;
+           Mixtral/Qwen3 renormalise the top-k values (values /= values.sum(-1, keepdim=True)).
+  dispatch expert_ids (N*k,) sorted (perm), x[perm // k] gathered (N*k, h), histc -> offsets (E,) int32.
+  experts  grouped_mm(x_g, gate_up^T) (N*k, 2f); act(gate) * up; grouped_mm(., down^T) (N*k, h), in the
+           parameters' dtype (moe.py `_grouped_mm` casts the input to the weight's dtype; not autocast).
+  combine  times the sorted routing weights (fp32), un-permuted (inv_perm), summed over k.
+Every size is a function of N*k, whatever the routing: which expert gets how many tokens changes only where
+rows sit inside the (N*k, .) tensors, never their sizes (the grouped GEMM's offsets hold the split). Nothing
+here depends on the routing.
+
+Saved for backward (saved_tensors_hooks inventory of one block, deduplicated by storage, fp32 / bf16 /
+bf16-AMP, tiny Mixtral b2 s16 h32 f48 E4 k2; measured sum = the terms below to the byte):
+  router input N*h*e_m (the norm output; under AMP autocast's bf16 copy), softmax output 4*N*E,
+  top-k indices 8*N*k, renormalisation: the fp32 sum 4*N and the top-k values 4*N*k (Mixtral/Qwen3),
+  sort permutation and gather index 2*8*N*k, offsets 4*E, gathered tokens N*k*h*e_x, gate_up output
+  2*N*k*f*e_x, activation output and product 2*N*k*f*e_x, sorted routing weights 4*N*k, down output
+  N*k*h*e_x, inverse permutation 8*N*k; e_x = the parameters' dtype (fp32 under AMP).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from . import parts
+from .base import linear
+from .decoder import RMSDecoder
+from .terms import TensorSpec, Term
+
+
+class MoEDecoder(RMSDecoder):
+    """An RMSDecoder whose MLP is a sparse MoE block. The config has num_experts, num_experts_per_tok and
+    expert_size (the experts' width); shared_expert_size (Qwen2-MoE) is 0 when there is none."""
+
+    router_name: ClassVar[str] = "mlp.gate"
+    renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob
+    lora_supported: ClassVar[bool] = False    # fine-tuning of MoE families is not modelled yet
+    subset_supported: ClassVar[bool] = False
+    qlora_supported: ClassVar[bool] = False
+
+    def renormalises(self, c) -> bool:
+        return self.renormalise_topk
+
+    def moe_layer(self, c, i: int) -> bool:
+        """True when block i is sparse (every block here; Qwen's decoder_sparse_step / mlp_only_layers aside)."""
+        return True
+
+    def shape(self, c) -> parts.Shape:
+        # The backward's high points see the MLP per token: k experts of width f each.
+        sh = super().shape(c)
+        return dataclasses.replace(sh, f=c.num_experts_per_tok * c.expert_size)
+
+    def check_run(self, cfg, spec) -> None:
+        super().check_run(cfg, spec)
+
+    # ---- inventory ------------------------------------------------------------------------------------
+    def moe_specs(self, c, i: int) -> list[TensorSpec]:
+        p, h, E, f = f"model.layers.{i}.mlp", c.hidden_size, c.num_experts, c.expert_size
+        return (linear(f"model.layers.{i}.{self.router_name}", h, E, False, i, "mlp.in")
+                # 3-D nn.Parameters: grouped_mm is on no autocast list (no low-precision copies)
+                + [TensorSpec(f"{p}.experts.gate_up_proj", (E, 2 * f, h), "param", block=i, role="mlp.in"),
+                   TensorSpec(f"{p}.experts.down_proj", (E, h, f), "param", block=i, role="mlp.out")])
+
+    def inventory(self, c) -> list[TensorSpec]:
+        out: list[TensorSpec] = []
+        for t in super().inventory(c):
+            if t.block is not None and ".mlp." in t.name:
+                if t.name.endswith("mlp.down_proj.weight"):  # the dense MLP's last tensor: the sparse block here
+                    out += self.moe_specs(c, t.block)
+                continue
+            out.append(t)
+        return out
+
+    # ---- saved tensors --------------------------------------------------------------------------------
+    def moe_terms(self, c, spec, w) -> list[Term]:
+        """The sparse block's saved tensors (module docstring)."""
+        N, h, E, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
+        e_x = 4 if w.amp else w.e_m  # the experts run in the parameters' dtype
+        terms = [Term("router input (autocast copy under AMP)", "b*s*h*e_m", N * h * w.e_m, True, "mlp"),
+                 Term("router softmax output (fp32)", "4*b*s*E", 4 * N * E, True, "mlp"),
+                 Term("top-k indices (int64)", "8*b*s*k", 8 * N * k, True, "mlp")]
+        if self.renormalises(c):
+            terms.append(Term("top-k renormalisation: fp32 sum and values", "4*b*s + 4*b*s*k", 4 * N + 4 * N * k,
+                              True, "mlp"))
+        terms += [Term("dispatch: sort permutation, gather index, inverse permutation (int64)", "24*b*s*k",
+                       24 * N * k, True, "mlp"),
+                  Term("grouped GEMM offsets (int32)", "4*E", 4 * E, True, "mlp"),
+                  Term("gathered tokens and experts' down output", "2*b*s*k*h*e_x", 2 * N * k * h * e_x, True, "mlp"),
+                  Term("experts' gate_up output, activation output, product", "4*b*s*k*f*e_x", 4 * N * k * f * e_x,
+                       True, "mlp"),
+                  Term("sorted routing weights (fp32)", "4*b*s*k", 4 * N * k, True, "mlp")]
+        return terms
+
+    def block_terms(self, c, spec, w) -> list[Term]:
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        x = self.shape(c)
+        terms = (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
+                 + [parts.projection_inputs("q/k/v projection", 3, b, s, h, w, part="attn.in")])
+        if self.qk_norm:
+            terms += parts.head_rms_norms(x, b, s, w)
+        terms += self.attention_terms(c, spec, w)
+        terms += self.mask_terms(c, spec, w)
+        terms += self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.mlp")
+        return terms + self.moe_terms(c, spec, w)
+
+    # ---- backward high points -------------------------------------------------------------------------
+    def block_points(self, c, spec, w, x) -> dict[str, int]:
+        """Llama's points (decoder.RMSDecoder.block_points) with the MLP seen per token (k experts of width
+        f: shape().f = k*f); autocast copies only the router's weight, not the experts'."""
+        router = c.num_experts * c.hidden_size
+        return super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * router if w.amp else 0))
