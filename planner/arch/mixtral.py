@@ -14,9 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..validation import ConfigError, _check_positive
 from .decoder import DecoderConfigMixin, check_zero, normalise_rope
-from .moe import MoEDecoder
+from .moe import MoEDecoder, check_moe
 
 
 @dataclass(frozen=True)
@@ -45,10 +44,7 @@ class MixtralConfig(DecoderConfigMixin):
 
     def __post_init__(self) -> None:
         self._validate()
-        _check_positive(self, ("num_local_experts", "num_experts_per_tok"))
-        if self.num_experts_per_tok > self.num_local_experts:
-            raise ConfigError(f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_local_experts "
-                              f"{self.num_local_experts}")
+        check_moe(self)
 
     @property
     def num_experts(self) -> int:
@@ -79,6 +75,9 @@ class Mixtral(MoEDecoder):
         }
 
     grid_options = {"num_local_experts": 4, "num_experts_per_tok": 2}  # every grid shape: 4 experts, top-2
+
+    def tiny(self, cfg):
+        return dataclasses.replace(super().tiny(cfg), num_local_experts=4, num_experts_per_tok=2)
 
     def normalise(self, data: dict) -> dict:
         return normalise_rope(data)

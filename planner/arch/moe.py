@@ -27,10 +27,27 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from ..validation import ConfigError, _check_positive
 from . import parts
 from .base import linear
 from .decoder import RMSDecoder
 from .terms import TensorSpec, Term
+
+
+def check_moe(cfg, widths: tuple[str, ...] = ()) -> None:
+    """Experts and top-k positive, top-k at most the experts."""
+    _check_positive(cfg, ("num_experts", "num_experts_per_tok") + widths)
+    refuse_dense_layers({"decoder_sparse_step": getattr(cfg, "decoder_sparse_step", 1)})
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise ConfigError(f"num_experts_per_tok {cfg.num_experts_per_tok} exceeds the {cfg.num_experts} experts")
+
+
+def refuse_dense_layers(data: dict) -> None:
+    """Qwen's decoder_sparse_step / mlp_only_layers make some blocks dense; every published config makes all
+    blocks sparse (step 1, no mlp_only_layers), the only case modelled."""
+    if data.get("decoder_sparse_step", 1) != 1 or data.get("mlp_only_layers"):
+        raise ConfigError("decoder_sparse_step != 1 or mlp_only_layers (dense blocks among the sparse ones) is not "
+                          "modelled yet (the published configs make every block sparse)")
 
 
 class MoEDecoder(RMSDecoder):
@@ -39,6 +56,8 @@ class MoEDecoder(RMSDecoder):
 
     router_name: ClassVar[str] = "mlp.gate"
     renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob
+    fp32_routing_weights: ClassVar[bool] = True  # Mixtral keeps the top-k weights fp32; Qwen casts them back to
+    # the router logits' dtype (router_top_value.to(router_logits.dtype))
     lora_supported: ClassVar[bool] = False    # fine-tuning of MoE families is not modelled yet
     subset_supported: ClassVar[bool] = False
     qlora_supported: ClassVar[bool] = False
@@ -46,9 +65,9 @@ class MoEDecoder(RMSDecoder):
     def renormalises(self, c) -> bool:
         return self.renormalise_topk
 
-    def moe_layer(self, c, i: int) -> bool:
-        """True when block i is sparse (every block here; Qwen's decoder_sparse_step / mlp_only_layers aside)."""
-        return True
+    def shared_expert_size(self, c) -> int:
+        """The width of Qwen2-MoE's shared expert (a dense gated MLP beside the routed ones); 0: none."""
+        return 0
 
     def shape(self, c) -> parts.Shape:
         # The backward's high points see the MLP per token: k experts of width f each.
@@ -61,10 +80,17 @@ class MoEDecoder(RMSDecoder):
     # ---- inventory ------------------------------------------------------------------------------------
     def moe_specs(self, c, i: int) -> list[TensorSpec]:
         p, h, E, f = f"model.layers.{i}.mlp", c.hidden_size, c.num_experts, c.expert_size
-        return (linear(f"model.layers.{i}.{self.router_name}", h, E, False, i, "mlp.in")
-                # 3-D nn.Parameters: grouped_mm is on no autocast list (no low-precision copies)
-                + [TensorSpec(f"{p}.experts.gate_up_proj", (E, 2 * f, h), "param", block=i, role="mlp.in"),
-                   TensorSpec(f"{p}.experts.down_proj", (E, h, f), "param", block=i, role="mlp.out")])
+        specs = (linear(f"model.layers.{i}.{self.router_name}", h, E, False, i, "mlp.in")
+                 # 3-D nn.Parameters: grouped_mm is on no autocast list (no low-precision copies)
+                 + [TensorSpec(f"{p}.experts.gate_up_proj", (E, 2 * f, h), "param", block=i, role="mlp.in"),
+                    TensorSpec(f"{p}.experts.down_proj", (E, h, f), "param", block=i, role="mlp.out")])
+        fs = self.shared_expert_size(c)
+        if fs:  # Qwen2MoeSparseMoeBlock: shared_expert (Qwen2MoeMLP) and shared_expert_gate (h -> 1)
+            specs += (linear(f"{p}.shared_expert.gate_proj", h, fs, False, i, "mlp.in")
+                      + linear(f"{p}.shared_expert.up_proj", h, fs, False, i, "mlp.in")
+                      + linear(f"{p}.shared_expert.down_proj", fs, h, False, i, "mlp.out")
+                      + linear(f"{p}.shared_expert_gate", h, 1, False, i, "mlp.in"))
+        return specs
 
     def inventory(self, c) -> list[TensorSpec]:
         out: list[TensorSpec] = []
@@ -81,8 +107,18 @@ class MoEDecoder(RMSDecoder):
         """The sparse block's saved tensors (module docstring)."""
         N, h, E, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
         e_x = 4 if w.amp else w.e_m  # the experts run in the parameters' dtype
-        terms = [Term("router input (autocast copy under AMP)", "b*s*h*e_m", N * h * w.e_m, True, "mlp"),
-                 Term("router softmax output (fp32)", "4*b*s*E", 4 * N * E, True, "mlp"),
+        fs = self.shared_expert_size(c)
+        # the block's input is read by the router (and the shared expert's gate_proj, up_proj and
+        # shared_expert_gate): one tensor, or under autocast one bf16 copy per linear
+        terms = [parts.projection_inputs("router" + (", shared expert, shared_expert_gate" if fs else ""),
+                                         4 if fs else 1, spec.batch_size, spec.seq_len, h, w, where="mlp")]
+        if fs:
+            sh = dataclasses.replace(RMSDecoder.shape(self, c), f=fs)
+            terms += parts.glu_mlp(sh, spec.batch_size, spec.seq_len, w)
+            terms.append(Term("shared_expert_gate sigmoid output and shared expert output (its product's operands)",
+                              "b*s*e_m + b*s*h*e_m", N * w.e_m + N * h * w.e_m, True, "mlp"))
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        terms += [Term("router softmax output (fp32)", "4*b*s*E", 4 * N * E, True, "mlp"),
                  Term("top-k indices (int64)", "8*b*s*k", 8 * N * k, True, "mlp")]
         if self.renormalises(c):
             terms.append(Term("top-k renormalisation: fp32 sum and values", "4*b*s + 4*b*s*k", 4 * N + 4 * N * k,
@@ -93,7 +129,8 @@ class MoEDecoder(RMSDecoder):
                   Term("gathered tokens and experts' down output", "2*b*s*k*h*e_x", 2 * N * k * h * e_x, True, "mlp"),
                   Term("experts' gate_up output, activation output, product", "4*b*s*k*f*e_x", 4 * N * k * f * e_x,
                        True, "mlp"),
-                  Term("sorted routing weights (fp32)", "4*b*s*k", 4 * N * k, True, "mlp")]
+                  Term("sorted routing weights" + (" (fp32)" if self.fp32_routing_weights else ""),
+                       "4*b*s*k" if self.fp32_routing_weights else "b*s*k*e_m", N * k * e_rw, True, "mlp")]
         return terms
 
     def block_terms(self, c, spec, w) -> list[Term]:
@@ -112,5 +149,5 @@ class MoEDecoder(RMSDecoder):
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """Llama's points (decoder.RMSDecoder.block_points) with the MLP seen per token (k experts of width
         f: shape().f = k*f); autocast copies only the router's weight, not the experts'."""
-        router = c.num_experts * c.hidden_size
-        return super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * router if w.amp else 0))
+        cast = sum(t.numel for t in self.moe_specs(c, 0) if t.autocast)  # the router's and shared expert's
+        return super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * cast if w.amp else 0))
