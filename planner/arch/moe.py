@@ -147,7 +147,39 @@ class MoEDecoder(RMSDecoder):
 
     # ---- backward high points -------------------------------------------------------------------------
     def block_points(self, c, spec, w, x) -> dict[str, int]:
-        """Llama's points (decoder.RMSDecoder.block_points) with the MLP seen per token (k experts of width
-        f: shape().f = k*f); autocast copies only the router's weight, not the experts'."""
-        cast = sum(t.numel for t in self.moe_specs(c, 0) if t.autocast)  # the router's and shared expert's
-        return super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * cast if w.amp else 0))
+        """The attention side's points are Llama's (decoder.RMSDecoder.block_points: norm, attention, attn_in,
+        input_norm, rope, recompute; they see the block after its MLP's backward, with autocast copies of the
+        router and shared expert only: the experts are not cast). The MLP side is the sparse block's own:
+        experts: the gate_up grouped GEMM's backward (the live-bytes timeline, tiny Mixtral/Qwen-MoE, every
+             precision): its weight grad (E, 2f, h) then its input grad (N*k, h) are made while alive are the
+             down projection's grad, the grad of the gate_up output (SplitBackward's cat, (N*k, 2f)), the
+             gathered tokens it saved, the router's saved tensors, the MoE output's grad (the residual's,
+             b*s*h*e_r) and the grad of the top-k weights (N*k); the combine's and the experts' other saved
+             tensors are freed. Qwen2-MoE's shared-expert gate has run its backward before (its nodes are
+             later): its product's saved tensors are freed, the shared expert output's grad (b*s*h*e_m) and
+             the gate's input grad are alive."""
+        moe = self.moe_specs(c, 0)
+        cast = sum(t.numel for t in moe if t.autocast)  # the router's and shared expert's weights
+        pts = super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * cast if w.amp else 0))
+        for name in ("ffn", "mlp_in", "mlp_cast", "mlp_done"):
+            pts.pop(name, None)
+        N, h, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts_per_tok, c.expert_size
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        experts_n = sum(t.numel for t in moe if ".experts." in t.name)
+        freed = 4 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k
+        fs = self.shared_expert_size(c)
+        shared = 0
+        if fs:
+            gate_n = sum(t.numel for t in moe if t.name.endswith("shared_expert_gate.weight"))
+            freed += N * w.e_m + N * h * w.e_m + (N * h * w.e_m if w.amp else 0)
+            shared = gate_n * x.g + N * h * w.e_m + N * h * w.e_m
+        down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
+        # the product's backward (act(gate) * up): the down projection's grad made, its input (the product)
+        # and the combine's saved tensors freed; the product's grad and the two new grads alive
+        pts["experts_act"] = (x.current + x.pending - (N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k)
+                              + down_n * x.g + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
+                              - (freed - 4 * N * k * f * e_x - N * k * h * e_x - N * k * e_rw - 8 * N * k))
+        pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
+                          + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
+        return pts
