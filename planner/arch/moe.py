@@ -160,7 +160,10 @@ class MoEDecoder(RMSDecoder):
              the gate's input grad are alive."""
         moe = self.moe_specs(c, 0)
         cast = sum(t.numel for t in moe if t.autocast)  # the router's and shared expert's weights
-        pts = super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * cast if w.amp else 0))
+        # In a later micro-batch (grads exist: x.pending is the largest MLP weight's transient grad, here the
+        # experts' gate_up) each new weight grad is added in place and freed at once: none is pending after
+        # the MLP, and at the product's backward the down projection's transient is gone.
+        pts = super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * cast if w.amp else 0, pending=0))
         for name in ("ffn", "mlp_in", "mlp_cast", "mlp_done"):
             pts.pop(name, None)
         N, h, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts_per_tok, c.expert_size
@@ -177,7 +180,7 @@ class MoEDecoder(RMSDecoder):
         down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
         # the product's backward (act(gate) * up): the down projection's grad made, its input (the product)
         # and the combine's saved tensors freed; the product's grad and the two new grads alive
-        pts["experts_act"] = (x.current + x.pending - (N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k)
+        pts["experts_act"] = (x.current - (N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k)
                               + down_n * x.g + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
                               - (freed - 4 * N * k * f * e_x - N * k * h * e_x - N * k * e_rw - 8 * N * k))
         pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
