@@ -183,6 +183,12 @@ class MoEDecoder(RMSDecoder):
         pts["experts_act"] = (x.current - (N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k)
                               + down_n * x.g + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
                               - (freed - 4 * N * k * f * e_x - N * k * h * e_x - N * k * e_rw - 8 * N * k))
+        # the combine's backward: the sum over k's grad made contiguous for the view's backward (N*k, h), then
+        # the un-permutation's (weighted_out[inv_perm]: new_zeros + index_put, (N*k, h)), with every saved
+        # tensor of the block alive; under checkpointing the recompute (stopped early, once inv_perm is saved)
+        # still holds the weighted product (N*k, h) it made
+        pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_x
+                          + (N * k * h * e_x if spec.checkpointing else 0))
         pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
                           + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
         return pts
