@@ -172,10 +172,11 @@ class MoEDecoder(RMSDecoder):
         experts_n = sum(t.numel for t in moe if ".experts." in t.name)
         freed = 4 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k
         fs = self.shared_expert_size(c)
-        shared = 0
+        shared = shared_freed = 0
         if fs:
             gate_n = sum(t.numel for t in moe if t.name.endswith("shared_expert_gate.weight"))
-            freed += N * w.e_m + N * h * w.e_m + (N * h * w.e_m if w.amp else 0)
+            shared_freed = N * w.e_m + N * h * w.e_m + (N * h * w.e_m if w.amp else 0)
+            freed += shared_freed
             shared = gate_n * x.g + N * h * w.e_m + N * h * w.e_m
         down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
         # the product's backward (act(gate) * up): the down projection's grad made, its input (the product)
@@ -187,7 +188,7 @@ class MoEDecoder(RMSDecoder):
         # the un-permutation's (weighted_out[inv_perm]: new_zeros + index_put, (N*k, h)), with every saved
         # tensor of the block alive; under checkpointing the recompute (stopped early, once inv_perm is saved)
         # still holds the weighted product (N*k, h) it made
-        pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_x
+        pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_x + shared - shared_freed
                           + (N * k * h * e_x if spec.checkpointing else 0))
         pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
                           + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
