@@ -55,6 +55,7 @@ class MoEDecoder(RMSDecoder):
     expert_size (the experts' width); shared_expert_size (Qwen2-MoE) is 0 when there is none."""
 
     router_name: ClassVar[str] = "mlp.gate"
+    router_first: ClassVar[bool] = True       # registration order (named_parameters): Qwen3-MoE's experts come first
     renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob
     fp32_routing_weights: ClassVar[bool] = True  # Mixtral keeps the top-k weights fp32; Qwen casts them back to
     # the router logits' dtype (router_top_value.to(router_logits.dtype))
@@ -80,10 +81,11 @@ class MoEDecoder(RMSDecoder):
     # ---- inventory ------------------------------------------------------------------------------------
     def moe_specs(self, c, i: int) -> list[TensorSpec]:
         p, h, E, f = f"model.layers.{i}.mlp", c.hidden_size, c.num_experts, c.expert_size
-        specs = (linear(f"model.layers.{i}.{self.router_name}", h, E, False, i, "mlp.in")
-                 # 3-D nn.Parameters: grouped_mm is on no autocast list (no low-precision copies)
-                 + [TensorSpec(f"{p}.experts.gate_up_proj", (E, 2 * f, h), "param", block=i, role="mlp.in"),
-                    TensorSpec(f"{p}.experts.down_proj", (E, h, f), "param", block=i, role="mlp.out")])
+        router = linear(f"model.layers.{i}.{self.router_name}", h, E, False, i, "mlp.in")
+        # 3-D nn.Parameters: grouped_mm is on no autocast list (no low-precision copies)
+        experts = [TensorSpec(f"{p}.experts.gate_up_proj", (E, 2 * f, h), "param", block=i, role="mlp.in"),
+                   TensorSpec(f"{p}.experts.down_proj", (E, h, f), "param", block=i, role="mlp.out")]
+        specs = router + experts if self.router_first else experts + router
         fs = self.shared_expert_size(c)
         if fs:  # Qwen2MoeSparseMoeBlock: shared_expert (Qwen2MoeMLP) and shared_expert_gate (h -> 1)
             specs += (linear(f"{p}.shared_expert.gate_proj", h, fs, False, i, "mlp.in")
