@@ -40,7 +40,21 @@ fx proxies and stream capture still count); it is put back afterwards.
 the answers changes which ops run. Any other data-dependent read (a model that branches on a tensor's value)
 and any op that fake tensors cannot run (nonzero, masked_select, an op with no fake kernel) stops the
 simulation with SimulationError naming the op and the line that called it: the planner does not guess.
-No torch function or class is patched.
+No torch function or class is patched, with one exception (below).
+
+Grouped GEMM on the CPU (Mixture-of-Experts). transformers 5.23 runs MoE experts through
+`integrations/moe.py::grouped_mm_experts_forward` ("grouped_mm", the default `_experts_implementation`), which on
+a CPU with torch > 2.10 calls `torch.nn.functional.grouped_mm` = `aten._grouped_mm` in the parameters' dtype (it
+casts the input with `input.to(weight.dtype)`, so fp32 under fp32 and bf16-AMP training, whose weights are
+fp32). The real CPU kernel runs fp32, fp16 and bf16 (measured: the output has mat_a's dtype and shape, contiguous;
+mixed dtypes and another out_dtype are refused). The fake kernel, `torch/_meta_registrations.py::
+_meta_grouped_mm_common`, transcribes the CUDA kernel's checks and refuses anything but bf16, so the fake step
+stopped where the real one runs. `cpu_grouped_mm_meta` (while the steps run, device cpu only) lets the meta
+function run its checks on bf16 stand-ins of the same shapes and strides, then returns
+`_create_grouped_mm_output_tensor` in mat_a's own dtype (same shape and contiguous strides as the CPU kernel's
+output): what is allocated is the CPU kernel's, the only thing dropped is the bf16-only dtype check when both
+operands share a floating dtype. Routing experts another way (transformers' "eager" per-expert loop, or its
+`grouped_mm_fallback`) would simulate a different step from the one measured.
 
 The record has measure_training's keys where they exist in a simulation (peak_bytes, tracked_peak_bytes,
 peak_phase, phase_peak_bytes, persistent_bytes, optimizer_bytes, timeline, device), plus "kind":
@@ -242,6 +256,38 @@ def real_run_branches():
             m.is_tracing = original
 
 
+_GROUPED_MM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the CPU kernel's (measured, torch 2.13)
+
+
+@contextlib.contextmanager
+def cpu_grouped_mm_meta(device: str):
+    """`aten._grouped_mm`'s fake kernel as the CPU kernel: any one floating dtype, not bf16 only (see the module
+    docstring, "Grouped GEMM on the CPU"); a no-op off the CPU or without the meta function."""
+    import torch._meta_registrations as meta
+
+    original = getattr(meta, "_meta_grouped_mm_common", None)
+    if torch.device(device).type != "cpu" or original is None or not hasattr(meta, "_create_grouped_mm_output_tensor"):
+        yield
+        return
+
+    def grouped_mm_common(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None,
+                          out_dtype=None, use_fast_accum=False):
+        if (scale_a is None and scale_b is None and mat_a.dtype == mat_b.dtype and mat_a.dtype in _GROUPED_MM_DTYPES
+                and mat_a.dtype != torch.bfloat16 and out_dtype in (None, mat_a.dtype)):
+            def stand_in(t):
+                return torch.empty_strided(t.size(), t.stride(), dtype=torch.bfloat16, device="meta")
+            original(stand_in(mat_a), stand_in(mat_b), None, None, offs=offs, bias=bias)  # the shape checks
+            return meta._create_grouped_mm_output_tensor(mat_a, mat_b, offs, mat_a.dtype)
+        return original(mat_a, mat_b, scale_a, scale_b, offs=offs, bias=bias, scale_result=scale_result,
+                        out_dtype=out_dtype, use_fast_accum=use_fast_accum)
+
+    meta._meta_grouped_mm_common = grouped_mm_common
+    try:
+        yield
+    finally:
+        meta._meta_grouped_mm_common = original
+
+
 def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False, exports=None) -> dict:
     t_start = time.perf_counter()
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
@@ -258,7 +304,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         holder["step"] = step
         answers = _Answers(step)
         emit({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
-        with answers, real_run_branches():
+        with answers, real_run_branches(), cpu_grouped_mm_meta(spec.device):
             step.run()
         gc.collect()
 
@@ -272,7 +318,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         log = start_log(tracker, step)
         tracker.recording = True
         try:
-            with answers, tracker, real_run_branches():
+            with answers, tracker, real_run_branches(), cpu_grouped_mm_meta(spec.device):
                 step.run(on_phase=recorder)
         finally:
             stop_log(tracker, log)  # the global module hooks go, whatever happened

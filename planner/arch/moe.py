@@ -1,0 +1,197 @@
+"""Sparse Mixture-of-Experts decoders (no torch): a Llama-shaped block whose MLP is a router and E experts
+(Mixtral, Qwen2-MoE, Qwen3-MoE in transformers 5.23; family files mixtral.py, qwen2_moe.py, qwen3_moe.py).
+
+The sparse block as transformers runs it (models/mixtral/modeling_mixtral.py MixtralSparseMoeBlock and
+MixtralTopKRouter; integrations/moe.py grouped_mm_experts_forward, the default experts implementation), with
+N = b*s tokens, E experts, k experts per token, f the expert width:
+  router   logits = linear(x, W_gate) (N, E); probs = softmax(logits.float()); top-k values and indices;
+           Mixtral/Qwen3 renormalise the top-k values (values /= values.sum(-1, keepdim=True)).
+  dispatch expert_ids (N*k,) sorted (perm), x[perm // k] gathered (N*k, h), histc -> offsets (E,) int32.
+  experts  grouped_mm(x_g, gate_up^T) (N*k, 2f); act(gate) * up; grouped_mm(., down^T) (N*k, h), in the
+           parameters' dtype (moe.py `_grouped_mm` casts the input to the weight's dtype; not autocast).
+  combine  times the sorted routing weights (fp32), un-permuted (inv_perm), summed over k.
+Every size is a function of N*k, whatever the routing: which expert gets how many tokens changes only where
+rows sit inside the (N*k, .) tensors, never their sizes (the grouped GEMM's offsets hold the split). Nothing
+here depends on the routing.
+
+Saved for backward (saved_tensors_hooks inventory of one block, deduplicated by storage, fp32 / bf16 /
+bf16-AMP, tiny Mixtral b2 s16 h32 f48 E4 k2; measured sum = the terms below to the byte):
+  router input N*h*e_m (the norm output; under AMP autocast's bf16 copy), softmax output 4*N*E,
+  top-k indices 8*N*k, renormalisation: the fp32 sum 4*N and the top-k values 4*N*k (Mixtral/Qwen3),
+  sort permutation and gather index 2*8*N*k, offsets 4*E, gathered tokens N*k*h*e_x, gate_up output
+  2*N*k*f*e_x, activation output and product 2*N*k*f*e_x, sorted routing weights 4*N*k, down output
+  N*k*h*e_x, inverse permutation 8*N*k; e_x = the parameters' dtype (fp32 under AMP).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ..validation import ConfigError, _check_positive
+from . import parts
+from .base import linear
+from .decoder import RMSDecoder
+from .terms import TensorSpec, Term
+
+
+def check_moe(cfg, widths: tuple[str, ...] = ()) -> None:
+    """Experts and top-k positive, top-k at most the experts."""
+    _check_positive(cfg, ("num_experts", "num_experts_per_tok") + widths)
+    refuse_dense_layers({"decoder_sparse_step": getattr(cfg, "decoder_sparse_step", 1)})
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise ConfigError(f"num_experts_per_tok {cfg.num_experts_per_tok} exceeds the {cfg.num_experts} experts")
+
+
+def refuse_dense_layers(data: dict) -> None:
+    """Qwen's decoder_sparse_step / mlp_only_layers make some blocks dense; every published config makes all
+    blocks sparse (step 1, no mlp_only_layers), the only case modelled."""
+    if data.get("decoder_sparse_step", 1) != 1 or data.get("mlp_only_layers"):
+        raise ConfigError("decoder_sparse_step != 1 or mlp_only_layers (dense blocks among the sparse ones) is not "
+                          "modelled yet (the published configs make every block sparse)")
+
+
+class MoEDecoder(RMSDecoder):
+    """An RMSDecoder whose MLP is a sparse MoE block. The config has num_experts, num_experts_per_tok and
+    expert_size (the experts' width); shared_expert_size (Qwen2-MoE) is 0 when there is none."""
+
+    router_name: ClassVar[str] = "mlp.gate"
+    router_first: ClassVar[bool] = True       # registration order (named_parameters): Qwen3-MoE's experts come first
+    renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob
+    fp32_routing_weights: ClassVar[bool] = True  # Mixtral keeps the top-k weights fp32; Qwen casts them back to
+    # the router logits' dtype (router_top_value.to(router_logits.dtype))
+    lora_supported: ClassVar[bool] = False    # fine-tuning of MoE families is not modelled yet
+    subset_supported: ClassVar[bool] = False
+    qlora_supported: ClassVar[bool] = False
+
+    def renormalises(self, c) -> bool:
+        return self.renormalise_topk
+
+    def shared_expert_size(self, c) -> int:
+        """The width of Qwen2-MoE's shared expert (a dense gated MLP beside the routed ones); 0: none."""
+        return 0
+
+    def shape(self, c) -> parts.Shape:
+        # The backward's high points see the MLP per token: k experts of width f each.
+        sh = super().shape(c)
+        return dataclasses.replace(sh, f=c.num_experts_per_tok * c.expert_size)
+
+    def check_run(self, cfg, spec) -> None:
+        super().check_run(cfg, spec)
+
+    # ---- inventory ------------------------------------------------------------------------------------
+    def moe_specs(self, c, i: int) -> list[TensorSpec]:
+        p, h, E, f = f"model.layers.{i}.mlp", c.hidden_size, c.num_experts, c.expert_size
+        router = linear(f"model.layers.{i}.{self.router_name}", h, E, False, i, "mlp.in")
+        # 3-D nn.Parameters: grouped_mm is on no autocast list (no low-precision copies)
+        experts = [TensorSpec(f"{p}.experts.gate_up_proj", (E, 2 * f, h), "param", block=i, role="mlp.in"),
+                   TensorSpec(f"{p}.experts.down_proj", (E, h, f), "param", block=i, role="mlp.out")]
+        specs = router + experts if self.router_first else experts + router
+        fs = self.shared_expert_size(c)
+        if fs:  # Qwen2MoeSparseMoeBlock: shared_expert (Qwen2MoeMLP) and shared_expert_gate (h -> 1)
+            specs += (linear(f"{p}.shared_expert.gate_proj", h, fs, False, i, "mlp.in")
+                      + linear(f"{p}.shared_expert.up_proj", h, fs, False, i, "mlp.in")
+                      + linear(f"{p}.shared_expert.down_proj", fs, h, False, i, "mlp.out")
+                      + linear(f"{p}.shared_expert_gate", h, 1, False, i, "mlp.in"))
+        return specs
+
+    def inventory(self, c) -> list[TensorSpec]:
+        out: list[TensorSpec] = []
+        for t in super().inventory(c):
+            if t.block is not None and ".mlp." in t.name:
+                if t.name.endswith("mlp.down_proj.weight"):  # the dense MLP's last tensor: the sparse block here
+                    out += self.moe_specs(c, t.block)
+                continue
+            out.append(t)
+        return out
+
+    # ---- saved tensors --------------------------------------------------------------------------------
+    def moe_terms(self, c, spec, w) -> list[Term]:
+        """The sparse block's saved tensors (module docstring)."""
+        N, h, E, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
+        e_x = 4 if w.amp else w.e_m  # the experts run in the parameters' dtype
+        fs = self.shared_expert_size(c)
+        # the block's input is read by the router (and the shared expert's gate_proj, up_proj and
+        # shared_expert_gate): one tensor, or under autocast one bf16 copy per linear
+        terms = [parts.projection_inputs("router" + (", shared expert, shared_expert_gate" if fs else ""),
+                                         4 if fs else 1, spec.batch_size, spec.seq_len, h, w, where="mlp")]
+        if fs:
+            sh = dataclasses.replace(RMSDecoder.shape(self, c), f=fs)
+            terms += parts.glu_mlp(sh, spec.batch_size, spec.seq_len, w)
+            terms.append(Term("shared_expert_gate sigmoid output and shared expert output (its product's operands)",
+                              "b*s*e_m + b*s*h*e_m", N * w.e_m + N * h * w.e_m, True, "mlp"))
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        terms += [Term("router softmax output (fp32)", "4*b*s*E", 4 * N * E, True, "mlp"),
+                 Term("top-k indices (int64)", "8*b*s*k", 8 * N * k, True, "mlp")]
+        if self.renormalises(c):
+            terms.append(Term("top-k renormalisation: fp32 sum and values", "4*b*s + 4*b*s*k", 4 * N + 4 * N * k,
+                              True, "mlp"))
+        terms += [Term("dispatch: sort permutation, gather index, inverse permutation (int64)", "24*b*s*k",
+                       24 * N * k, True, "mlp"),
+                  Term("grouped GEMM offsets (int32)", "4*E", 4 * E, True, "mlp"),
+                  Term("gathered tokens and experts' down output", "2*b*s*k*h*e_x", 2 * N * k * h * e_x, True, "mlp"),
+                  Term("experts' gate_up output, activation output, product", "4*b*s*k*f*e_x", 4 * N * k * f * e_x,
+                       True, "mlp"),
+                  Term("sorted routing weights" + (" (fp32)" if self.fp32_routing_weights else ""),
+                       "4*b*s*k" if self.fp32_routing_weights else "b*s*k*e_m", N * k * e_rw, True, "mlp")]
+        return terms
+
+    def block_terms(self, c, spec, w) -> list[Term]:
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        x = self.shape(c)
+        terms = (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
+                 + [parts.projection_inputs("q/k/v projection", 3, b, s, h, w, part="attn.in")])
+        if self.qk_norm:
+            terms += parts.head_rms_norms(x, b, s, w)
+        terms += self.attention_terms(c, spec, w)
+        terms += self.mask_terms(c, spec, w)
+        terms += self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.mlp")
+        return terms + self.moe_terms(c, spec, w)
+
+    # ---- backward high points -------------------------------------------------------------------------
+    def block_points(self, c, spec, w, x) -> dict[str, int]:
+        """The attention side's points are Llama's (decoder.RMSDecoder.block_points: norm, attention, attn_in,
+        input_norm, rope, recompute; they see the block after its MLP's backward, with autocast copies of the
+        router and shared expert only: the experts are not cast). The MLP side is the sparse block's own:
+        experts: the gate_up grouped GEMM's backward (the live-bytes timeline, tiny Mixtral/Qwen-MoE, every
+             precision): its weight grad (E, 2f, h) then its input grad (N*k, h) are made while alive are the
+             down projection's grad, the grad of the gate_up output (SplitBackward's cat, (N*k, 2f)), the
+             gathered tokens it saved, the router's saved tensors, the MoE output's grad (the residual's,
+             b*s*h*e_r) and the grad of the top-k weights (N*k); the combine's and the experts' other saved
+             tensors are freed. Qwen2-MoE's shared-expert gate has run its backward before (its nodes are
+             later): its product's saved tensors are freed, the shared expert output's grad (b*s*h*e_m) and
+             the gate's input grad are alive."""
+        moe = self.moe_specs(c, 0)
+        cast = sum(t.numel for t in moe if t.autocast)  # the router's and shared expert's weights
+        # In a later micro-batch (grads exist: x.pending is the largest MLP weight's transient grad, here the
+        # experts' gate_up) each new weight grad is added in place and freed at once: none is pending after
+        # the MLP, and at the product's backward the down projection's transient is gone.
+        pts = super().block_points(c, spec, w, dataclasses.replace(x, casts_mlp=2 * cast if w.amp else 0, pending=0))
+        for name in ("ffn", "mlp_in", "mlp_cast", "mlp_done"):
+            pts.pop(name, None)
+        N, h, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts_per_tok, c.expert_size
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        experts_n = sum(t.numel for t in moe if ".experts." in t.name)
+        freed = 4 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k
+        fs = self.shared_expert_size(c)
+        shared = shared_freed = 0
+        if fs:
+            gate_n = sum(t.numel for t in moe if t.name.endswith("shared_expert_gate.weight"))
+            shared_freed = N * w.e_m + N * h * w.e_m + (N * h * w.e_m if w.amp else 0)
+            freed += shared_freed
+            shared = gate_n * x.g + N * h * w.e_m + N * h * w.e_m
+        down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
+        # the product's backward (act(gate) * up): the down projection's grad made, its input (the product)
+        # and the combine's saved tensors freed; the product's grad and the two new grads alive
+        pts["experts_act"] = (x.current - (N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k)
+                              + down_n * x.g + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
+                              - (freed - 4 * N * k * f * e_x - N * k * h * e_x - N * k * e_rw - 8 * N * k))
+        # the combine's backward: the sum over k's grad made contiguous for the view's backward (N*k, h), then
+        # the un-permutation's (weighted_out[inv_perm]: new_zeros + index_put, (N*k, h)), with every saved
+        # tensor of the block alive; under checkpointing the recompute (stopped early, once inv_perm is saved)
+        # still holds the weighted product (N*k, h) it made
+        pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_x + shared - shared_freed
+                          + (N * k * h * e_x if spec.checkpointing else 0))
+        pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
+                          + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
+        return pts

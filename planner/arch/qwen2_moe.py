@@ -1,0 +1,120 @@
+"""Qwen2-MoE (transformers' Qwen2MoeForCausalLM, models/qwen2_moe/modeling_qwen2_moe.py), from its config.json.
+
+Qwen 2's attention (q/k/v biases: `qkv_bias`) with a sparse block (Qwen2MoeSparseMoeBlock): a router over
+`num_experts` experts of width `moe_intermediate_size`, top-`num_experts_per_tok` (renormalised only with
+`norm_topk_prob`, the top-k weights cast back to the logits' dtype), plus a shared expert (a dense gated MLP
+of width `shared_expert_intermediate_size`) scaled by sigmoid(shared_expert_gate(x)). Saved tensors:
+planner/arch/moe.py. Every published config has decoder_sparse_step 1 and no mlp_only_layers (every block
+sparse); others are refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..validation import ConfigError
+from .decoder import DecoderConfigMixin, check_zero, normalise_rope
+from .moe import MoEDecoder, check_moe, refuse_dense_layers
+
+
+@dataclass(frozen=True)
+class Qwen2MoeConfig(DecoderConfigMixin):
+    """Keys and defaults as transformers' Qwen2MoeConfig (configuration_qwen2_moe.py)."""
+    vocab_size: int = 151936
+    hidden_size: int = 2048
+    intermediate_size: int = 5632           # the dense MLP's width (blocks that are not sparse: none here)
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 16
+    num_key_value_heads: int | None = 16
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    rope_theta: float = 1e6
+    rope_scaling: dict | None = None
+    qkv_bias: bool = True
+    moe_intermediate_size: int = 1408       # each routed expert's width
+    shared_expert_intermediate_size: int = 5632
+    num_experts: int = 60
+    num_experts_per_tok: int = 4
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    attention: str = "sdpa"
+    torch_dtype: str | None = None
+    name: str | None = None
+    arch: str = dataclasses.field(default="qwen2_moe", init=False)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                              f"{self.num_attention_heads}")
+        self._validate()
+        check_moe(self, ("moe_intermediate_size", "shared_expert_intermediate_size"))
+
+    @property
+    def expert_size(self) -> int:
+        return self.moe_intermediate_size
+
+
+class Qwen2Moe(MoEDecoder):
+    arch = "qwen2_moe"
+    model_types = ("qwen2_moe",)
+    model_type = "qwen2_moe"
+    config_cls = Qwen2MoeConfig
+    required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts",
+                "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+    description = "transformers Qwen2MoeForCausalLM (sparse MoE with a shared expert)"
+    renormalise_topk = False  # read from norm_topk_prob (renormalises)
+    fp32_routing_weights = False
+    o_bias = False
+
+    def biases(self, c) -> tuple[bool, bool, bool]:
+        return bool(c.qkv_bias), False, False
+
+    def renormalises(self, c) -> bool:
+        return bool(c.norm_topk_prob)
+
+    def shared_expert_size(self, c) -> int:
+        return c.shared_expert_intermediate_size
+
+    def presets(self) -> dict:
+        # Qwen/Qwen1.5-MoE-A2.7B config.json; 14,315,784,192 parameters (transformers' model on the meta
+        # device; the card says 14.3B in total, 2.7B activated).
+        return {
+            "qwen1.5-moe-a2.7b": Qwen2MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                                                num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                                                max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6,
+                                                moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                                                num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
+                                                torch_dtype="bfloat16"),
+        }
+
+    grid_options = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 40,
+                    "shared_expert_intermediate_size": 72}
+
+    def normalise(self, data: dict) -> dict:
+        return normalise_rope(data)
+
+    def from_dict(self, data: dict):
+        check_zero(data, ("attention_dropout",))
+        refuse_dense_layers(data)
+        if data.get("use_sliding_window"):
+            raise ConfigError("use_sliding_window: true is not modelled yet (Qwen's published configs leave it off)")
+        return super().from_dict(data)
+
+    def tiny(self, cfg):
+        return dataclasses.replace(cfg, vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, moe_intermediate_size=16,
+                                   shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+
+    def hf_kwargs(self, cfg) -> dict:
+        data = super().hf_kwargs(cfg)
+        data.pop("head_dim", None)
+        return data
+
+
+FAMILY = Qwen2Moe()
