@@ -136,10 +136,28 @@ class GPTModel(nn.Module):
         self.checkpoint_kwargs = {}  # e.g. a selective policy's context_fn
 
     def forward(self, in_idx):
-        return self.out_head(self.hidden_states(in_idx))
+        """The book's forward, op for op and name for name: its locals (tok_embeds, pos_embeds, the final norm's
+        output) live until it returns, as in the book, and the measured peak depends on that."""
+        batch_size, seq_len = in_idx.shape
+        tok_embeds = self.tok_emb(in_idx)
+        pos_embeds = self.pos_emb(torch.arange(seq_len, device=in_idx.device))
+        x = tok_embeds + pos_embeds
+        x = self.drop_emb(x)
+        if self.gradient_checkpointing and self.training:
+            for i, block in enumerate(self.trf_blocks):
+                if i % self.checkpoint_every == 0:
+                    x = checkpoint(block, x, use_reentrant=False, **self.checkpoint_kwargs)
+                else:
+                    x = block(x)
+        else:
+            x = self.trf_blocks(x)
+        x = self.final_norm(x)
+        logits = self.out_head(x)
+        return logits
 
     def hidden_states(self, in_idx):
-        """Everything before the output head (a fused loss takes these and out_head.weight)."""
+        """Everything before the output head, for a fused loss (it takes these and out_head.weight). The same ops
+        as forward's; written out again, not shared, because forward's locals must live as long as the book's."""
         batch_size, seq_len = in_idx.shape
         tok_embeds = self.tok_emb(in_idx)
         pos_embeds = self.pos_emb(torch.arange(seq_len, device=in_idx.device))
