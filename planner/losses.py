@@ -14,7 +14,7 @@
                          it (b*s fp32); the backward recomputes each block's logits and adds its part of the
                          hidden states' and the head's gradients. cut-cross-entropy 25.1.1's only non-Triton path
                          (torch_compile.py) computes e @ c.T whole, so on the CPU a plain-torch equivalent of the
-                         Triton kernels' algorithm runs here (planner/routines/losses.py); the library's own run
+                         Triton kernels' algorithm runs here (planner/models/losses.py); the library's own run
                          is left to the CUDA check.
 """
 from __future__ import annotations

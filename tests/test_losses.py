@@ -13,7 +13,7 @@ from planner.estimate.training import estimate_training
 from planner.losses import chunk_tokens, liger_chunk_tokens
 from planner.measure.simulate import simulate_training
 from planner.measure.training import measure_training
-from planner.routines.losses import fused_loss
+from planner.models.losses import fused_loss
 from planner.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parent.parent

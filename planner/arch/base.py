@@ -264,8 +264,8 @@ class HFCausalLM(Family):
         from ..losses import is_fused
 
         if is_fused(loss_kind):  # as a user plugs a fused loss in: the base model's last hidden state and
-            # the head weight (planner/routines/losses.py); the head's own forward never runs
-            from ..routines.losses import fused_loss
+            # the head weight (planner/models/losses.py); the head's own forward never runs
+            from ..models.losses import fused_loss
 
             hidden = getattr(model, model.base_model_prefix)(input_ids=inputs).last_hidden_state
             on_phase("loss")

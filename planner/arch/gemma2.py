@@ -87,7 +87,7 @@ class Gemma2(Gemma):
 
     def check_fused_loss(self, cfg, spec) -> None:
         """Gemma2ForCausalLM soft-caps its logits (logits / cap, tanh, * cap) before the loss; the fused losses
-        here (planner/routines/losses.py) take plain hidden @ W.T logits, so they are refused with the cap on."""
+        here (planner/models/losses.py) take plain hidden @ W.T logits, so they are refused with the cap on."""
         if cfg.final_logit_softcapping is not None:
             from ..validation import ConfigError
 

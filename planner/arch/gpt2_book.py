@@ -246,8 +246,8 @@ class BookGPT2(Family):
         from ..losses import is_fused
         from ..models.gpt2 import calc_loss_batch
 
-        if is_fused(loss_kind):  # planner/routines/losses.py: the final hidden states and the head weight
-            from ..routines.losses import fused_loss
+        if is_fused(loss_kind):  # planner/models/losses.py: the final hidden states and the head weight
+            from ..models.losses import fused_loss
 
             hidden = model.hidden_states(inputs)
             on_phase("loss")

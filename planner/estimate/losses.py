@@ -7,7 +7,7 @@ planner/estimate/training.py changes in four places, each a term below:
   loss       the loss phase's high point on top of the forward's saved set (the logits are never whole);
   backward   the loss backward's high point on top of the saved set and the grads made so far;
   compute    the extra work in plain words (a recomputed head matmul).
-Each number is live bytes of the real code (planner/routines/losses.py), read op by op from measured
+Each number is live bytes of the real code (planner/models/losses.py), read op by op from measured
 timelines (planner.measure, CPU) of the tiny grid in docs/accuracy.md ("Fused losses").
 """
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The fused losses' real code (planner/losses.py says what each is and whom it follows): the model's final
-hidden states and its head weight in, a mean cross-entropy out; the b*s*V logits never exist whole."""
+hidden states and its head weight in, a mean cross-entropy out; the b*s*V logits never exist whole. Beside the
+models (torch, no planner registry), so the family files can call them from their loss methods."""
 from __future__ import annotations
 
 import torch
