@@ -154,7 +154,9 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
             for m in names:
                 lin = adapted.get(m)
                 short = m.rsplit(".", 1)[1]
-                if f"{m}.weight" in trains:
+                if f"{m}.weight" in trains and key not in shared:
+                    # (an input saved already in e_m, SDPA's output for o_proj, is not copied: the cast of
+                    # an e_m tensor to e_m is the tensor itself; measured: llama V97 h32 s256 last:1 bf16-amp)
                     terms.append(Term(f"{short} input autocast copy (weight trains)", "b*s*in*e_m",
                                       b * s * n_in * em, True, where, part))
                 if x_rg:
@@ -269,7 +271,7 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         cached = " (trains: autocast-cached)" if head_trains else ""
         terms.append(Term(f"lm_head weight autocast copy (input needs grad){cached}", "V*h*e_m", V * h * w.e_m,
                           where="head"))
-    terms += family.ft_head_extra(cfg, b, s, e)  # (Gemma 2's soft-capped logits)
+    terms += family.ft_head_extra(cfg, b, s, w.e_m)  # (Gemma 2's soft-capped logits, in the logits' dtype: e_m under autocast)
     loss_kind = resolved_loss(family, spec)
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     ce_saved = b * s * V * w.e_ce + w.e_ce + shifted_labels
@@ -417,6 +419,8 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
     b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
     bsh, bsf = b * s * cfg.hidden, b * s * f
     adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
+    if w.amp:
+        return _recompute_points_amp(cfg, spec, w, i, blk, below, adapted)
     if not any(lin.role.startswith("mlp") for lin in adapted):
         return {}
     alive = sum(t.bytes for t in recompute_alive(cfg, spec, w, i, blk))
@@ -434,6 +438,43 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
             below - later_saved + alive + (0 if act_saved else bsf * w.e_m) + bsf * w.e_m
             + 2 * bsf * ADAPTER_BYTES + (bsh * ADAPTER_BYTES if cast_copy else 0))
     return points
+
+
+def _recompute_points_amp(cfg, spec, w, i: int, blk: list[Term], below: int, adapted: list) -> dict[str, int]:
+    """Block i's high point at the end of its recompute under autocast (checkpointing): torch's non-reentrant
+    checkpoint stops the recompute at the block's last saved tensor, the down projection's (its weight's e_m
+    copy: under checkpointing its input needs grad, and a frozen weight's copy is a fresh tensor per use).
+    Beside the block's whole recomputed saved set (`below`), alive then (read off the op timeline,
+    planner.measure.tracker: llama V97 h96 b4 s8 LoRA q,v bf16-amp checkpointing):
+      - the block output's grad (e_r) and its e_m cast for the down projection's output (the residual add
+        fp32 + e_m promoted: AddBackward casts the grad back to the e_m operand's dtype);
+      - LlamaDecoderLayer.forward's `residual` (the sum after attention), unless the post-attention norm
+        saved it as its fp32 input (under autocast the residual stream is fp32: x.to(float32) is x itself);
+      - the MLP's input, the post-attention norm's output (e_r under autocast: the norm runs in the residual
+        dtype; saved only as an adapter's or a trainable linear's e_m copy, so always alive besides);
+      - the product act(gate) * up (e_m), the down projection's input, not saved by a frozen down_proj (a
+        trainable one saves it: its "input autocast copy" is the product itself, already e_m)."""
+    b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
+    bsh, bsf = b * s * cfg.hidden, b * s * f
+    alive = bsh * w.e_r + bsh * w.e_m  # the block output's grad and its e_m cast
+    residual_saved = w.e_r == 4 and any(t.part == "norm.mlp" and "fp32 input" in t.name for t in blk)
+    alive += 0 if residual_saved else bsh * w.e_r
+    alive += bsh * w.e_r  # the MLP's input
+    product_saved = any(t.part == "mlp.out" and "input autocast copy" in t.name for t in blk)  # down_proj trains
+    if any(lin.role == "mlp.out" for lin in adapted):
+        # down_proj adapted: the recompute ends at lora_B's weight copy, inside peft's Linear.forward
+        # (peft/tuners/lora/layer.py): beside the saved set, the base layer's result (b*s*h*e_m), peft's
+        # fp32 copy of x (`x = self._cast_input_dtype(x, lora_A.weight.dtype)`, b*s*f*4: its local until the
+        # forward returns), and in the backward already, MulBackward's grad * scaling (e_m: under autocast
+        # lora_B's output is e_m) waiting for lora_B's backward (measured: llama V97 h32 b2 s256 LoRA on the
+        # MLP, bf16-amp, checkpointing)
+        alive += 2 * bsh * w.e_m + bsf * ADAPTER_BYTES
+        if spec.lora_dropout > 0:
+            # with lora_dropout the recompute's high point is lora_A's matmul (its output, the last b*s*r
+            # tensor saved), the dropout's fp32 output still alive as lora_A's argument, lora_B's weight copy
+            # not made yet (measured: llama V97 h32 b2 s256 LoRA all-linear p0.1 bf16-amp checkpointing)
+            alive += bsf * ADAPTER_BYTES - spec.lora_r * cfg.hidden * w.e_m
+    return {f"block {i} recompute end (autocast)": below + alive + (0 if product_saved else bsf * w.e_m)}
 
 
 def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_after_loss: int,
@@ -491,6 +532,14 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # Gemma 2: the post-feedforward norm's backward ran before the MLP's and freed its saves
                 # (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v fp32 checkpointing)
                 value -= sum(t.bytes for t in blk if t.part == "norm.post_mlp")
+            if name == "ffn" and w.amp and grads_exist and any(
+                    t.part == "mlp.out" and "input autocast copy" in t.name for t in blk):
+                # autocast, a later micro-batch, the down projection trains: at its weight grad's fp32 cast
+                # (ToCopyBackward) its saved input and weight copies are freed, and in their place its bf16
+                # weight grad and its input's grad (b*s*f*e_m) are alive beside the fp32 grad and the MLP
+                # output's grad (measured on the op timeline: llama V97 h96 b4 s8 accum2 last:1 bf16-amp
+                # checkpointing; the family's point assumes full training's casts)
+                value = ctx.current + bsh * w.e_r + n["down"] * e_p
             if grads_exist and name in ("norm", "attention"):
                 # a later micro-batch: the MLP weights' new grads were added in place by then, so the
                 # family's pending MLP weight grad (after_mlp) is gone at the norm's and attention's backward

@@ -1,0 +1,103 @@
+"""Fine-tuning under autocast (issue #19 item 2): frozen layers and peft's LoRA with fp16-AMP and bf16-AMP,
+estimated (planner/estimate/finetune.py, `w.amp`) and measured on every transformers family that fine-tunes.
+
+    python -m planner bench finetune-amp [--quick] [--out docs/accuracy.md]
+
+Rows: each family's tiny configs (planner/arch/<family>.py grid_configs) x the fine-tuning modes
+(planner.bench FINETUNE_MODES), checkpointing off/on, the autocast dtype (bf16-amp / fp16-amp), the attention
+kernel and AdamW/SGD alternating; fp32 master weights (the Trainer's `bf16=True` / `fp16=True`: the model stays
+fp32, autocast runs the matmuls in the low dtype, fp16 adds the GradScaler). Measured in this process
+(planner.measure.training: the exact live tensor bytes of a steady-state step, step 3).
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+from dataclasses import replace
+
+from .spec import TrainSpec
+
+AMP_BAR_PCT = 1.0  # issue #19: LoRA + bf16-AMP and fp16-AMP rows within 1% for every family
+SECTION = "# Fine-tuning under autocast: estimate vs measurement"
+
+
+def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = None) -> list[tuple]:
+    """(label, config, spec) rows, one per family x shape x mode; quick: every 7th row (the tests)."""
+    from .arch import families
+    from .bench import FINETUNE_FAMILIES, FINETUNE_MODES
+
+    rows = []
+    i = 0
+    for family in families_ or FINETUNE_FAMILIES:
+        fam = families()[family]
+        for label, cfg, b, s in fam.grid_configs():
+            kernels = [k for k in ("eager", "sdpa") if k in fam.attention_kinds(cfg)]
+            for mode, kw in FINETUNE_MODES:
+                if kw.get("train_layers") == "head" and fam.tied(cfg):
+                    continue
+                i += 1
+                # one row per (shape, mode): checkpointing, the autocast dtype, the kernel and the optimizer
+                # each alternate along the grid, so every pair of them is met within a family
+                ckpt = i % 2 == 1
+                precision = ("bf16-amp", "fp16-amp")[(i // 2) % 2]
+                attention = kernels[(i // 4) % len(kernels)]
+                optimizer = ("adamw", "sgd")[(i // 3) % 2]
+                spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer,
+                                 checkpointing=ckpt, **kw)
+                rows.append((f"{family} {label} {mode} {attention} {precision}{' ckpt' if ckpt else ''} "
+                             f"{optimizer}", replace(cfg, attention=attention), spec))
+    return rows[::7] if quick else rows
+
+
+def amp_markdown(results: list[dict], device: str) -> str:
+    """The section: the worst |error| per part of the grid (mode, dtype, checkpointing, family), then every row."""
+    from .bench import FINETUNE_MODES
+    from .bench_common import _cpu_count, _torch_version, _version
+
+    def mode_of(label: str) -> str:
+        for mode, _ in sorted(FINETUNE_MODES, key=lambda m: -len(m[0])):
+            if f" {mode} " in label:
+                return mode
+        return "?"
+
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        label = r["config"]
+        groups.setdefault(label.split(" ", 1)[0], []).append(r)
+        groups.setdefault(mode_of(label), []).append(r)
+        groups.setdefault("bf16-amp" if " bf16-amp" in label else "fp16-amp", []).append(r)
+        groups.setdefault("checkpointing" if " ckpt" in label else "no checkpointing", []).append(r)
+    worst = max(abs(r["error_pct"]) for r in results)
+    lines = [SECTION + f" ({device})", "",
+             f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
+             f"Python {platform.python_version()}, torch {_torch_version()}, transformers {_version('transformers')}, "
+             f"peft {_version('peft')}.",
+             "Command: `python -m planner bench finetune-amp`. Each row builds the family's tiny model in fp32, "
+             "freezes it but the trainable subset (`--train-layers`) or wraps it with peft's `get_peft_model` (fp32 "
+             "adapters), and runs the step under `torch.autocast(dtype=bfloat16|float16)` (fp16: with the "
+             "GradScaler), measuring the exact peak of live tensor storage bytes of a steady-state step (step 3, in "
+             "one process).", "",
+             f"**{len(results)} rows, worst |error| {worst:.3f}%** (bar: {AMP_BAR_PCT}%).", "",
+             "| part of the grid | rows | worst \\|error\\| % |", "|---|---:|---:|"]
+    for name, rows in groups.items():
+        lines.append(f"| {name} | {len(rows)} | {max(abs(r['error_pct']) for r in rows):.3f} |")
+    lines += ["", "| config | estimate (B) | measured (B) | error % | est. phase | meas. phase |",
+              "|---|---:|---:|---:|---|---|"]
+    for r in results:
+        lines.append(f"| {r['config']} | {r['estimate_bytes']:,} | {r['measured_bytes']:,} | "
+                     f"{r['error_pct']:+.3f} | {r['estimated_phase']} | {r['measured_phase']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(quick: bool = False, out: str | None = None, device: str = "cpu", progress=print) -> int:
+    from .bench import run_accuracy
+    from .bench_common import write_section
+
+    results = run_accuracy(finetune_amp_grid(quick), device=device, in_process=True, progress=progress)
+    text = amp_markdown(results, device)
+    print(text)
+    if out:
+        write_section(out, text)
+    worst = max(abs(r["error_pct"]) for r in results)
+    print(f"worst |error| {worst:.3f}% ({'meets' if worst <= AMP_BAR_PCT else 'MISSES'} the {AMP_BAR_PCT}% bar)")
+    return 0
