@@ -98,7 +98,7 @@ def test_frozen_prefix_saves_nothing_and_lora_saves_its_inputs():
     (["--train-layers", "last:0"], "train_layers must be all, head or last:N"),
     (["--train-layers", "last:3"], "the model has 2 blocks"),
     (["--lora-r", "4", "--train-layers", "last:1"], "not both"),
-    (["--lora-r", "4", "--precision", "bf16-amp"], "not modelled yet"),
+    (["--lora-r", "4", "--precision", "bf16-amp", "--optimizer", "adamw-8bit"], "not modelled yet"),
 ])
 def test_cli_refuses_invalid_finetuning_with_one_line(tmp_path, args, message):
     path = tmp_path / "c.json"

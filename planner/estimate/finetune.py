@@ -37,14 +37,16 @@ def known_gap(cfg, spec) -> str | None:
 
 
 def check_supported(cfg, spec) -> None:
-    """Fine-tuning under autocast is still refused: the saved set, autocast's cache, the GradScaler and the
-    forward's frozen-weight copy are modelled (block_saved / _adapter_amp / autocast_cache_bytes, measured in
-    tests/test_finetune_amp_facts.py), and most rows of the llama grid land within 0.01%, but the
-    backward's in-block points on weight-heavy shapes (llama V97 h96, checkpointing: -1.5% to -2.8%; the
-    recompute's frozen-weight copies) and the checkpointed forward are not yet within 1% (issue #19 item 2)."""
-    if spec.autocast_dtype is not None:
-        raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) is not modelled yet; use fp32 or a bf16 "
-                          "base (--precision bf16: peft keeps the adapters fp32)")
+    """Fine-tuning under autocast (fp16-amp / bf16-amp, fp32 master weights) is modelled: the saved set
+    (block_saved's e_m copies, _adapter_amp), autocast's cache of trainable copies (autocast_cache_bytes), the
+    GradScaler, the forward's frozen-weight copy and, under checkpointing, the recompute's end
+    (_recompute_points_amp); measured by `bench finetune-amp` (docs/accuracy.md) on every family that
+    fine-tunes. Still refused there: a bitsandbytes optimizer (not measured under autocast)."""
+    from . import bnb_optim
+
+    if spec.autocast_dtype is not None and bnb_optim.is_bnb(spec.optimizer):
+        raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) with a bitsandbytes optimizer is not "
+                          "modelled yet; use a torch optimizer, or --precision fp32 / bf16")
 
 
 def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
@@ -604,7 +606,7 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     alive = (bsh * w.e_r  # inputs_embeds
              + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
              + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
-             + (0 if x_saved("") else bsh * w.e_m) + rope + 8 * s + mask)  # the MLP's input
+             + (0 if x_saved("") else bsh * w.e_r) + rope + 8 * s + mask)  # the MLP's input (the norm's output: e_r)
     common = a_before_loss - later + fwd + alive
     product = common + 3 * bsf * w.e_m
     lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
@@ -617,6 +619,14 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     down = (common + gated + (0 if x_saved("mlp.out") else bsf * w.e_m) + down_saved + bsh * w.e_m
             + (bsf * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0)  # p = 0: saved
             + 2 * bsh * ADAPTER_BYTES)
+    if w.amp:
+        # under autocast (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA all-linear p0.1 fp16-amp):
+        # peft's fp32 copy of x is made whatever the dropout (x is e_m) and lora_A saves its own e_m copy, not
+        # it; with lora_dropout the high point is lora_A's matmul (the dropout's fp32 output its argument,
+        # lora_B's weight copy not made yet), without it lora_B's output and its scaled copy (e_m each)
+        down = (common + gated + (0 if x_saved("mlp.out") else bsf * w.e_m) + down_saved + bsh * w.e_m
+                + bsf * ADAPTER_BYTES
+                + (bsf * ADAPTER_BYTES - spec.lora_r * h * w.e_m if spec.lora_dropout > 0 else 2 * bsh * w.e_m))
     return max(product, down)
 
 
@@ -672,6 +682,8 @@ def estimate_finetune(cfg, spec):
     # transient (read off the op timeline: llama V97 h96 b4 s8 head bf16-amp, the forward 48 KiB above)
     largest_cast = max((t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast
                         and not t.is_bias), default=0) * w.e_m if w.amp else 0
+    if per_block and any("weight autocast copy" in t.name for t in per_block[-1]):
+        largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
     phase = {
         "forward": base + accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
         "loss": base + accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
