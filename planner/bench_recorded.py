@@ -1,6 +1,6 @@
 """Every accuracy grid's measurements, recorded once, so the estimate is held to all of them in seconds.
 
-    python -m planner bench record [--grid accuracy|families|finetune|finetune-book|qlora|8bit|all]
+    python -m planner bench record [--grid accuracy|families|finetune|finetune-book|qlora|8bit|finetune-amp|all]
 
 A row is measured exactly as `measure train` measures it (planner.measure.training.measure_training, the
 live-bytes tracker), in one process for the whole grid: a fresh TrainingStep per row holds the same bytes as a
@@ -28,6 +28,7 @@ def grids() -> dict[str, tuple[float, callable]]:
     """grid name -> (its bar in percent, the function that lists its rows), from the benchmarks that own them."""
     from . import bench
     from .bench_bnb import BNB_BAR_PCT, bnb_grid
+    from .bench_finetune_amp import AMP_BAR_PCT, finetune_amp_grid
 
     def families_rows():
         from .arch import families
@@ -38,7 +39,8 @@ def grids() -> dict[str, tuple[float, callable]]:
             "finetune": (bench.FINETUNE_BAR_PCT, bench.finetune_grid),
             "finetune-book": (bench.FINETUNE_BAR_PCT, bench.finetune_book_grid),
             "qlora": (bench.FINETUNE_QUANT_BAR_PCT, bench.finetune_qlora_grid),
-            "8bit": (BNB_BAR_PCT, bnb_grid)}
+            "8bit": (BNB_BAR_PCT, bnb_grid),
+            "finetune-amp": (AMP_BAR_PCT, finetune_amp_grid)}
 
 
 def versions() -> dict[str, str]:

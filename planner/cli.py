@@ -168,7 +168,7 @@ def build_parser() -> _Parser:
                    help="gpu: which parts to run, comma-separated from grid, realistic, loading (default all)")
     b.add_argument("--grid", default="all",
                    help="record: the grid whose rows are measured into tests/data/measured/<grid>.jsonl (accuracy, "
-                        "families, finetune, finetune-book, qlora, 8bit) or all; tests/test_recorded.py re-estimates them")
+                        "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them")
     return parser
 
 

@@ -313,7 +313,10 @@ def forward_only_bytes(cfg, spec, w, terms) -> int:
     b, s, L = spec.batch_size, spec.seq_len, cfg.layers
     as_is = sh.kv == sh.a or (sh.attention == "sdpa" and parts.sdpa_enable_gqa(sh, family.masked(cfg, spec)))
     per_layer = 2 * b * sh.kv * s * sh.d * w.e_r
-    if not as_is:
+    if not as_is or w.amp:
+        # (under autocast the cache holds RoPE's fp32 k and an fp32 v, while SDPA saves the e_m casts autocast
+        # makes of its inputs: the cache's tensors are extra in every block; measured: llama V97 h32 b2 s256
+        # LoRA all-linear sdpa bf16-amp, the forward and the loss 2*L*b*kv*s*d*4 above the saved set)
         return L * per_layer
     recorded = sum(1 for t in terms if t.name.startswith("SDPA q and output") or t.name.startswith("attention q, k^T"))
     return (L - recorded) * per_layer
