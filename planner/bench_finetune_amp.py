@@ -3,8 +3,8 @@ estimated (planner/estimate/finetune.py, `w.amp`) and measured on every transfor
 
     python -m planner bench finetune-amp [--quick] [--out docs/accuracy.md]
 
-Rows: each family's tiny configs (planner/arch/<family>.py grid_configs) x the fine-tuning modes
-(planner.bench FINETUNE_MODES), checkpointing off/on, the autocast dtype (bf16-amp / fp16-amp), the attention
+Rows: each family's tiny configs (planner/arch/<family>.py grid_configs) x every other fine-tuning
+mode (planner.bench FINETUNE_MODES; the rest on the next shape), checkpointing off/on, the autocast dtype (bf16-amp / fp16-amp), the attention
 kernel and AdamW/SGD alternating; fp32 master weights (the Trainer's `bf16=True` / `fp16=True`: the model stays
 fp32, autocast runs the matmuls in the low dtype, fp16 adds the GradScaler). Measured in this process
 (planner.measure.training: the exact live tensor bytes of a steady-state step, step 3).
@@ -22,7 +22,8 @@ SECTION = "# Fine-tuning under autocast: estimate vs measurement"
 
 
 def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = None) -> list[tuple]:
-    """(label, config, spec) rows, one per family x shape x mode; quick: every 7th row (the tests)."""
+    """(label, config, spec) rows, one per family x shape x every other mode (the other modes on the next
+    shape); quick: every 7th row."""
     from .arch import families
     from .bench import FINETUNE_FAMILIES, FINETUNE_MODES
 
@@ -30,11 +31,13 @@ def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = N
     i = 0
     for family in families_ or FINETUNE_FAMILIES:
         fam = families()[family]
-        for label, cfg, b, s in fam.grid_configs():
+        for n, (label, cfg, b, s) in enumerate(fam.grid_configs()):
             kernels = [k for k in ("eager", "sdpa") if k in fam.attention_kinds(cfg)]
-            for mode, kw in FINETUNE_MODES:
+            for m, (mode, kw) in enumerate(FINETUNE_MODES):
                 if kw.get("train_layers") == "head" and fam.tied(cfg):
                     continue
+                if (m + n + 1) % 2:
+                    continue  # half the modes on each shape, the other half on the next: every mode per family
                 i += 1
                 # one row per (shape, mode): checkpointing, the autocast dtype, the kernel and the optimizer
                 # each alternate along the grid, so every pair of them is met within a family
