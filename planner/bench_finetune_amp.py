@@ -36,8 +36,8 @@ def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = N
             for m, (mode, kw) in enumerate(FINETUNE_MODES):
                 if kw.get("train_layers") == "head" and fam.tied(cfg):
                     continue
-                if (m + n + 1) % 2:
-                    continue  # half the modes on each shape, the other half on the next: every mode per family
+                if (m + n + 1) % 4:
+                    continue  # a quarter of the modes on each shape, each mode on one of the four shapes
                 i += 1
                 # one row per (shape, mode): checkpointing, the autocast dtype, the kernel and the optimizer
                 # each alternate along the grid, so every pair of them is met within a family
