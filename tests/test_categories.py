@@ -46,3 +46,23 @@ def test_simulate_carries_the_same_categories_as_measure():
     cfg = config_from_dict(TINY)
     spec = TrainSpec(2, 16, precision="bf16-amp", optimizer="adamw", lora_r=4)
     assert simulate_training(cfg, spec)["categories"] == measure_training(cfg, spec)["categories"]
+
+
+def test_training_step_page_rows_compare_field_by_field():
+    """planner.api.category_rows (what the Training step page renders): per phase, every category the estimate
+    splits beside the record's; a sum the estimate does not split is compared with the record's same sum."""
+    from planner.api import category_rows
+
+    cfg = config_from_dict(TINY)
+    spec = TrainSpec(2, 16, precision="bf16-amp", optimizer="adamw", lora_r=4)
+    est = estimate_training(prepare(cfg, spec), spec).to_dict()
+    sim = simulate_training(cfg, spec)
+    rows = category_rows(est, sim, "simulated")
+    assert {r["phase"] for r in rows} == set(sim["phase_peak_bytes"])
+    for r in rows:
+        if r["category"] in ("parameter", "buffer", "inputs", "optimizer state") or r["phase"] == "zero_grad":
+            assert r["difference"] == 0, r
+    (bwd,) = [r for r in rows if r["phase"] == "backward" and r["category"] == "gradient, activation and temporary"]
+    cats = sim["categories"]["backward"]
+    assert bwd["simulated"] == cats["gradient"] + cats["activation"] + cats["temporary"]
+    assert category_rows(est, {"phase_peak_bytes": {}}, "measured") == []  # an old record: nothing to compare
