@@ -675,10 +675,6 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         print(f"worst |error| {worst:.3f}% ({'meets' if worst <= FAMILY_BAR_PCT else 'MISSES'} the "
               f"{FAMILY_BAR_PCT}% bar)")
         return 0
-    if what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench_finetune_amp.py
-        from .bench_finetune_amp import main as amp_main
-
-        return amp_main(quick=quick, out=out, device=device, progress=lambda line: print(line, flush=True))
     if what == "finetune-8bit":  # planner/bench_bnb.py: its subsection of the fine-tuning section
         from .bench_bnb import main as bnb_main, write_subsection
 

@@ -92,23 +92,23 @@ def amp_markdown(results: list[dict], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(quick: bool = False, out: str | None = None, device: str = "cpu", progress=print) -> int:
-    """The full grid on the CPU is measured once into tests/data/measured/finetune-amp.jsonl (planner/
-    bench_recorded.py, the file tests/test_recorded.py re-estimates on every run) and the section is made from
-    that record; --quick (or another device) measures its rows here without recording them."""
+def main(quick: bool = False, out: str | None = None, device: str = "cpu", progress=print,
+         recorded=None) -> int:
+    """The section from measured rows: `recorded` (the command line passes planner/bench_recorded.py's: the full
+    grid on the CPU measured once into tests/data/measured/finetune-amp.jsonl, the file tests/test_recorded.py
+    re-estimates on every run) returns the recorded rows; without it (--quick, another device) the rows are
+    measured here and not recorded."""
     from .bench import run_accuracy
     from .bench_common import write_section
 
-    if quick or device != "cpu":
+    if recorded is None:
         results = run_accuracy(finetune_amp_grid(quick), device=device, in_process=True, progress=progress)
     else:
-        from .bench_recorded import load, record
         from .config import config_from_dict
         from .estimate.training import estimate_training
 
-        _, rows = load(record("finetune-amp", progress=progress))
         results = []
-        for row in rows:
+        for row in recorded():
             est = estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"]))
             results.append({"config": row["label"], "estimate_bytes": est.peak_bytes, "measured_bytes": row["peak_bytes"],
                             "error_pct": 100.0 * (est.peak_bytes - row["peak_bytes"]) / row["peak_bytes"],

@@ -424,6 +424,13 @@ def cmd_bench(args) -> int:
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
         return bench_record(args.grid, out=args.out, progress=progress)
+    if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench_finetune_amp.py
+        from .bench_finetune_amp import main as bench_amp
+        from .bench_recorded import load, record
+
+        full_cpu = not args.quick and args.device == "cpu"  # the full CPU grid is recorded (tests/data/measured)
+        recorded = (lambda: load(record("finetune-amp", progress=progress))[1]) if full_cpu else None
+        return bench_amp(quick=args.quick, out=args.out, device=args.device, progress=progress, recorded=recorded)
     if args.what == "checkpoint-policies":  # issue #24: planner/bench_techniques.py
         from .bench_techniques import main_checkpointing
 
