@@ -70,7 +70,15 @@ def amp_markdown(results: list[dict], device: str) -> str:
         groups.setdefault(mode_of(label), []).append(r)
         groups.setdefault("bf16-amp" if " bf16-amp" in label else "fp16-amp", []).append(r)
         groups.setdefault("checkpointing" if " ckpt" in label else "no checkpointing", []).append(r)
-    worst = max(abs(r["error_pct"]) for r in results)
+    from .bench_common import FINETUNE_GAP_BAR_PCT
+
+    modelled = [r for r in results if not r.get("gap")]
+    worst = max(abs(r["error_pct"]) for r in modelled)
+    gap_rows = [r for r in results if r.get("gap")]
+    gap_line = (f" {len(gap_rows)} more rows (marked *gap*: autocast with eager attention where the s^2 scores "
+                f"outweigh the logits, whose in-attention forward point is not modelled; planner/estimate/finetune.py "
+                f"known_gap) reach {max(abs(r['error_pct']) for r in gap_rows):.3f}% (their bar: "
+                f"{FINETUNE_GAP_BAR_PCT}%)." if gap_rows else "")
     lines = [SECTION + f" ({device})", "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
              f"Python {platform.python_version()}, torch {_torch_version()}, transformers {_version('transformers')}, "
@@ -80,14 +88,14 @@ def amp_markdown(results: list[dict], device: str) -> str:
              "adapters), and runs the step under `torch.autocast(dtype=bfloat16|float16)` (fp16: with the "
              "GradScaler), measuring the exact peak of live tensor storage bytes of a steady-state step (step 3, in "
              "one process).", "",
-             f"**{len(results)} rows, worst |error| {worst:.3f}%** (bar: {AMP_BAR_PCT}%).", "",
+             f"**{len(modelled)} rows, worst |error| {worst:.3f}%** (bar: {AMP_BAR_PCT}%).{gap_line}", "",
              "| part of the grid | rows | worst \\|error\\| % |", "|---|---:|---:|"]
     for name, rows in groups.items():
         lines.append(f"| {name} | {len(rows)} | {max(abs(r['error_pct']) for r in rows):.3f} |")
     lines += ["", "| config | estimate (B) | measured (B) | error % | est. phase | meas. phase |",
               "|---|---:|---:|---:|---|---|"]
     for r in results:
-        lines.append(f"| {r['config']} | {r['estimate_bytes']:,} | {r['measured_bytes']:,} | "
+        lines.append(f"| {r['config']}{' *gap*' if r.get('gap') else ''} | {r['estimate_bytes']:,} | {r['measured_bytes']:,} | "
                      f"{r['error_pct']:+.3f} | {r['estimated_phase']} | {r['measured_phase']} |")
     return "\n".join(lines) + "\n"
 
@@ -113,10 +121,17 @@ def main(quick: bool = False, out: str | None = None, device: str = "cpu", progr
             results.append({"config": row["label"], "estimate_bytes": est.peak_bytes, "measured_bytes": row["peak_bytes"],
                             "error_pct": 100.0 * (est.peak_bytes - row["peak_bytes"]) / row["peak_bytes"],
                             "estimated_phase": est.peak_phase, "measured_phase": row["peak_phase"]})
+    from .bench_common import finetune_gap
+
+    by_label = {label: (label, cfg, spec) for label, cfg, spec in finetune_amp_grid(quick)}
+    for r in results:
+        row = by_label.get(r["config"])
+        r["gap"] = row is not None and finetune_gap(row) is not None
     text = amp_markdown(results, device)
     print(text)
     if out:
         write_section(out, text)
-    worst = max(abs(r["error_pct"]) for r in results)
-    print(f"worst |error| {worst:.3f}% ({'meets' if worst <= AMP_BAR_PCT else 'MISSES'} the {AMP_BAR_PCT}% bar)")
+    worst = max(abs(r["error_pct"]) for r in results if not r["gap"])
+    print(f"worst |error| {worst:.3f}% ({'meets' if worst <= AMP_BAR_PCT else 'MISSES'} the {AMP_BAR_PCT}% bar; "
+          f"{sum(r['gap'] for r in results)} gap rows apart)")
     return 0
