@@ -428,6 +428,9 @@ def cmd_bench(args) -> int:
         from .bench_finetune_amp import main as bench_amp
         from .bench_recorded import load, record
 
+        if args.family:
+            raise ConfigError("--family goes with bench families (and bench finetune --family gpt2: the book's GPT-2)")
+
         full_cpu = not args.quick and args.device == "cpu"  # the full CPU grid is recorded (tests/data/measured)
         recorded = (lambda: load(record("finetune-amp", progress=progress))[1]) if full_cpu else None
         return bench_amp(quick=args.quick, out=args.out, device=args.device, progress=progress, recorded=recorded)

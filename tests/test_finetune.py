@@ -148,8 +148,8 @@ def test_finetune_estimate_imports_neither_torch_transformers_nor_peft():
 
 
 def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
-    """fit's advice for a LoRA run leaves out autocast (not modelled for fine-tuning yet) instead of
-    failing on it, offers gradient accumulation (modelled), and still finds the largest batch."""
+    """fit's advice for a LoRA run offers autocast (modelled for fine-tuning since issue #19: fp32 master
+    weights, so the grid's LoRA row keeps its adapters) and gradient accumulation, and keeps the LoRA rank."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps(TINY))
     out = subprocess.run([sys.executable, "-m", "planner", "fit", "--config", str(path), "--seq-len", "64",
@@ -157,8 +157,10 @@ def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout)
-    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16") and o["spec"]["lora_r"] == 4
-                                 for o in rec["advice"])
+    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16", "bf16-amp", "fp16-amp")
+                                 and o["spec"]["lora_r"] == 4 for o in rec["advice"])
+    assert any(o["spec"]["precision"].endswith("-amp") for o in rec["advice"])
+    assert any("grad-accum" in o["changes"] for o in rec["advice"])
 
 
 # QLoRA (issue #12 item 3): peft's recipe on a bitsandbytes-quantized base (planner/routines/quantized.py,
