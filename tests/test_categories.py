@@ -42,21 +42,17 @@ def test_estimate_and_measure_agree_category_by_category(kw, bar):
         assert all(est.categories[phase][k] is not None for k in NAMES)
 
 
-def test_simulate_carries_the_same_categories_as_measure():
-    cfg = config_from_dict(TINY)
-    spec = TrainSpec(2, 16, precision="bf16-amp", optimizer="adamw", lora_r=4)
-    assert simulate_training(cfg, spec)["categories"] == measure_training(cfg, spec)["categories"]
-
-
-def test_training_step_page_rows_compare_field_by_field():
-    """planner.api.category_rows (what the Training step page renders): per phase, every category the estimate
-    splits beside the record's; a sum the estimate does not split is compared with the record's same sum."""
+def test_simulate_carries_measures_categories_and_the_page_rows_compare_them():
+    """simulate's `categories` equal measure's; planner.api.category_rows (what the Training step page renders):
+    per phase, every category the estimate splits beside the record's, a sum the estimate does not split
+    compared with the record's same sum."""
     from planner.api import category_rows
 
     cfg = config_from_dict(TINY)
     spec = TrainSpec(2, 16, precision="bf16-amp", optimizer="adamw", lora_r=4)
-    est = estimate_training(prepare(cfg, spec), spec).to_dict()
     sim = simulate_training(cfg, spec)
+    assert sim["categories"] == measure_training(cfg, spec)["categories"]
+    est = estimate_training(prepare(cfg, spec), spec).to_dict()
     rows = category_rows(est, sim, "simulated")
     assert {r["phase"] for r in rows} == set(sim["phase_peak_bytes"])
     for r in rows:
