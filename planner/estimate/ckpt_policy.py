@@ -111,16 +111,33 @@ def estimate_policy(cfg, spec, estimate_training):
     phase["loss"] += extra_fwd
     phase["backward"] = max(phase["backward"], base + start + extra_start, base + max(points.values()))
     peak_phase = max(phase, key=phase.get)
-    recompute = recompute_flops(policy, ops, L) if ops is not None else None
     notes = [n for n in full.notes if not n.startswith("checkpointing:")] + [note]
-    if recompute is not None:
-        fwd_flops = L * sum(f for *_, f in ops) + 2 * b * s * h * cfg.vocab_size
-        notes.append(f"recompute: {recompute:,} FLOPs, {100.0 * recompute / (3 * fwd_flops):.0f}% of the step's "
-                     "matmul and attention FLOPs (forward + backward ~ 3x the forward: Kaplan et al. 2020, "
-                     "arXiv 2001.08361)")
+    share = recompute_share(cfg, spec)
+    if share is not None:
+        notes.append(f"recompute: ~{100.0 * share:.0f}% more matmul and attention FLOPs than the step without "
+                     "checkpointing (" + RECOMPUTE_SOURCE + ")")
     return dataclasses.replace(full, activations_bytes=full.activations_bytes + extra_start, peak_bytes=phase[peak_phase],
                                peak_phase=peak_phase, phase_peak_bytes=phase, notes=notes, backward_points=points,
                                terms=full.terms + [{"name": f"{policy}: kept beyond full checkpointing",
                                                     "formula": "see planner/estimate/ckpt_policy.py",
                                                     "bytes": extra_start, "per_layer": False, "where": "block",
                                                     "part": ""}])
+
+
+RECOMPUTE_SOURCE = ("the recomputed ops' FLOPs over the step's, forward + backward ~ 3x the forward: Kaplan et al. "
+                    "2020, arXiv 2001.08361; the ops as planner/arch/<family>.py selective_ops lists them")
+
+
+def recompute_share(cfg, spec) -> float | None:
+    """The checkpointing policy's extra compute as a share of the step without checkpointing: recomputed FLOPs
+    (planner/checkpointing.py recompute_flops: full = every block's forward, every:K = the checkpointed blocks',
+    selective = every block's ops but the saved ones) over the step's 3 x (L blocks + the head's 2*b*s*h*V).
+    None: no checkpointing, or the family does not list its ops."""
+    if not spec.checkpointing:
+        return None
+    ops = family_of(cfg).selective_ops(cfg, spec, Widths.of(spec))
+    if ops is None:
+        return None
+    b, s = spec.batch_size, spec.seq_len
+    fwd = cfg.layers * sum(f for *_, f in ops) + 2 * b * s * cfg.hidden * cfg.vocab_size
+    return recompute_flops(spec.checkpoint_policy, ops, cfg.layers) / (3 * fwd)
