@@ -51,7 +51,9 @@ def shown(at, cfg=None) -> tuple[TrainSpec, str]:
                                optimizer=at.selectbox(key="optimizer").value, checkpointing=at.toggle(key="ckpt").value,
                                grad_accum=int(at.number_input(key="accum").value),
                                optimizer_impl=at.selectbox(key="opt_impl").value,
-                               device=at.selectbox(key="device").value, loss=at.selectbox(key="loss").value),
+                               device=at.selectbox(key="device").value, loss=at.selectbox(key="loss").value,
+                               checkpoint_policy=at.selectbox(key="ckpt_policy").value
+                               if at.toggle(key="ckpt").value else "full"),
                        **tuning})
     return spec, at.selectbox(key="attention").value
 
@@ -91,7 +93,8 @@ def test_each_advice_option_applies_exactly_its_own_settings():
     at = app()
     at.slider(key="batch").set_value(64).run()
     before = {k: at.session_state[k] for k in ("batch", "seq", "precision", "optimizer", "opt_impl", "accum", "ckpt",
-                                               "attention", "tune", "lora_r", "lora_targets", "quant", "double_quant", "loss")}
+                                               "attention", "tune", "lora_r", "lora_targets", "quant", "double_quant", "loss",
+                                               "ckpt_policy")}
     labels = at.selectbox(key="advice_choice").options
     assert len(set(labels)) == len(labels) and {"grad-accum 2 x batch 32", "grad-accum 4 x batch 16"} <= set(labels)
     table = at.dataframe[0].value.set_index("option")
@@ -103,6 +106,8 @@ def test_each_advice_option_applies_exactly_its_own_settings():
         at.button(key="apply").click().run()
         est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
         assert fmt_bytes(est.peak_bytes) == table.loc[label, "peak"], label
+        if "--checkpointing" in label:  # a policy option sets the policy control (issue #24)
+            assert at.toggle(key="ckpt").value and label.endswith(f"{at.selectbox(key='ckpt_policy').value})")
         if label.startswith("grad-accum"):
             assert label == f"grad-accum {at.number_input(key='accum').value} x batch {at.slider(key='batch').value}"
 
