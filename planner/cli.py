@@ -43,7 +43,7 @@ from . import cli_parallel
 from .api import RAM_GUARD_FRACTION  # the guard the Training step page applies too
 from .bnb import require_bitsandbytes
 from .cli_args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_run, _estimate_record, _print_table,
-                       default_precision, parse_train, progress)
+                       default_precision, parse_train, policy_estimated, progress)
 from .config import ConfigError, config_to_dict, resolve_model, with_dtype
 from .spec import check_device
 from .units import fmt_bytes, parse_size
@@ -198,8 +198,8 @@ def cmd_measure_train(args) -> int:
     exports = export_paths(args)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
-    estimated = not (spec.checkpointing and spec.checkpoint_policy != "full")  # planner/checkpointing.py
-    # a policy not estimated yet: the RAM guard takes the run without checkpointing, which keeps more
+    estimated = policy_estimated(cfg, spec)  # planner/estimate/ckpt_policy.py
+    # a policy not estimated here: the RAM guard takes the run without checkpointing, which keeps more
     est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
     if spec.device_type == "cpu":
         import psutil

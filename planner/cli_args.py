@@ -38,7 +38,8 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
                    help="activation checkpointing of every block; POLICY (planner/checkpointing.py): full (the "
                         "default), every:K (blocks 0, K, 2K, ...: transformers' every_n_layers), selective "
                         "(torchtitan's op policy: matmul and attention outputs kept, pointwise recomputed); "
-                        "every:K and selective are measured and simulated, not estimated yet")
+                        "every:K and selective are estimated, measured and simulated (with fine-tuning or "
+                        "--grad-accum > 1: measured and simulated only)")
     p.add_argument("--attention", choices=ATTENTION_KINDS,
                    help="attention kernel (default: the model's own, as its config says)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -144,3 +145,16 @@ def _print_table(rec: dict, keys: list[str]) -> None:
 
 ESTIMATE_KEYS = ["params_bytes", "buffers_bytes", "inputs_bytes", "grads_bytes", "optimizer_bytes",
                  "activations_bytes", "peak_bytes", "peak_phase"]
+
+
+def policy_estimated(cfg, spec) -> bool:
+    """False for a checkpointing policy the estimate does not model for this run (fine-tuning, accumulation)."""
+    if not (spec.checkpointing and spec.checkpoint_policy != "full"):
+        return True
+    from .estimate.ckpt_policy import check_policy_estimable
+
+    try:
+        check_policy_estimable(cfg, spec)
+    except ConfigError:
+        return False
+    return True
