@@ -193,6 +193,9 @@ def cmd_measure_train(args) -> int:
     from .finetune import check_quantize_runnable
 
     check_quantize_runnable(spec)
+    from .estimate.offload import refuse_run
+
+    refuse_run(spec)  # --offload-optimizer: estimate only
     from .cli_simulate import export_paths
 
     exports = export_paths(args)

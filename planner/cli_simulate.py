@@ -178,6 +178,9 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
         from .finetune import check_quantize_runnable
 
         check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
+        from .estimate.offload import refuse_run
+
+        refuse_run(spec)  # --offload-optimizer: estimate only
         return cfg, spec, None
     if args.model or args.config:
         raise ConfigError("give either --module or --model/--config, not both")

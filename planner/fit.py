@@ -45,6 +45,9 @@ CHANGES = {
                                    "output and the fused attention's, pointwise ops are recomputed"),
     "every-k-checkpointing": (1, "transformers' every_n_layers: only every K-th block is checkpointed and "
                                  "recomputed, the others keep their activations"),
+    # Issue #24 (planner/estimate/offload.py): torchao's CPUOffloadOptimizer; its host bytes are put before these words
+    "offload-optimizer": (3, "AdamW's states on the host (torchao CPUOffloadOptimizer): every grad is copied to the "
+                             "host and the step runs on CPU cores, slower per step (estimated only, not measured here)"),
     "bf16-amp": (3, "matmuls in bf16 (8-bit mantissa); fp32 master weights keep updates exact; usually no loss change"),
     "fp16-amp": (4, "matmuls in fp16 with dynamic loss scaling (GradScaler); overflow-skipped steps possible"),
     "sgd-momentum": (5, "a different optimizer: needs its own learning rate; often slower to converge than AdamW"),
@@ -173,6 +176,10 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     if spec.optimizer == "adamw" and "adamw-8bit" in OPTIMIZERS:
         new = dataclasses.replace(spec, optimizer="adamw-8bit", optimizer_impl="default")
         out.append(_Change("adamw-8bit", "AdamW8bit optimizer", new, att))
+    if spec.optimizer in ("adam", "adamw") and spec.device_type == "cuda" and not spec.finetuning \
+            and not spec.offload_optimizer:
+        out.append(_Change("offload-optimizer", "optimizer on the host (--offload-optimizer)",
+                           dataclasses.replace(spec, offload_optimizer=True), att))
     out += _finetune_changes(cfg, spec)
     s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
@@ -268,6 +275,11 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
                          else f" (measured here, {what}2-block proxy: within timing noise)")
             if c.key in ("chunked-ce", "cce") and len(combo) == 1:  # what it saves, beside what it costs
                 text = f"lowers the peak by {fmt_bytes(now - peak)}; " + text
+            if c.key == "offload-optimizer" and len(combo) == 1:
+                from .estimate.offload import host_bytes
+
+                text = (f"lowers the device peak by {fmt_bytes(now - peak)} and needs "
+                        f"{fmt_bytes(sum(host_bytes(cfg, c.spec).values()))} of host RAM; " + text)
             if c.key in ("selective-checkpointing", "every-k-checkpointing") and len(combo) == 1:
                 from .estimate.ckpt_policy import recompute_share
 

@@ -245,6 +245,10 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+    if getattr(spec, "offload_optimizer", False):  # the optimizer on the host: planner/estimate/offload.py
+        from .offload import estimate_offload_optimizer
+
+        return estimate_offload_optimizer(cfg, spec, estimate_training)
     policy = getattr(spec, "checkpoint_policy", "full")
     if spec.checkpointing and policy != "full":  # every:K, selective: planner/estimate/ckpt_policy.py
         from .ckpt_policy import estimate_policy
