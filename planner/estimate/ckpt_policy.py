@@ -42,8 +42,9 @@ def check_policy_estimable(cfg, spec) -> None:
         raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
 
 
-def estimate_policy(cfg, spec, estimate_training):
-    """every:K or selective; estimate_training is planner.estimate.training's (passed in: no import back up)."""
+def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_bytes):
+    """every:K or selective; estimate_training, grad_numels (parameter counts by role) and autocast_weight_bytes are
+    planner.estimate.training's, passed in (no import circle)."""
     check_policy_estimable(cfg, spec)
     family = family_of(cfg)
     policy = spec.checkpoint_policy
@@ -59,9 +60,7 @@ def estimate_policy(cfg, spec, estimate_training):
     shifted = 8 * b * s if resolved_loss(family, spec) == "labels" else 0
     fused_bwd = sum(t["bytes"] for t in full.terms if t["name"].startswith("transient:") and "backward (one chunk" in t["name"])
     start = full.activations_bytes - shifted + full.transients["cross_entropy_grads"] + fused_bwd
-    from .training import _grad_numels, autocast_weight_bytes
-
-    g_blk = _grad_numels(cfg)["block"] * e_p
+    g_blk = grad_numels(cfg)["block"] * e_p
     fp = full.backward_points
     ops = family.selective_ops(cfg, spec, w)
     if policy == "selective":

@@ -253,7 +253,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     if spec.checkpointing and policy != "full":  # every:K, selective: planner/estimate/ckpt_policy.py
         from .ckpt_policy import estimate_policy
 
-        return estimate_policy(cfg, spec, estimate_training)
+        return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes)
     if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py), on the book's GPT-2
         # (finetune_book.py) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
