@@ -130,6 +130,7 @@ def main(quick: bool = False, out: str | None = None, progress=print) -> int:
 
 CKPT_HEADING = "# Checkpointing policies: every:K and selective (issue #24)"
 CKPT_BAR_PCT = 1.0
+CKPT_GAP = " Known gap (measured, not in the grid): sliding-window models under every:K in two cases keep more than estimated in each uncheckpointed block, b*s^2*(1 + e_m) bytes (a mask and its copy in the attention dtype, as the numbers fit): a sequence shorter than the window (phi3 h64 L4 window 100 b1 s64 bf16-AMP every:2, -0.5%) and phi-3-mini-4k at s4096 (window 2047) in the full-size table below (-1.66%, under the estimate's peak: the one row past the bar); not yet explained, so not patched."
 
 
 def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
@@ -211,7 +212,7 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
     lines += ["", f"{len(rows)} rows. Worst |error| {worst:.3f}% ({'meets' if worst <= CKPT_BAR_PCT else 'MISSES'} "
               f"the {CKPT_BAR_PCT}% bar); simulated {'==' if exact else '!='} measured on every row. Gemma 2's "
               "rows carry its full-checkpointing estimate's own error (its second attention mask; +0.99% at fp32 "
-              "under full), on the safe side."]
+              "under full), on the safe side." + CKPT_GAP]
     if full if full is not None else not quick:
         fr = policy_full_size_rows(progress)
         lines += ["", "Full size, one preset per family, b1 bf16-AMP AdamW (formula vs the simulated step):", "",
