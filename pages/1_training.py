@@ -9,7 +9,7 @@ import streamlit as st
 
 from pages import frame
 
-from planner.api import component_rows, phase_rows, step_run
+from planner.api import category_rows, component_rows, phase_rows, step_run
 from planner.charts import PHASE_ORDER, alive_tables, category_area, grouped_bars, timeline
 from planner.config import ConfigError, config_to_dict, model_label
 from planner.finetune import describe_tuning
@@ -141,6 +141,10 @@ def show_result() -> None:
         c1.altair_chart(grouped_bars(phases, "phase", "Peak of each phase", order=PHASE_ORDER))
         comp = pd.DataFrame(component_rows(e, rec, what.lower()))
         c2.altair_chart(grouped_bars(comp, "component", "Bytes"))
+        cats = category_rows(e, rec, what.lower())
+        if cats:
+            st.subheader("By category, phase by phase")
+            st.dataframe(pd.DataFrame(cats), hide_index=True)
         if rec.get("timeline"):
             st.altair_chart(timeline(pd.DataFrame(rec["timeline"]), budget_bytes=res["budget"],
                                      estimate_bytes=e["peak_bytes"]))

@@ -104,3 +104,26 @@ def phase_rows(estimate: dict, record: dict, source: str) -> list[dict]:
     return [{"phase": p, "source": src, "bytes": val}
             for p in estimate["phase_peak_bytes"]
             for src, val in (("estimate", estimate["phase_peak_bytes"][p]), (source, record["phase_peak_bytes"].get(p, 0)))]
+
+
+def category_rows(estimate: dict, record: dict, source: str) -> list[dict]:
+    """The `categories` blocks side by side (issue #19 item 3): per phase and category (MemTracker's names),
+    the estimate's bytes, the record's and their difference; where the estimate gives one sum for several
+    categories (planner/estimate/categories.py) that sum is compared with the record's same sum. Empty when
+    either side has no categories (a record from before they were kept)."""
+    est_c, rec_c = estimate.get("categories") or {}, record.get("categories") or {}
+    rows = []
+    for phase, e in est_c.items():
+        r = rec_c.get(phase)
+        if not r:
+            continue
+        for name, value in e.items():
+            if value is None:
+                continue
+            parts = [p.strip() for p in name.replace(" and ", ", ").split(",")]
+            measured = sum(r.get(p, 0) for p in parts) if len(parts) > 1 else r.get(name)
+            if measured is None:
+                continue
+            rows.append({"phase": phase, "category": name, "estimate": value, source: measured,
+                         "difference": value - measured})
+    return rows

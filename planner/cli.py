@@ -155,10 +155,10 @@ def build_parser() -> _Parser:
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
-                                    "finetune", "finetune-8bit", "longest-context", "record", "export", "losses",
+                                    "finetune", "finetune-8bit", "finetune-amp", "longest-context", "record", "export", "losses",
                                     "checkpoint-policies", "inference", "offload"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22)")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; finetune-amp: frozen layers and LoRA under fp16-AMP and bf16-AMP (issue #19); longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
@@ -168,7 +168,7 @@ def build_parser() -> _Parser:
                    help="gpu: which parts to run, comma-separated from grid, realistic, loading (default all)")
     b.add_argument("--grid", default="all",
                    help="record: the grid whose rows are measured into tests/data/measured/<grid>.jsonl (accuracy, "
-                        "families, finetune, finetune-book, qlora, 8bit) or all; tests/test_recorded.py re-estimates them")
+                        "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them")
     return parser
 
 
@@ -427,6 +427,16 @@ def cmd_bench(args) -> int:
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
         return bench_record(args.grid, out=args.out, progress=progress)
+    if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench_finetune_amp.py
+        from .bench_finetune_amp import main as bench_amp
+        from .bench_recorded import load, record
+
+        if args.family:
+            raise ConfigError("--family goes with bench families (and bench finetune --family gpt2: the book's GPT-2)")
+
+        full_cpu = not args.quick and args.device == "cpu"  # the full CPU grid is recorded (tests/data/measured)
+        recorded = (lambda: load(record("finetune-amp", progress=progress))[1]) if full_cpu else None
+        return bench_amp(quick=args.quick, out=args.out, device=args.device, progress=progress, recorded=recorded)
     if args.what == "checkpoint-policies":  # issue #24: planner/bench_techniques.py
         from .bench_techniques import main_checkpointing
 

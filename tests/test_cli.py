@@ -248,7 +248,7 @@ def test_fit_measure_costs_progress_on_stderr(capsys, monkeypatch, tiny_config):
 
 
 @pytest.mark.parametrize("argv", [["bench", "accuracy", "--family", "llama"], ["bench", "finetune", "--family", "llama"],
-                                  ["bench", "families", "--family", "nosuch"]])
+                                  ["bench", "families", "--family", "nosuch"], ["bench", "finetune-amp", "--family", "llama"]])
 def test_bench_family_refused_where_it_does_not_apply_in_one_line(argv, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

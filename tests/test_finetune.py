@@ -98,7 +98,7 @@ def test_frozen_prefix_saves_nothing_and_lora_saves_its_inputs():
     (["--train-layers", "last:0"], "train_layers must be all, head or last:N"),
     (["--train-layers", "last:3"], "the model has 2 blocks"),
     (["--lora-r", "4", "--train-layers", "last:1"], "not both"),
-    (["--lora-r", "4", "--precision", "bf16-amp"], "not modelled yet"),
+    (["--lora-r", "4", "--precision", "bf16-amp", "--optimizer", "adamw-8bit"], "not modelled yet"),
 ])
 def test_cli_refuses_invalid_finetuning_with_one_line(tmp_path, args, message):
     path = tmp_path / "c.json"
@@ -148,8 +148,8 @@ def test_finetune_estimate_imports_neither_torch_transformers_nor_peft():
 
 
 def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
-    """fit's advice for a LoRA run leaves out autocast (not modelled for fine-tuning yet) instead of
-    failing on it, offers gradient accumulation (modelled), and still finds the largest batch."""
+    """fit's advice for a LoRA run offers autocast (modelled for fine-tuning since issue #19: fp32 master
+    weights, so the grid's LoRA row keeps its adapters) and gradient accumulation, and keeps the LoRA rank."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps(TINY))
     out = subprocess.run([sys.executable, "-m", "planner", "fit", "--config", str(path), "--seq-len", "64",
@@ -157,8 +157,10 @@ def test_fit_offers_only_what_the_finetuning_estimate_models(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout)
-    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16") and o["spec"]["lora_r"] == 4
-                                 for o in rec["advice"])
+    assert rec["advice"] and all(o["spec"]["precision"] in ("fp32", "bf16", "bf16-amp", "fp16-amp")
+                                 and o["spec"]["lora_r"] == 4 for o in rec["advice"])
+    assert any(o["spec"]["precision"].endswith("-amp") for o in rec["advice"])
+    assert any("grad-accum" in o["changes"] for o in rec["advice"])
 
 
 # QLoRA (issue #12 item 3): peft's recipe on a bitsandbytes-quantized base (planner/routines/quantized.py,

@@ -30,10 +30,15 @@ def test_every_recorded_row_within_its_grid_bar(path):
     assert release(header["versions"]) == release(versions()), \
         f"{path.name} was measured on other versions: bench record --grid {path.stem}"
     assert len(rows) == header["rows"] > 0
+    from planner.bench_common import FINETUNE_GAP_BAR_PCT
+    from planner.bench_recorded import is_gap
+
     misses = []
     for row in rows:
         est, err = re_estimate(row)
-        if abs(err) > header["bar_pct"]:
+        # a row the estimate names a documented gap for (planner/estimate/finetune.py known_gap) is held to the
+        # gap's looser bar, as `bench finetune` and `bench finetune-amp` mark it
+        if abs(err) > (FINETUNE_GAP_BAR_PCT if is_gap(path.stem, row) else header["bar_pct"]):
             misses.append(f"{row['label']}: estimate {est:,} vs measured {row['peak_bytes']:,} ({err:+.3f}%)")
     assert not misses, f"{len(misses)} of {len(rows)} rows beyond {header['bar_pct']}%:\n" + "\n".join(misses[:20])
 

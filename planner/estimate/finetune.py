@@ -30,21 +30,31 @@ ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32
 
 
 def known_gap(cfg, spec) -> str | None:
-    """A combination whose peak this estimate is known to miss by more than 1% (bench finetune measures
-    it), or None. None is known now: the one there was (a bf16 base, checkpointing and LoRA on the MLP
-    projections) is modelled by recompute_alive / recompute_points."""
+    """A combination whose peak this estimate is known to miss by more than 1% (measured), or None.
+    Under autocast with eager attention and no checkpointing, the forward's high point inside the last
+    block's attention (the fp32 s^2 scores beside RoPE's fp32 q and repeat_kv's copies of the fp32 K/V cache)
+    is not modelled; it decides when the s^2 tensors outweigh the logits (a*s >= V): measured -1.08% on
+    gemma2 V97 h32 a4 kv2 b2 s256 last:1 bf16-amp (Gemma 2's soft-capped scores; the other families' rows
+    of that shape land within 1%). (The one there was before, a bf16 base, checkpointing and LoRA on the MLP
+    projections, is modelled by recompute_alive / recompute_points.)"""
+    if (spec.autocast_dtype is not None and not spec.checkpointing and cfg.attention == "eager"
+            and cfg.num_attention_heads * spec.seq_len >= cfg.vocab_size):
+        return ("fine-tuning under autocast with eager attention: the forward's in-attention high point (fp32 "
+                "s^2 scores) is not modelled; measured up to 1.1% above this estimate")
     return None
 
 
 def check_supported(cfg, spec) -> None:
-    """Fine-tuning under autocast is still refused: the saved set, autocast's cache, the GradScaler and the
-    forward's frozen-weight copy are modelled (block_saved / _adapter_amp / autocast_cache_bytes, measured in
-    tests/test_finetune_amp_facts.py), and most rows of the llama grid land within 0.01%, but the
-    backward's in-block points on weight-heavy shapes (llama V97 h96, checkpointing: -1.5% to -2.8%; the
-    recompute's frozen-weight copies) and the checkpointed forward are not yet within 1% (issue #19 item 2)."""
-    if spec.autocast_dtype is not None:
-        raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) is not modelled yet; use fp32 or a bf16 "
-                          "base (--precision bf16: peft keeps the adapters fp32)")
+    """Fine-tuning under autocast (fp16-amp / bf16-amp, fp32 master weights) is modelled: the saved set
+    (block_saved's e_m copies, _adapter_amp), autocast's cache of trainable copies (autocast_cache_bytes), the
+    GradScaler, the forward's frozen-weight copy and, under checkpointing, the recompute's end
+    (_recompute_points_amp); measured by `bench finetune-amp` (docs/accuracy.md) on every family that
+    fine-tunes. Still refused there: a bitsandbytes optimizer (not measured under autocast)."""
+    from . import bnb_optim
+
+    if spec.autocast_dtype is not None and bnb_optim.is_bnb(spec.optimizer):
+        raise ConfigError("fine-tuning under autocast (fp16-amp / bf16-amp) with a bitsandbytes optimizer is not "
+                          "modelled yet; use a torch optimizer, or --precision fp32 / bf16")
 
 
 def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
@@ -154,7 +164,9 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
             for m in names:
                 lin = adapted.get(m)
                 short = m.rsplit(".", 1)[1]
-                if f"{m}.weight" in trains:
+                if f"{m}.weight" in trains and key not in shared:
+                    # (an input saved already in e_m, SDPA's output for o_proj, is not copied: the cast of
+                    # an e_m tensor to e_m is the tensor itself; measured: llama V97 h32 s256 last:1 bf16-amp)
                     terms.append(Term(f"{short} input autocast copy (weight trains)", "b*s*in*e_m",
                                       b * s * n_in * em, True, where, part))
                 if x_rg:
@@ -269,7 +281,7 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         cached = " (trains: autocast-cached)" if head_trains else ""
         terms.append(Term(f"lm_head weight autocast copy (input needs grad){cached}", "V*h*e_m", V * h * w.e_m,
                           where="head"))
-    terms += family.ft_head_extra(cfg, b, s, e)  # (Gemma 2's soft-capped logits)
+    terms += family.ft_head_extra(cfg, b, s, w.e_m)  # (Gemma 2's soft-capped logits, in the logits' dtype: e_m under autocast)
     loss_kind = resolved_loss(family, spec)
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     ce_saved = b * s * V * w.e_ce + w.e_ce + shifted_labels
@@ -309,7 +321,10 @@ def forward_only_bytes(cfg, spec, w, terms) -> int:
     b, s, L = spec.batch_size, spec.seq_len, cfg.layers
     as_is = sh.kv == sh.a or (sh.attention == "sdpa" and parts.sdpa_enable_gqa(sh, family.masked(cfg, spec)))
     per_layer = 2 * b * sh.kv * s * sh.d * w.e_r
-    if not as_is:
+    if not as_is or w.amp:
+        # (under autocast the cache holds RoPE's fp32 k and an fp32 v, while SDPA saves the e_m casts autocast
+        # makes of its inputs: the cache's tensors are extra in every block; measured: llama V97 h32 b2 s256
+        # LoRA all-linear sdpa bf16-amp, the forward and the loss 2*L*b*kv*s*d*4 above the saved set)
         return L * per_layer
     recorded = sum(1 for t in terms if t.name.startswith("SDPA q and output") or t.name.startswith("attention q, k^T"))
     return (L - recorded) * per_layer
@@ -417,6 +432,8 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
     b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
     bsh, bsf = b * s * cfg.hidden, b * s * f
     adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
+    if w.amp:
+        return _recompute_points_amp(cfg, spec, w, i, blk, below, adapted)
     if not any(lin.role.startswith("mlp") for lin in adapted):
         return {}
     alive = sum(t.bytes for t in recompute_alive(cfg, spec, w, i, blk))
@@ -433,6 +450,62 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
         points[f"block {i} recompute up adapter"] = (
             below - later_saved + alive + (0 if act_saved else bsf * w.e_m) + bsf * w.e_m
             + 2 * bsf * ADAPTER_BYTES + (bsh * ADAPTER_BYTES if cast_copy else 0))
+    return points
+
+
+def _recompute_points_amp(cfg, spec, w, i: int, blk: list[Term], below: int, adapted: list) -> dict[str, int]:
+    """Block i's high point at the end of its recompute under autocast (checkpointing): torch's non-reentrant
+    checkpoint stops the recompute at the block's last saved tensor, the down projection's (its weight's e_m
+    copy: under checkpointing its input needs grad, and a frozen weight's copy is a fresh tensor per use).
+    Beside the block's whole recomputed saved set (`below`), alive then (read off the op timeline,
+    planner.measure.tracker: llama V97 h96 b4 s8 LoRA q,v bf16-amp checkpointing):
+      - the block output's grad (e_r) and its e_m cast for the down projection's output (the residual add
+        fp32 + e_m promoted: AddBackward casts the grad back to the e_m operand's dtype);
+      - LlamaDecoderLayer.forward's `residual` (the sum after attention), unless the post-attention norm
+        saved it as its fp32 input (under autocast the residual stream is fp32: x.to(float32) is x itself);
+      - the MLP's input, the post-attention norm's output (e_r under autocast: the norm runs in the residual
+        dtype; saved only as an adapter's or a trainable linear's e_m copy, so always alive besides);
+      - the product act(gate) * up (e_m), the down projection's input, not saved by a frozen down_proj (a
+        trainable one saves it: its "input autocast copy" is the product itself, already e_m)."""
+    b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
+    bsh, bsf = b * s * cfg.hidden, b * s * f
+    alive = bsh * w.e_r + bsh * w.e_m  # the block output's grad and its e_m cast
+    residual_saved = w.e_r == 4 and any(t.part == "norm.mlp" and "fp32 input" in t.name for t in blk)
+    alive += 0 if residual_saved else bsh * w.e_r
+    alive += bsh * w.e_r  # the MLP's input
+    product_saved = any(t.part == "mlp.out" and "input autocast copy" in t.name for t in blk)  # down_proj trains
+    if any(lin.role == "mlp.out" for lin in adapted):
+        # down_proj adapted: the recompute ends at lora_B's weight copy, inside peft's Linear.forward
+        # (peft/tuners/lora/layer.py): beside the saved set, the base layer's result (b*s*h*e_m), peft's
+        # fp32 copy of x (`x = self._cast_input_dtype(x, lora_A.weight.dtype)`, b*s*f*4: its local until the
+        # forward returns), and in the backward already, MulBackward's grad * scaling (e_m: under autocast
+        # lora_B's output is e_m) waiting for lora_B's backward (measured: llama V97 h32 b2 s256 LoRA on the
+        # MLP, bf16-amp, checkpointing)
+        alive += 2 * bsh * w.e_m + bsf * ADAPTER_BYTES
+        if spec.lora_dropout > 0:
+            # with lora_dropout the recompute's high point is lora_A's matmul (its output, the last b*s*r
+            # tensor saved), the dropout's fp32 output still alive as lora_A's argument, lora_B's weight copy
+            # not made yet (measured: llama V97 h32 b2 s256 LoRA all-linear p0.1 bf16-amp checkpointing)
+            alive += bsf * ADAPTER_BYTES - spec.lora_r * cfg.hidden * w.e_m
+    points = {f"block {i} recompute end (autocast)": below + alive + (0 if product_saved else bsf * w.e_m)}
+    o_adapted = [lin for lin in adapted if lin.role == "attn.out"]
+    if o_adapted:
+        # o_proj adapted: the recompute's high point can be inside peft's Linear.forward on o_proj (a*d wide
+        # input), before the MLP's saves exist (measured on the op timeline: gemma V97 h32 a4 d32 b2 s256 LoRA
+        # all-linear sdpa bf16-amp checkpointing): the saved set through o_proj; the backward's grads so far
+        # (the block output's grad, its e_m cast, with down_proj adapted its grad * scaling); the decoder
+        # layer's normed input (e_r) and the attention's locals query_states / key_states after RoPE (fp32
+        # under autocast: q * cos promotes); peft's fp32 copy of o_proj's input, the base result (e_m), and
+        # lora_B's output and its scaled copy (e_m each), or with lora_dropout, at lora_A's matmul, the
+        # dropout's fp32 output with lora_B's weight copy not made yet
+        sh = family_of(cfg).shape(cfg)
+        last_o = max(k for k, t in enumerate(blk) if t.part == "attn.out")
+        ad = b * s * sh.a * sh.d
+        o_alive = (bsh * w.e_r + bsh * w.e_m + (bsh * w.e_m if any(lin.role == "mlp.out" for lin in adapted) else 0)
+                   + bsh * w.e_r + ad * 4 + b * s * sh.kv * sh.d * 4
+                   + ad * ADAPTER_BYTES + bsh * w.e_m
+                   + (ad * ADAPTER_BYTES - spec.lora_r * cfg.hidden * w.e_m if spec.lora_dropout > 0 else 2 * bsh * w.e_m))
+        points[f"block {i} recompute o_proj adapter (autocast)"] = below - sum(t.bytes for t in blk[last_o + 1:]) + o_alive
     return points
 
 
@@ -491,6 +564,14 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # Gemma 2: the post-feedforward norm's backward ran before the MLP's and freed its saves
                 # (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v fp32 checkpointing)
                 value -= sum(t.bytes for t in blk if t.part == "norm.post_mlp")
+            if name == "ffn" and w.amp and grads_exist and any(
+                    t.part == "mlp.out" and "input autocast copy" in t.name for t in blk):
+                # autocast, a later micro-batch, the down projection trains: at its weight grad's fp32 cast
+                # (ToCopyBackward) its saved input and weight copies are freed, and in their place its bf16
+                # weight grad and its input's grad (b*s*f*e_m) are alive beside the fp32 grad and the MLP
+                # output's grad (measured on the op timeline: llama V97 h96 b4 s8 accum2 last:1 bf16-amp
+                # checkpointing; the family's point assumes full training's casts)
+                value = ctx.current + bsh * w.e_r + n["down"] * e_p
             if grads_exist and name in ("norm", "attention"):
                 # a later micro-batch: the MLP weights' new grads were added in place by then, so the
                 # family's pending MLP weight grad (after_mlp) is gone at the norm's and attention's backward
@@ -555,7 +636,7 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     alive = (bsh * w.e_r  # inputs_embeds
              + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
              + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
-             + (0 if x_saved("") else bsh * w.e_m) + rope + 8 * s + mask)  # the MLP's input
+             + (0 if x_saved("") else bsh * w.e_r) + rope + 8 * s + mask)  # the MLP's input (the norm's output: e_r)
     common = a_before_loss - later + fwd + alive
     product = common + 3 * bsf * w.e_m
     lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
@@ -568,6 +649,14 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     down = (common + gated + (0 if x_saved("mlp.out") else bsf * w.e_m) + down_saved + bsh * w.e_m
             + (bsf * ADAPTER_BYTES if w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0 else 0)  # p = 0: saved
             + 2 * bsh * ADAPTER_BYTES)
+    if w.amp:
+        # under autocast (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA all-linear p0.1 fp16-amp):
+        # peft's fp32 copy of x is made whatever the dropout (x is e_m) and lora_A saves its own e_m copy, not
+        # it; with lora_dropout the high point is lora_A's matmul (the dropout's fp32 output its argument,
+        # lora_B's weight copy not made yet), without it lora_B's output and its scaled copy (e_m each)
+        down = (common + gated + (0 if x_saved("mlp.out") else bsf * w.e_m) + down_saved + bsh * w.e_m
+                + bsf * ADAPTER_BYTES
+                + (bsf * ADAPTER_BYTES - spec.lora_r * h * w.e_m if spec.lora_dropout > 0 else 2 * bsh * w.e_m))
     return max(product, down)
 
 
@@ -623,6 +712,8 @@ def estimate_finetune(cfg, spec):
     # transient (read off the op timeline: llama V97 h96 b4 s8 head bf16-amp, the forward 48 KiB above)
     largest_cast = max((t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast
                         and not t.is_bias), default=0) * w.e_m if w.amp else 0
+    if per_block and any("weight autocast copy" in t.name for t in per_block[-1]):
+        largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
     phase = {
         "forward": base + accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
         "loss": base + accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,

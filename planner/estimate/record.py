@@ -27,6 +27,7 @@ class TrainEstimate:
     # The backward sweep's named high points (live bytes above the persistent base, grads created so far
     # included), so per-rank estimates (planner.estimate.distributed) can re-count weights and grads.
     backward_points: dict[str, int] = field(default_factory=dict)
+    categories: dict[str, dict] = field(default_factory=dict)  # per phase, by category (estimate/categories.py)
 
     def to_dict(self) -> dict:
         return asdict(self)

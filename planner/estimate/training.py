@@ -22,6 +22,7 @@ from ..losses import is_fused
 from .losses import fused_loss
 from .activations import Term, Widths, block_terms, outside_terms
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
+from .categories import estimate_categories
 
 
 def optimizer_state_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
@@ -268,6 +269,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
             est = estimate_finetune(cfg, spec)
         if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
             est.transients.update(bnb_extra_lines(spec, [n for _, n, _ in trainable_params(cfg, spec)], est.notes))
+        est.categories = estimate_categories(est, spec)
         return est
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
@@ -391,13 +393,15 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
     bnb_lines = bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
-    return TrainEstimate(
+    est = TrainEstimate(
         params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
         optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
         peak_phase=peak_phase, phase_peak_bytes=phase,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines, **bnb_lines},
         terms=terms, notes=notes, backward_points=backward_points)
+    est.categories = estimate_categories(est, spec)
+    return est
 
 
 def bnb_extra_lines(spec: TrainSpec, numels: list[int], notes: list[str]) -> dict[str, int]:

@@ -145,6 +145,34 @@ def alive_at_peak(log: EventLog, top: int = 20, modules: int = 25) -> dict:
             "by_module": mods, "largest": largest}
 
 
+MEMTRACKER_NAMES = {"input": "inputs"}  # torch.distributed._tools.MemTracker's names (planner's "input" = its inputs)
+
+
+def phase_categories(log: EventLog) -> dict[str, dict[str, int]]:
+    """Per phase, the live bytes by category at that phase's highest point in the event replay (the same
+    replay as alive_at_peak; each phase's categories sum to its `total`): the record's `categories` block,
+    named as MemTracker names its categories (parameter, buffer, gradient, activation, temporary,
+    optimizer state, inputs). The phase of an event is the last phase mark before it."""
+    size = {uid: v[0] for uid, v in log.initial.items()}
+    cat = {uid: v[1] for uid, v in log.initial.items()}
+    by = {c: 0 for c in CATEGORIES}
+    for uid, n in size.items():
+        by[cat[uid]] += n
+    phase, best = "setup", {}
+    for e in log.events:
+        if e[0] == "p":
+            phase = e[1]
+        elif e[0] == "a":
+            size[e[1]], cat[e[1]] = e[2], log.category_of(e[1])
+            by[cat[e[1]]] += e[2]
+        elif e[0] == "f":
+            by[cat[e[1]]] -= size[e[1]]
+        total = sum(by.values())
+        if phase != "setup" and (phase not in best or total > best[phase]["total"]):
+            best[phase] = {**{MEMTRACKER_NAMES.get(c, c): b for c, b in by.items()}, "total": total}
+    return best
+
+
 def category_timeline(log: EventLog, points: int = 300) -> dict:
     """Live bytes by category over the step, at most ~`points` samples (each bucket of events keeps its sample
     with the largest total, so the peak is drawn), and where each phase starts (x: the op index)."""

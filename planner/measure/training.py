@@ -159,10 +159,11 @@ def stop_log(tracker: LiveBytesTracker, log) -> None:
 
 def finish_log(log, exports: dict | None, emit: Callable[[dict], None] = lambda e: None) -> dict:
     """The record's `alive_at_peak` and, when asked, the written files (their keys name them)."""
-    from .export import alive_at_peak, category_timeline, write_exports
+    from .export import alive_at_peak, category_timeline, phase_categories, write_exports
 
     t0 = time.perf_counter()
-    out = {"alive_at_peak": alive_at_peak(log), "category_timeline": category_timeline(log)}
+    out = {"alive_at_peak": alive_at_peak(log), "category_timeline": category_timeline(log),
+           "categories": {p: c for p, c in phase_categories(log).items() if p in PHASES}}  # per phase (issue #19 item 3)
     if exports and (exports.get("memory_snapshot") or exports.get("trace")):
         emit({"event": "progress", "stage": "writing the snapshot and trace", "fraction": 0.95})
         out.update(write_exports(log, exports.get("memory_snapshot"), exports.get("trace")))
