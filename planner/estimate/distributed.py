@@ -240,6 +240,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     grads_s = s_all * e_p                  # one flat padded reduce-scatter output per group, in e_p
     buffers = single.buffers_bytes         # buffers are not sharded (fully_shard leaves them replicated)
     inputs = single.inputs_bytes
+    mesh = mesh_bytes(n, spec.device_type)
     scaler = single.transients.get("gradscaler", 0)
     ag_blk, ag_root = n * s_blk * e_c, n * s_root * e_c        # a group's flat all-gather output
     # The unsharded parameters are views into per-parameter all-gather buffers of N padded shards each
@@ -262,7 +263,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     ce_point = comp.activations_bytes + comp.transients["cross_entropy_grads"]
 
     # Rank-independent part of each phase (without the optimizer state, added per rank below).
-    rest = params_s + buffers + inputs + scaler
+    rest = params_s + buffers + inputs + scaler + mesh
     # Forward high points: the logits, with the root unsharded and the last block's all-gather output still
     # held (comm_ctx.all_gather_state); and the root's own all-gather at the start (output + copy-out).
     # Then each block's copy-out: the previous group's all-gather output is still held, so two outputs,
@@ -362,6 +363,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
              f"{pspec.reshard_after_forward}; compute dtype {pspec.mp_param_dtype or spec.param_dtype}, "
              f"reduce dtype {pspec.mp_reduce_dtype or pspec.mp_param_dtype or spec.param_dtype}.",
              f"backward high point: {max(back, key=back.get)}."]
+    if spec.device_type == "cpu":
+        notes.append("gloo (CPU): a collective's output can outlive FSDP2's release of it, held by the c10d work "
+                     "until gloo's worker thread drops it; a step where that happens peaks up to one group's "
+                     f"all-gather output higher ({max(ag_blk, ag_root):,} B here). peak_bytes is FSDP2's own "
+                     "schedule (what measure reports: it measures such a step again).")
     if pspec.cpu_offload:
         # CPUOffloadPolicy: sharded parameters, sharded gradients and the optimizer (state and step) live
         # in host RAM; the device holds the unsharded groups, all-gather / reduce-scatter buffers,
@@ -377,6 +383,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         {"name": "sharded gradients (flat reduce-scatter outputs)", "formula": "sum_p ceil(d0/N)*rest * e_p", "bytes": grads_s},
         {"name": "optimizer state on the local rows (peak rank)", "formula": "single-device formula on clamp(d0 - r*ceil(d0/N), 0, ceil(d0/N)) rows",
          "bytes": top["optimizer_bytes"]},
+        {"name": "the DeviceMesh's rank map (int32, one per rank; on the CPU)", "formula": "4*N on a CPU run, else 0 "
+         "(host memory)", "bytes": mesh},
+        {"name": "not in peak_bytes: a late release on gloo", "where": "not counted",
+         "formula": "max(N * padded_shard(block), N * padded_shard(root)) * e_c",
+         "bytes": max(ag_blk, ag_root) if spec.device_type == "cpu" else 0},
         {"name": "unsharded root (embeddings, final norm, head)", "formula": "N * padded_shard(root) * e_c",
          "bytes": root_c},
         {"name": "unsharded block", "formula": "N * padded_shard(block) * e_c", "bytes": blk_c},
@@ -392,6 +403,13 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads_s, optimizer_bytes=top["optimizer_bytes"],
         activations_bytes=comp.activations_bytes, comm_buffers_bytes=0, host_bytes=host, rank_groups=groups,
         single_device=_single(single), reference=reference_formulas(cfg, spec, pspec), terms=terms, notes=notes)
+
+
+def mesh_bytes(n: int, device_type: str) -> int:
+    """The DeviceMesh's rank map: torch.arange(N, dtype=torch.int) made on the CPU whatever the device
+    (torch/distributed/device_mesh.py init_device_mesh), alive with the mesh: 4*N bytes on a CPU run, host
+    memory (not the device's) on CUDA. Found by a tracker running from the model's construction on."""
+    return 4 * n if device_type == "cpu" else 0
 
 
 def _saved_before(cfg: ModelConfig, spec: TrainSpec, blocks: int) -> int:
