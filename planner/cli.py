@@ -3,6 +3,7 @@
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
     python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
+    python -m planner estimate|measure|simulate train ... --world-size N --parallel tp|fsdp+tp [--tp T] [--loss-parallel]
     python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--device ...] [--json] [--timeout S] [--progress]
     python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--out FIT.json] [--json] [--progress]
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]

@@ -221,8 +221,13 @@ def _compute_spec(spec: TrainSpec, pspec: ParallelSpec) -> TrainSpec:
     return spec
 
 
-def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, single: TrainEstimate) -> DistEstimate:
+def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, single: TrainEstimate,
+                   tp_extra: dict | None = None) -> DistEstimate:
+    """tp_extra (FSDP2 over the dp dimension of a TP-local model, planner/estimate/tensor_parallel.py): bytes
+    the TP layer adds at the forward's logits ("logits"), through the loss ("loss"), at the cross-entropy's
+    backward ("ce"), and the whole mesh's rank map ("mesh")."""
     n = pspec.world_size
+    tpx = tp_extra or {}
     root, blocks = _groups(cfg)
     L = len(blocks)
     e_p = DTYPE_BYTES[spec.param_dtype]                       # sharded parameters, gradients, optimizer
@@ -240,7 +245,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     grads_s = s_all * e_p                  # one flat padded reduce-scatter output per group, in e_p
     buffers = single.buffers_bytes         # buffers are not sharded (fully_shard leaves them replicated)
     inputs = single.inputs_bytes
-    mesh = mesh_bytes(n, spec.device_type)
+    mesh = tpx.get("mesh", mesh_bytes(n, spec.device_type))
     scaler = single.transients.get("gradscaler", 0)
     ag_blk, ag_root = n * s_blk * e_c, n * s_root * e_c        # a group's flat all-gather output
     # The unsharded parameters are views into per-parameter all-gather buffers of N padded shards each
@@ -269,7 +274,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     # Then each block's copy-out: the previous group's all-gather output is still held, so two outputs,
     # the new block's parameters and the root's are alive over the activations saved so far (the last
     # block's is the largest; with reshard_after_forward=False the earlier blocks stay gathered too).
-    fwd = {"logits": rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk,
+    fwd = {"logits": rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk + tpx.get("logits", 0),
            "root all-gather": rest + ag_root + root_c}
     prev_ag = ag_blk if L > 1 else ag_root
     fwd["last block all-gather"] = (rest + _saved_before(cfg, cspec, L - 1) + root_c + prev_ag + ag_blk + blk_c
@@ -280,8 +285,10 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     # loss (measured on the simulated ranks: root_c + ag_blk to the byte, also without resharding), and, when
     # resharding, through the loss's backward. The book's loss runs on the returned logits.
     in_forward = resolved_loss(family_of(cfg), spec) == "labels"
-    loss = rest + loss_acts + ((all_unsharded if keep else root_c) + ag_blk if in_forward else all_unsharded)
-    back = {"cross-entropy backward": rest + ce_point + (root_c + ag_blk if in_forward and not keep else all_unsharded)}
+    loss = (rest + loss_acts + ((all_unsharded if keep else root_c) + ag_blk if in_forward else all_unsharded)
+            + tpx.get("loss", 0))
+    back = {"cross-entropy backward": rest + ce_point + (root_c + ag_blk if in_forward and not keep else all_unsharded)
+            + tpx.get("ce", 0)}
     if not keep:
         # The root's all-gather at its pre-backward, after the cross-entropy backward: its gradient w.r.t.
         # the logits (b*s*V*e_ce) has replaced the log-softmax output it freed (the same size), so the saved
@@ -502,6 +509,14 @@ def estimate_distributed(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec)
     if pspec.parallel == "fsdp" and spec.grad_accum > 1:
         raise ConfigError("gradient accumulation with FSDP (sharded gradients kept between micro-batches) "
                           "is not modelled yet; use --grad-accum 1")
+    if pspec.parallel == "tp":  # tensor parallel (planner/estimate/tensor_parallel.py)
+        from .tensor_parallel import estimate_tp
+
+        return estimate_tp(cfg, spec, pspec)
+    if pspec.parallel == "fsdp+tp":
+        from .tensor_parallel import estimate_fsdp_tp
+
+        return estimate_fsdp_tp(cfg, spec, pspec)
     single = estimate_training(cfg, spec)
     if pspec.parallel == "ddp":
         return _estimate_ddp(cfg, spec, pspec, single)

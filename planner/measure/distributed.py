@@ -133,6 +133,11 @@ class DistLiveBytesTracker(LiveBytesTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
             return _fake_scalar(args[0])
+        if self.fake_scalars and func is torch.ops._c10d_functional.wait_tensor.default:
+            # DTensor's collectives (functional: all_reduce / all_gather_into_tensor, then wait_tensor). In eager
+            # wait_tensor returns its input; its fake kernel returns a new tensor (as FSDPMemTracker notes,
+            # torch/distributed/_tools/fsdp2_mem_tracker.py), which would count the collective's output twice.
+            return args[0]
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.fake_scalars and func is torch.ops.c10d._reduce_scatter_base_.default:
             # The simulation stands for gloo ranks: gloo reduce-scatters a flat copy of the input
@@ -263,6 +268,15 @@ def build_step(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, device: t
     step.mesh = None
     if simulated and pspec.parallel == "ddp":  # the C++ Reducer cannot run on fake tensors
         step.reducer = SimulatedReducer(step.model, pspec.gradient_as_bucket_view)
+        return step
+    if pspec.parallel in ("tp", "fsdp+tp"):
+        from .tensor_parallel import make_tp_mesh, with_loss_parallel, wrap_tp
+
+        step.mesh = mesh if mesh is not None else make_tp_mesh(pspec, device)
+        step.model = wrap_tp(step.model, pspec, step.mesh)
+        step.optimizer = make_optimizer(step.model.parameters(), spec)
+        if pspec.loss_parallel:
+            with_loss_parallel(step)
         return step
     if pspec.parallel == "fsdp" and mesh is None:
         mesh = make_mesh(pspec, device)
@@ -446,8 +460,14 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
         raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
     device = torch.device("cpu")
     world = fake_world(rank, pspec.world_size) if pspec is not None else nullcontext()
-    with world, _steps_never_skipped():
-        mesh = make_mesh(pspec, device) if pspec is not None and pspec.parallel == "fsdp" else None
+    with world, _steps_never_skipped(), _mesh_ops_real():
+        mesh = None
+        if pspec is not None and pspec.parallel == "fsdp":
+            mesh = make_mesh(pspec, device)
+        elif pspec is not None and pspec.parallel in ("tp", "fsdp+tp"):
+            from .tensor_parallel import make_tp_mesh
+
+            mesh = make_tp_mesh(pspec, device)
         with FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
             step = build_step(cfg, spec, pspec, device, mesh, simulated=True) if pspec else TrainingStep(cfg, spec)
             with real_run_branches():  # transformers takes its real-tensor branches (planner.measure.simulate)
@@ -455,6 +475,28 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
                                     device, max_timeline_points)
     result["simulated"] = True
     return result
+
+
+@contextmanager
+def _mesh_ops_real():
+    """FSDP2 over TP DTensors concatenates the dp and tp meshes inside fully_shard (_fsdp_param.py
+    _init_sharding_spec_tp -> DeviceMesh._concatenate), which computes the rank's coordinates with
+    `(mesh == rank).nonzero()`, an op fake tensors cannot run (its output shape depends on the data). A mesh is
+    bookkeeping of a few ints on the CPU, made on real tensors as outside the simulation."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    orig = DeviceMesh.__dict__["_concatenate"]
+
+    def concatenate(device_mesh_list):
+        with unset_fake_temporarily():
+            return orig.__func__(device_mesh_list)
+
+    DeviceMesh._concatenate = staticmethod(concatenate)
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = orig
 
 
 @contextmanager
@@ -480,15 +522,22 @@ def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
     from ..estimate.distributed import param_order, rank_runs
 
     if pspec is None:
-        runs = [(0, 0)]
+        runs = [(0, 0, 0)]
     elif pspec.parallel == "ddp":
-        runs = [(0, pspec.world_size - 1)]
+        runs = [(0, pspec.world_size - 1, 0)]
+    elif pspec.parallel in ("tp", "fsdp+tp"):
+        from ..estimate.tensor_parallel import tp_rank_runs
+
+        runs = tp_rank_runs(cfg, pspec)
     else:
-        runs = rank_runs(list(param_order(cfg)), pspec.world_size)
+        runs = [(a, b, a) for a, b in rank_runs(list(param_order(cfg)), pspec.world_size)]
     records = []
-    for i, (first, last) in enumerate(runs):
-        emit({"event": "progress", "stage": f"simulating rank {first}", "fraction": 0.1 + 0.9 * i / len(runs)})
-        rec = simulate_rank(cfg, spec, pspec, first)
+    done: dict[int, dict] = {}
+    for i, (first, last, rep) in enumerate(runs):
+        emit({"event": "progress", "stage": f"simulating rank {rep}", "fraction": 0.1 + 0.9 * i / len(runs)})
+        if rep not in done:  # a rank stands for every rank with the same shards (2-D meshes repeat them)
+            done[rep] = simulate_rank(cfg, spec, pspec, rep)
+        rec = {**done[rep], "rank": first}
         rec["ranks_like_this"] = [first, last]
         records.append(rec)
     out = combine_ranks(records)
