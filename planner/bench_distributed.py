@@ -87,9 +87,11 @@ def grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec, Paralle
             n = 2 if k % 2 == 0 else 4
             k += 1
             rows.append((f"{name} {mode} x{n}", cfg, TrainSpec(b, s, **rkw), ParallelSpec(n, **pkw)))
+    from .bench_tensor_parallel import tp_grid
+
     if quick:
-        return [rows[k] for k in (1, 6)] + THIRD_OPINION_ROWS[:1]
-    return rows + THIRD_OPINION_ROWS
+        return [rows[k] for k in (1, 6)] + THIRD_OPINION_ROWS[:1] + tp_grid(quick=True)[:1]
+    return rows + THIRD_OPINION_ROWS + tp_grid()
 
 
 def run_grid(rows, progress=print) -> list[dict]:
@@ -129,6 +131,14 @@ def large_rows() -> list[tuple[str, ModelConfig, TrainSpec, ParallelSpec]]:
             spec = TrainSpec(1, seq, "fp32", "adamw", checkpointing=True)
             pspec = ParallelSpec(n, "fsdp", mp_param_dtype="bfloat16", mp_reduce_dtype="float32")
             rows.append((f"{name} b1 s{seq} ckpt adamw fsdp mp bf16/fp32 x{n}", cfg, spec, pspec))
+    # Issue #23: FSDP2 x TP on a 2-D mesh, torchtitan's layout for these models (TP 8 inside a node), at 64 and
+    # 1,024 ranks; the 1,024-rank 70B row's simulation is also timed (one rank's view: every rank has the same
+    # shapes here, so one rank is simulated).
+    for name, cfg, seq in (("llama-3-8b", PRESETS["llama-3-8b"], 8192), ("Llama-2-70B", LLAMA_2_70B, 4096)):
+        for dp in (8, 128):
+            spec = TrainSpec(1, seq, "fp32", "adamw", checkpointing=True)
+            pspec = ParallelSpec(dp * 8, "fsdp+tp", tp=8, mp_param_dtype="bfloat16", mp_reduce_dtype="float32")
+            rows.append((f"{name} b1 s{seq} ckpt adamw {pspec.label} ({dp * 8} ranks)", cfg, spec, pspec))
     return rows
 
 
@@ -146,7 +156,9 @@ def run_large(rows, progress=print) -> list[dict]:
         row = {"config": label, "estimate_bytes": est.peak_bytes, "simulated_bytes": s["peak_bytes"],
                "error_pct": 100.0 * (est.peak_bytes - s["peak_bytes"]) / s["peak_bytes"],
                "estimated_phase": est.peak_phase, "simulated_phase": s["peak_phase"],
-               "simulated_ranks": len(s["ranks"]), "zero3_paper_bytes": ref["zero_paper"]["ZeRO-3"],
+               "simulated_ranks": s.get("simulated_ranks", len(s["ranks"])),
+               "simulation_wall_s": s.get("simulation_wall_s"), "simulation_rss_bytes": s.get("simulation_peak_rss_bytes"),
+               "world_size": pspec.world_size, "zero3_paper_bytes": ref["zero_paper"]["ZeRO-3"],
                "zero3_deepspeed_bytes": ref["deepspeed"]["ZeRO-3"]}
         out.append(row)
         progress(f"{row['error_pct']:+7.3f}%  {label}")
@@ -206,6 +218,16 @@ def markdown(results: list[dict], large: list[dict]) -> str:
             lines.append(f"| {r['config']} | {_gib(r['estimate_bytes'])} | {_gib(r['simulated_bytes'])} | "
                          f"{r['error_pct']:+.3f} | {r['simulated_phase']} | {_gib(r['zero3_paper_bytes'])} | "
                          f"{_gib(r['zero3_deepspeed_bytes'])} |")
+        timed = [r for r in large if r.get("simulation_wall_s") is not None and r.get("world_size", 0) >= 1024]
+        if timed:
+            lines += ["", "## Simulating a 1,024-rank step", "",
+                      "One simulation child (`planner.measure.distributed --simulate`): the simulated ranks' wall time "
+                      "(model built on fake tensors, mesh, TP plan and FSDP2, five steps with the tracker) and the "
+                      "child's RSS high-water mark (VmHWM). Bars: 60 s and 2 GiB.", "",
+                      "| config | ranks | ranks simulated | wall (s) | RSS (GiB) |", "|---|---:|---:|---:|---:|"]
+            for r in timed:
+                lines.append(f"| {r['config']} | {r['world_size']:,} | {r['simulated_ranks']} | "
+                             f"{r['simulation_wall_s']:.1f} | {r['simulation_rss_bytes'] / 2**30:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -398,6 +398,10 @@ def fewest_ranks(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int) -> tuple
     on every rank, so more ranks never lower its per-rank peak: 1 if one device fits, else none. FSDP's
     per-rank peak falls as shards shrink; the search doubles, then bisects (it falls monotonically apart
     from the padding of dim-0 shards, which moves it by a few rows)."""
+    if pspec.parallel in ("tp", "fsdp+tp"):  # planner/parallel_solver.py: TP degrees, FSDP2 x TP meshes
+        from .parallel_solver import fewest_ranks_tp
+
+        return fewest_ranks_tp(cfg, spec, pspec, budget)
     if pspec.parallel == "ddp":
         rank = _rank_peak(cfg, spec, dataclasses.replace(pspec, world_size=2))
         if rank <= budget:

@@ -101,9 +101,10 @@ class ParallelSpec:
                 raise ConfigError(f"--parallel fsdp+tp needs --tp of at least 2 dividing --world-size {ws} into at "
                                   f"least 2 data-parallel groups; got --tp {tp}")
             unsupported = []
-        unsupported += [f for f, on in (("--mp-param-dtype", self.mp_param_dtype is not None),
-                                        ("--mp-reduce-dtype", self.mp_reduce_dtype is not None),
-                                        ("--cpu-offload", self.cpu_offload),
+        if self.parallel == "tp":  # a MixedPrecisionPolicy is FSDP2's (fsdp+tp takes one)
+            unsupported += [f for f, on in (("--mp-param-dtype", self.mp_param_dtype is not None),
+                                            ("--mp-reduce-dtype", self.mp_reduce_dtype is not None)) if on]
+        unsupported += [f for f, on in (("--cpu-offload", self.cpu_offload),
                                         ("--gradient-as-bucket-view", self.gradient_as_bucket_view)) if on]
         if unsupported:
             raise ConfigError(f"{', '.join(unsupported)} with --parallel {self.parallel} is not modelled yet")
@@ -114,8 +115,10 @@ class ParallelSpec:
             lp = " loss-parallel" if self.loss_parallel else ""
             if self.parallel == "tp":
                 return f"tp x{self.world_size}{lp}"
+            mp = (f" mp {self.mp_param_dtype or '-'}/{self.mp_reduce_dtype or '-'}"
+                  if self.mp_param_dtype or self.mp_reduce_dtype else "")
             return (f"fsdp x{self.dp_degree} + tp x{self.tp_degree}{lp}"
-                    + ("" if self.reshard_after_forward else " no-reshard"))
+                    + ("" if self.reshard_after_forward else " no-reshard") + mp)
         if self.parallel == "ddp":
             return f"ddp x{self.world_size}" + (" bucket-view" if self.gradient_as_bucket_view else "")
         parts = [f"fsdp x{self.world_size}", "reshard" if self.reshard_after_forward else "no-reshard"]
@@ -134,6 +137,9 @@ def check_parallel_run(spec, pspec: ParallelSpec) -> None:
         raise ConfigError(f"--optimizer {spec.optimizer} with --parallel is not modelled yet (bitsandbytes' 8-bit / "
                           "paged states per rank, and on FSDP's flat shards, are not in the per-rank estimate)")
     if pspec.parallel in TP_MODES:
+        if (pspec.mp_param_dtype or pspec.mp_reduce_dtype) and spec.precision != "fp32":
+            raise ConfigError(f"a MixedPrecisionPolicy (--mp-param-dtype/--mp-reduce-dtype) needs --precision fp32 "
+                              f"(FSDP casts the fp32 weights itself); got --precision {spec.precision}")
         if spec.precision == "fp16-amp":
             raise ConfigError(f"fp16-amp with --parallel {pspec.parallel} is not modelled (GradScaler over DTensors); "
                               "use bf16-amp")

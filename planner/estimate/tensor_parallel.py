@@ -282,14 +282,16 @@ def estimate_fsdp_tp(cfg: ModelConfig, spec, pspec):
     TP layer's whole-vocabulary loss (_tp_loss_extra) and the 2-D mesh's rank map (4*N B on the CPU). The
     embedding's Replicate gradient (estimate_tp) is reduce-scattered by FSDP2 into its sharded gradient like
     any other: measured, it adds nothing after the backward."""
-    from .distributed import _estimate_fsdp, mesh_bytes
+    from .distributed import _compute_spec, _estimate_fsdp, mesh_bytes
     from .training import estimate_training
     from ..parallel import ParallelSpec
 
     lcfg = local_config(cfg, pspec)
     dp = pspec.dp_degree
-    fsdp = ParallelSpec(dp, "fsdp", reshard_after_forward=pspec.reshard_after_forward)
-    extra = {**_tp_loss_extra(cfg, spec, pspec), "mesh": mesh_bytes(pspec.world_size, spec.device_type)}
+    fsdp = ParallelSpec(dp, "fsdp", reshard_after_forward=pspec.reshard_after_forward,
+                        mp_param_dtype=pspec.mp_param_dtype, mp_reduce_dtype=pspec.mp_reduce_dtype)
+    # the loss side in the compute dtype (a bf16 MixedPrecisionPolicy computes as an all-bf16 run)
+    extra = {**_tp_loss_extra(cfg, _compute_spec(spec, fsdp), pspec), "mesh": mesh_bytes(pspec.world_size, spec.device_type)}
     est = _estimate_fsdp(lcfg, spec, fsdp, estimate_training(lcfg, spec), tp_extra=extra)
     fix = _no_o_bias(cfg, lcfg, spec)
     if fix:  # Qwen2: the local Llama config's o_proj bias, sharded over dp (approximately 1/dp of it per rank)
