@@ -157,7 +157,8 @@ def run_large(rows, progress=print) -> list[dict]:
                "error_pct": 100.0 * (est.peak_bytes - s["peak_bytes"]) / s["peak_bytes"],
                "estimated_phase": est.peak_phase, "simulated_phase": s["peak_phase"],
                "simulated_ranks": s.get("simulated_ranks", len(s["ranks"])),
-               "simulation_wall_s": s.get("simulation_wall_s"), "simulation_rss_bytes": s.get("simulation_peak_rss_bytes"),
+               "simulation_wall_s": s.get("simulation_wall_s"), "simulation_cpu_s": s.get("simulation_cpu_s"),
+               "simulation_rss_bytes": s.get("simulation_peak_rss_bytes"),
                "world_size": pspec.world_size, "zero3_paper_bytes": ref["zero_paper"]["ZeRO-3"],
                "zero3_deepspeed_bytes": ref["deepspeed"]["ZeRO-3"]}
         out.append(row)
@@ -169,15 +170,25 @@ def _gib(b: int) -> str:
     return f"{b / 2**30:,.2f}"
 
 
-def markdown(results: list[dict], large: list[dict]) -> str:
+PARTS = {  # `bench distributed --family PART`: one part of the grid, in its own section of the file
+    "tp": "# Tensor parallel and FSDP2 + TP: per-rank peak, estimate vs real gloo ranks vs simulation",
+    "fsdp-third": "# FSDP2's case family of issue #23: per-rank peak, estimate vs real gloo ranks vs FSDPMemTracker",
+}
+TITLE = "# Data parallel: per-rank peak, estimate vs real gloo ranks vs simulation"
+
+
+def markdown(results: list[dict], large: list[dict], part: str | None = None) -> str:
     from .bench_common import _cpu_count, _torch_version
 
     worst = max(abs(r["error_pct"]) for r in results)
     worst_sim = max(abs(r["sim_error_pct"]) for r in results)
     configs = len({r["config"] for r in results})
-    lines = ["# Data parallel: per-rank peak, estimate vs real gloo ranks vs simulation", "",
+    lines = [PARTS.get(part, TITLE), "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
-             f"torch {_torch_version()}. Command: `python -m planner bench distributed`.",
+             f"torch {_torch_version()}. Command: `python -m planner bench distributed"
+             f"{f' --family {part}' if part else ''}`."
+             + (" TP: torchtitan's plan (planner/measure/tensor_parallel.py) on transformers' modules; FSDP2 + TP: "
+                "fully_shard on the dp dimension of a (dp, tp) mesh after it." if part == "tp" else ""),
              "Measured = exact peak of live tensor storage bytes on each real gloo rank (step 5 of a fresh rank "
              "process; DDP's buckets and FSDP2's resized storages included). Simulated = the same steps under "
              "FakeTensorMode with the fake process group, one rank per distinct shard layout.", "",
@@ -223,18 +234,33 @@ def markdown(results: list[dict], large: list[dict]) -> str:
             lines += ["", "## Simulating a 1,024-rank step", "",
                       "One simulation child (`planner.measure.distributed --simulate`): the simulated ranks' wall time "
                       "(model built on fake tensors, mesh, TP plan and FSDP2, five steps with the tracker) and the "
-                      "child's RSS high-water mark (VmHWM). Bars: 60 s and 2 GiB.", "",
-                      "| config | ranks | ranks simulated | wall (s) | RSS (GiB) |", "|---|---:|---:|---:|---:|"]
+                      "child's RSS high-water mark (VmHWM). Bars: 60 s and 2 GiB. CPU time is the process's own "
+                      "(user + system): the wall time grows with the machine's load, the CPU time does not.", "",
+                      "| config | ranks | ranks simulated | wall (s) | CPU (s) | CPU per simulated rank (s) | RSS (GiB) |",
+                      "|---|---:|---:|---:|---:|---:|---:|"]
             for r in timed:
+                cpu = r.get("simulation_cpu_s") or 0.0
                 lines.append(f"| {r['config']} | {r['world_size']:,} | {r['simulated_ranks']} | "
-                             f"{r['simulation_wall_s']:.1f} | {r['simulation_rss_bytes'] / 2**30:.2f} |")
+                             f"{r['simulation_wall_s']:.1f} | {cpu:.1f} | {cpu / max(1, r['simulated_ranks']):.1f} | "
+                             f"{r['simulation_rss_bytes'] / 2**30:.2f} |")
     return "\n".join(lines) + "\n"
 
 
-def main(quick: bool = False, out: str | None = None) -> int:
-    results = run_grid(grid(quick))
-    large = [] if quick else run_large(large_rows())
-    text = markdown(results, large)
+def main(quick: bool = False, out: str | None = None, part: str | None = None) -> int:
+    from .config import ConfigError
+
+    if part is not None and part not in PARTS:
+        raise ConfigError(f"bench distributed --family: one of {', '.join(PARTS)} (default: the whole grid)")
+    rows, big = grid(quick), ([] if quick else large_rows())
+    if part == "tp":
+        rows = [r for r in rows if r[3].parallel in ("tp", "fsdp+tp")]
+        big = [r for r in big if r[3].parallel == "fsdp+tp"]
+    elif part == "fsdp-third":
+        names = {r[0] for r in THIRD_OPINION_ROWS}
+        rows, big = [r for r in rows if r[0] in names], []
+    results = run_grid(rows)
+    large = run_large(big)
+    text = markdown(results, large, part)
     print(text)
     if out:  # its own section of the file (docs/accuracy.md holds the other benchmarks' too)
         from .bench_common import write_section

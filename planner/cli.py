@@ -11,6 +11,7 @@
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
     python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context|losses|checkpoint-policies [--quick] [--out FILE] [--family NAME]
     python -m planner bench finetune --family gpt2   (the book's GPT-2 fine-tuning rows)
+    python -m planner bench distributed --family tp|fsdp-third   (only the TP / FSDP2 + TP rows, or issue #23's FSDP2 case family)
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw|adamw-8bit|paged-adamw-8bit|paged-adamw
@@ -440,7 +441,7 @@ def cmd_bench(args) -> int:
     if args.what == "distributed":
         from .bench_distributed import main as bench_distributed
 
-        return bench_distributed(quick=args.quick, out=args.out)
+        return bench_distributed(quick=args.quick, out=args.out, part=args.family)
     if args.what in ("gpu", "gpu-doc"):
         from .bench_gpu import gpu_markdown, run_gpu
 

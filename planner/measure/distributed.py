@@ -533,7 +533,7 @@ def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
         runs = [(a, b, a) for a, b in rank_runs(list(param_order(cfg)), pspec.world_size)]
     records = []
     done: dict[int, dict] = {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i, (first, last, rep) in enumerate(runs):
         emit({"event": "progress", "stage": f"simulating rank {rep}", "fraction": 0.1 + 0.9 * i / len(runs)})
         if rep not in done:  # a rank stands for every rank with the same shards (2-D meshes repeat them)
@@ -547,6 +547,7 @@ def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
     # The simulation's own cost: wall time of the simulated ranks (build + steps), and this process's RSS
     # high-water mark (procmem: VmHWM), for `bench distributed`'s timing of a large world.
     out["simulation_wall_s"] = time.perf_counter() - t0
+    out["simulation_cpu_s"] = time.process_time() - c0  # this process's CPU time: what a loaded machine does not inflate
     out["simulation_peak_rss_bytes"] = procmem.read_status().get("VmHWM", 0)
     out["simulated_ranks"] = len(done)
     return out
