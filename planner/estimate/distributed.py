@@ -225,7 +225,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
                    tp_extra: dict | None = None) -> DistEstimate:
     """tp_extra (FSDP2 over the dp dimension of a TP-local model, planner/estimate/tensor_parallel.py): bytes
     the TP layer adds at the forward's logits ("logits"), through the loss ("loss"), at the cross-entropy's
-    backward ("ce"), and the whole mesh's rank map ("mesh")."""
+    backward ("ce"), at the blocks' in-block backward points ("block"), and the whole mesh's rank map ("mesh")."""
     n = pspec.world_size
     tpx = tp_extra or {}
     root, blocks = _groups(cfg)
@@ -308,7 +308,8 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
                 # less, and block 0 being prefetched (or, without resharding, still gathered).
                 per_block = _saved_before(cfg, cspec, 1) - _saved_before(cfg, cspec, 0)
                 back[f"second{name[5:]} (+ block 0 prefetched)"] = (
-                    rest + v + grads_adj + extras + per_block - s_blk * e_p + (blk_c if keep else ag_blk))
+                    rest + v + grads_adj + extras + per_block - s_blk * e_p + (blk_c if keep else ag_blk)
+                    + tpx.get("block", 0))
         elif name.startswith("last block"):
             grads_adj = 0
             extras = root_c + L * blk_c if keep else root_c + blk_c + (ag_blk if L > 1 else 0)
@@ -318,11 +319,12 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
                 # reduce-scatter); with reshard_after_forward=False block L-1 is no longer gathered.
                 per_block = _saved_before(cfg, cspec, 1) - _saved_before(cfg, cspec, 0)
                 back[f"second-last{name[4:]} (+ block L-1's reduce-scatter input)"] = (
-                    rest + v - per_block + s_blk * e_p + rs_blk + extras - (blk_c if keep else 0))
+                    rest + v - per_block + s_blk * e_p + rs_blk + extras - (blk_c if keep else 0) + tpx.get("block", 0))
         else:  # before the blocks (Llama's final RMSNorm backward): block L-1 is being prefetched
             grads_adj = 0
             extras = root_c + (L * blk_c if keep else ag_blk)
-        back[f"{name} (+ unsharded root and block{'s' if keep else ''})"] = rest + v + grads_adj + extras
+        back[f"{name} (+ unsharded root and block{'s' if keep else ''})"] = (rest + v + grads_adj + extras
+                                                                            + tpx.get("block", 0))
     if L > 1:
         # Block 0's copy-out at its pre-backward, before it computes: its all-gather output and unsharded
         # parameters, block 1's reduce-scatter input still held, and what is saved for blocks <= 0.
