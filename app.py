@@ -137,7 +137,7 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     if pspec:
         st.caption(f"{md_escape(p.rank.fewest_reason)}. The single-device options are not offered for a data-parallel "
                    "run: change the world size or the layout above, or choose one device.")
-        from planner.parallel_solver import choose_layout
+        from planner.fit import choose_layout
 
         choice = choose_layout(run_cfg, spec, p.tensor_budget_bytes, pspec)
         best = choice["best"]

@@ -6,8 +6,8 @@ The per-rank peaks are planner.estimate.distributed's; the search over world siz
            (planner.parallel.check_wrappable), so the candidates are those divisors, smallest first;
   fsdp+tp  the TP degree is fixed (the user's --tp, or each of TP_SIZES for the solver, torchtitan's TP stays
            inside a node of 8 devices), and the data-parallel degree dp >= 2 is searched: world = dp * tp.
-choose_layout compares the fewest devices of each layout; a tie goes to the simpler one (DDP, then FSDP2, then
-TP, then FSDP2 + TP: fewer collectives per step).
+planner.fit.choose_layout compares the fewest devices of DDP, FSDP2 and FSDP2 + TP (TP_SIZES); a tie goes to the
+simpler one (DDP, then FSDP2, then FSDP2 + TP: fewer collectives per step).
 """
 from __future__ import annotations
 
@@ -67,30 +67,3 @@ def fewest_ranks_tp(cfg: ModelConfig, spec, pspec: ParallelSpec, budget: int) ->
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if mid >= 2 and at(mid) <= budget else (mid, hi)
     return hi * tp, f"{hi * tp} ranks (FSDP {hi} x TP {tp}): {fmt_bytes(at(hi))} per rank"
-
-
-def choose_layout(cfg: ModelConfig, spec, budget: int, base: ParallelSpec | None = None) -> dict:
-    """The layout among DDP, FSDP2 and FSDP2 + TP (TP_SIZES) that fits `spec` (batch per rank) in the fewest
-    devices of `budget` bytes; every candidate with its fewest devices (0: none) and reason. base: FSDP2 options
-    (reshard, mixed precision) carried to the FSDP layouts."""
-    from .fit import fewest_ranks
-
-    fsdp_kw = {} if base is None or base.parallel not in ("fsdp", "fsdp+tp") else {
-        "reshard_after_forward": base.reshard_after_forward, "mp_param_dtype": base.mp_param_dtype,
-        "mp_reduce_dtype": base.mp_reduce_dtype}
-    cands = [("ddp", ParallelSpec(2, "ddp")), ("fsdp", ParallelSpec(2, "fsdp", **fsdp_kw))]
-    cands += [(f"fsdp+tp (tp {t})", ParallelSpec(2 * t, "fsdp+tp", tp=t, **fsdp_kw)) for t in TP_SIZES]
-    rows = []
-    for order, (name, pspec) in enumerate(cands):
-        if not _valid(cfg, spec, pspec):
-            rows.append({"layout": name, "devices": 0, "reason": "not applicable to this model or run", "order": order})
-            continue
-        n, why = (fewest_ranks(cfg, spec, pspec, budget) if pspec.parallel in ("ddp", "fsdp")
-                  else fewest_ranks_tp(cfg, spec, pspec, budget))
-        rows.append({"layout": name, "devices": n, "reason": why, "order": order,
-                     "parallel": pspec.parallel, "tp": pspec.tp})
-    fits = [r for r in rows if r["devices"]]
-    best = min(fits, key=lambda r: (r["devices"], r["order"])) if fits else None
-    return {"best": best, "candidates": rows,
-            "reason": (f"{best['layout']} on {best['devices']} devices ({best['reason']})" if best
-                       else "no layout fits this budget at this batch per rank")}

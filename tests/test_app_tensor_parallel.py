@@ -1,5 +1,5 @@
 """Tensor parallel and FSDP2 + TP in the app (issue #23): the layouts give the per-rank estimate of the settings
-shown, and the fewest-devices solver (planner.parallel_solver.choose_layout) picks among DDP / FSDP / FSDP + TP."""
+shown, and the fewest-devices solver (planner.fit.choose_layout, TP degrees from planner.parallel_solver) picks among DDP / FSDP / FSDP + TP."""
 from pathlib import Path
 
 import pytest
@@ -9,7 +9,7 @@ from planner.config import PRESETS
 from planner.estimate.distributed import estimate_distributed
 from planner.fit import tensor_budget
 from planner.parallel import ParallelSpec
-from planner.parallel_solver import choose_layout
+from planner.fit import choose_layout
 from planner.spec import TrainSpec, prepare
 from planner.units import fmt_bytes
 from tests.test_app import metric, shown

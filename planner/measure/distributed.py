@@ -273,7 +273,7 @@ def build_step(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, device: t
         from .tensor_parallel import make_tp_mesh, with_loss_parallel, wrap_tp
 
         step.mesh = mesh if mesh is not None else make_tp_mesh(pspec, device)
-        step.model = wrap_tp(step.model, pspec, step.mesh)
+        step.model = wrap_tp(step.model, pspec, step.mesh, transformer_blocks(step.model))
         step.optimizer = make_optimizer(step.model.parameters(), spec)
         if pspec.loss_parallel:
             with_loss_parallel(step)

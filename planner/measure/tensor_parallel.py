@@ -72,19 +72,19 @@ def submesh(mesh, name: str):
     return pre[name] if pre else mesh[name]
 
 
-def wrap_tp(model: torch.nn.Module, pspec, mesh) -> torch.nn.Module:
-    """TP on the "tp" mesh dimension; with fsdp+tp, then FSDP2 on "dp" (every block, then the root)."""
+def wrap_tp(model: torch.nn.Module, pspec, mesh, blocks: list | None = None) -> torch.nn.Module:
+    """TP on the "tp" mesh dimension; with fsdp+tp, then FSDP2 on "dp" (every block of `blocks`, the decoder's
+    repeated blocks as planner.measure.distributed.transformer_blocks finds them, then the root)."""
     apply_tp(model, submesh(mesh, "tp") if pspec.parallel == "fsdp+tp" else mesh, pspec.loss_parallel)
     if pspec.parallel == "fsdp+tp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from ..models import TORCH_DTYPES
-        from .distributed import transformer_blocks
 
         dp = submesh(mesh, "dp")
         mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES.get(pspec.mp_param_dtype),
                                   reduce_dtype=TORCH_DTYPES.get(pspec.mp_reduce_dtype))
-        for block in transformer_blocks(model):
+        for block in blocks or []:
             fully_shard(block, mesh=dp, reshard_after_forward=pspec.reshard_after_forward, mp_policy=mp)
         fully_shard(model, mesh=dp, reshard_after_forward=pspec.reshard_after_forward, mp_policy=mp)
     return model
