@@ -233,7 +233,7 @@ def markdown(results: list[dict], large: list[dict], part: str | None = None) ->
         if timed:
             lines += ["", "## Simulating a 1,024-rank step", "",
                       "One simulation child (`planner.measure.distributed --simulate`): the simulated ranks' wall time "
-                      "(model built on fake tensors, mesh, TP plan and FSDP2, five steps with the tracker) and the "
+                      "(model built on fake tensors, mesh, TP plan and FSDP2, four steps: two warm-up, two tracked) and the "
                       "child's RSS high-water mark (VmHWM). Bars: 60 s and 2 GiB. CPU time is the process's own "
                       "(user + system): the wall time grows with the machine's load, the CPU time does not.", "",
                       "| config | ranks | ranks simulated | wall (s) | CPU (s) | CPU per simulated rank (s) | RSS (GiB) |",
