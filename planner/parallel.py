@@ -143,6 +143,8 @@ def check_parallel_run(spec, pspec: ParallelSpec) -> None:
         if spec.precision == "fp16-amp":
             raise ConfigError(f"fp16-amp with --parallel {pspec.parallel} is not modelled (GradScaler over DTensors); "
                               "use bf16-amp")
+        if getattr(spec, "offload_optimizer", False):
+            raise ConfigError(f"--offload-optimizer with --parallel {pspec.parallel} is not modelled yet")
         if spec.finetuning or spec.grad_accum > 1 or getattr(spec, "loss", "default") not in ("default", "labels"):
             raise ConfigError(f"--parallel {pspec.parallel} models full training with the default loss and "
                               "--grad-accum 1 only")
