@@ -1,7 +1,8 @@
 """Tensor parallel and FSDP2 + TP rows of `python -m planner bench distributed` (issue #23, no torch here).
 
 Tiny Llama and Qwen2 configs under torchtitan's TP plan (planner/measure/tensor_parallel.py) on 2 and 4 real
-gloo ranks and on the fake process group, against the formula (planner/estimate/tensor_parallel.py); and the
+gloo ranks and on the fake process group, against the formula (planner/estimate/distributed.py estimate_tp,
+estimate_fsdp_tp; the shard arithmetic in planner/estimate/tensor_parallel.py); and the
 published shapes (llama-3-8b, Llama-2-70B) at FSDP 8 x TP 8 and FSDP 128 x TP 8, formula against simulation.
 """
 from __future__ import annotations
