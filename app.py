@@ -56,7 +56,7 @@ INFER_PHASE_WHY = {
 state = st.session_state
 
 
-LAYOUTS = ["one device", "ddp", "fsdp"]
+LAYOUTS = ["one device", "ddp", "fsdp", "tp", "fsdp+tp"]
 MP_CHOICES = {"none": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -139,6 +139,14 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     if pspec:
         st.caption(f"{md_escape(p.rank.fewest_reason)}. The single-device options are not offered for a data-parallel "
                    "run: change the world size or the layout above, or choose one device.")
+        from planner.fit import choose_layout
+
+        choice = choose_layout(run_cfg, spec, p.tensor_budget_bytes, pspec)
+        best = choice["best"]
+        st.metric("Layout with the fewest devices", f"{best['layout']} x{best['devices']}" if best else "none",
+                  help=md_escape(choice["reason"]))
+        st.dataframe(pd.DataFrame([{"layout": c["layout"], "fewest devices": c["devices"] or "none",
+                                    "why": c["reason"]} for c in choice["candidates"]]), hide_index=True, width="stretch")
     elif options:
         st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes),
                                     "fits": "yes" if o.fits else "no", "cost": o.cost} for o in p.advice]),
@@ -398,7 +406,9 @@ accum = r7.number_input("Grad. accumulation", 1, 1024, START.grad_accum, key="ac
 q1, q2, q3, q4, q5 = st.columns(5)
 layout = q1.selectbox("Data parallel", LAYOUTS, key="parallel", bind="query-params",
                       help="ddp: DistributedDataParallel (a replica per rank); fsdp: FSDP2 fully_shard on every block "
-                           "and the root (weights, grads and optimizer state sharded). Figures are then per rank.")
+                           "and the root (weights, grads and optimizer state sharded); tp: tensor parallel over every "
+                           "rank (torchtitan's plan, Llama-style models); fsdp+tp: FSDP2 over ranks / TP groups of TP "
+                           "ranks (a 2-D mesh). Figures are then per rank.")
 world = q2.number_input("Ranks (devices)", 1, 65536, 8, key="world", bind="query-params", disabled=layout == LAYOUTS[0],
                         help="the world size; the batch above is per rank")
 reshard = q3.toggle("Reshard", True, key="reshard", bind="query-params", disabled=layout != "fsdp",
@@ -407,6 +417,12 @@ mp = q4.selectbox("FSDP mixed precision", list(MP_CHOICES), key="mp", bind="quer
                   help="MixedPrecisionPolicy(param_dtype=...): FSDP casts the fp32 weights it gathers (needs precision fp32)")
 offload = q5.toggle("CPU offload", False, key="offload", bind="query-params", disabled=layout != "fsdp",
                     help="FSDP2 CPUOffloadPolicy: sharded weights, grads and optimizer state in host RAM")
+p1, p2, _ = st.columns([1, 1, 3])
+tp_size = p1.number_input("TP size", 2, 64, 2, key="tp", bind="query-params", disabled=layout != "fsdp+tp",
+                          help="fsdp+tp: ranks per tensor-parallel group (the 2-D mesh's inner size; divides the ranks)")
+loss_par = p2.toggle("Loss parallel", False, key="loss_parallel", bind="query-params",
+                     disabled=layout not in ("tp", "fsdp+tp"),
+                     help="torch's loss_parallel(): the head's output stays sharded on the vocabulary")
 t1, t2, t3, t4, t5 = st.columns([2.2, 1, 2, 1, 1])
 tune = t1.selectbox("Fine-tuning", list(TUNE_MODES), key="tune", bind="query-params",
                     help="What trains: " + "; ".join(f"{k}: {v}" for k, v in TUNE_MODES.items()) + ". Frozen weights "
@@ -442,7 +458,9 @@ tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=
 par = None if layout == LAYOUTS[0] else {
     "world_size": int(world), "parallel": layout, **({"reshard_after_forward": bool(reshard),
                                                        "mp_param_dtype": MP_CHOICES[mp], "cpu_offload": bool(offload)}
-                                                      if layout == "fsdp" else {})}
+                                                      if layout == "fsdp" else {}),
+    **({"tp": int(tp_size)} if layout == "fsdp+tp" else {}),
+    **({"loss_parallel": bool(loss_par)} if layout in ("tp", "fsdp+tp") else {})}
 planner(cfg, model, {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt),
                      "grad_accum": int(accum), "optimizer_impl": impl, "device": device, "loss": loss,
                      "checkpoint_policy": ckpt_policy if ckpt else "full",

@@ -3,6 +3,7 @@
     python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
     python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
+    python -m planner estimate|measure|simulate train ... --world-size N --parallel tp|fsdp+tp [--tp T] [--loss-parallel]
     python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--device ...] [--json] [--timeout S] [--progress]
     python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--out FIT.json] [--json] [--progress]
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
@@ -10,6 +11,7 @@
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
     python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context|losses|checkpoint-policies [--quick] [--out FILE] [--family NAME]
     python -m planner bench finetune --family gpt2   (the book's GPT-2 fine-tuning rows)
+    python -m planner bench distributed --family tp|fsdp-third   (only the TP / FSDP2 + TP rows, or issue #23's FSDP2 case family)
     MODEL: --model PRESET | --config FILE.json
     RUN:   --batch-size N --seq-len N --precision fp32|fp16-amp|bf16-amp|bf16
            --optimizer sgd|sgd-momentum|adam|adamw|adamw-8bit|paged-adamw-8bit|paged-adamw
@@ -456,7 +458,7 @@ def cmd_bench(args) -> int:
     if args.what == "distributed":
         from .bench_distributed import main as bench_distributed
 
-        return bench_distributed(quick=args.quick, out=args.out)
+        return bench_distributed(quick=args.quick, out=args.out, part=args.family)
     if args.what in ("gpu", "gpu-doc"):
         from .bench_gpu import gpu_markdown, run_gpu
 

@@ -4,6 +4,8 @@ one step per rank.
     python -m planner estimate train MODEL RUN --world-size N --parallel ddp|fsdp [FSDP/DDP options] [--json]
     python -m planner measure  train MODEL RUN --device cpu|cuda --world-size N --parallel ddp|fsdp [...]
     python -m planner simulate train MODEL RUN [--world-size N --parallel ddp|fsdp [...]] [--json]
+    python -m planner estimate|measure|simulate train MODEL RUN --world-size N --parallel tp [--loss-parallel]
+    python -m planner estimate|measure|simulate train MODEL RUN --world-size N --parallel fsdp+tp --tp T
     FSDP: [--reshard-after-forward true|false] [--mp-param-dtype bf16|fp16|fp32] [--mp-reduce-dtype ...]
           [--cpu-offload]
     DDP:  [--gradient-as-bucket-view]
@@ -24,7 +26,7 @@ from .units import fmt_bytes
 
 EXIT_INVALID = 2
 _FLAGS = ("world_size", "parallel", "reshard_after_forward", "mp_param_dtype", "mp_reduce_dtype", "cpu_offload",
-          "gradient_as_bucket_view")
+          "gradient_as_bucket_view", "tp", "loss_parallel")
 
 
 def _bool(text: str) -> bool:
@@ -51,6 +53,10 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-offload", action="store_true", help="FSDP CPUOffloadPolicy: sharded weights, gradients "
                                                                "and optimizer state in host RAM")
     g.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP: gradients as views into the buckets")
+    g.add_argument("--tp", type=int, help="fsdp+tp: the tensor-parallel size (world size / TP data-parallel groups); "
+                                          "tp: equal to --world-size")
+    g.add_argument("--loss-parallel", action="store_true", help="tp, fsdp+tp: the head's output stays sharded on the "
+                                                                 "vocabulary (torch's loss_parallel)")
 
 
 def parallel_requested(args) -> bool:
@@ -60,7 +66,7 @@ def parallel_requested(args) -> bool:
 def parse_parallel(args) -> ParallelSpec:
     if args.parallel is None:
         given = [f"--{k.replace('_', '-')}" for k in _FLAGS if getattr(args, k, None) not in (None, False)]
-        raise ConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --parallel ddp or fsdp")
+        raise ConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --parallel ddp, fsdp, tp or fsdp+tp")
     if args.world_size is None:
         raise ConfigError(f"--parallel {args.parallel} needs --world-size N")
     reshard = True if args.reshard_after_forward is None else args.reshard_after_forward
@@ -68,7 +74,8 @@ def parse_parallel(args) -> ParallelSpec:
         raise ConfigError("--reshard-after-forward only applies to --parallel fsdp")
     return ParallelSpec(world_size=args.world_size, parallel=args.parallel, reshard_after_forward=reshard,
                         mp_param_dtype=mp_dtype(args.mp_param_dtype), mp_reduce_dtype=mp_dtype(args.mp_reduce_dtype),
-                        cpu_offload=args.cpu_offload, gradient_as_bucket_view=args.gradient_as_bucket_view)
+                        cpu_offload=args.cpu_offload, gradient_as_bucket_view=args.gradient_as_bucket_view,
+                        tp=getattr(args, "tp", None), loss_parallel=bool(getattr(args, "loss_parallel", False)))
 
 
 def _estimate(cfg, spec, pspec) -> dict:

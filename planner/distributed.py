@@ -87,10 +87,11 @@ def rank_command(payload: dict) -> list[str]:
 
 
 def run_ranks(cfg_dict: dict, spec_dict: dict, pspec: ParallelSpec, timeout_s: float | None = None,
-              on_event: Callable[[dict], None] = lambda e: None) -> WorkerOutcome:
-    """Measure every rank for real; the outcome's record combines them (combine_ranks)."""
+              on_event: Callable[[dict], None] = lambda e: None, third_opinion: bool = False) -> WorkerOutcome:
+    """Measure every rank for real; the outcome's record combines them (combine_ranks). third_opinion: each
+    FSDP2 rank also runs one step under torch's FSDPMemTracker (its peak in the rank's record)."""
     n = pspec.world_size
-    payload = {"config": cfg_dict, "spec": spec_dict, "parallel": asdict(pspec),
+    payload = {"config": cfg_dict, "spec": spec_dict, "parallel": asdict(pspec), "third_opinion": third_opinion,
                # a rank whose peer died waits in a collective for at most this long (then errors)
                "pg_timeout_s": max(30.0, float(timeout_s or 600))}
     base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n)}

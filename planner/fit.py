@@ -433,6 +433,10 @@ def fewest_ranks(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int) -> tuple
     on every rank, so more ranks never lower its per-rank peak: 1 if one device fits, else none. FSDP's
     per-rank peak falls as shards shrink; the search doubles, then bisects (it falls monotonically apart
     from the padding of dim-0 shards, which moves it by a few rows)."""
+    if pspec.parallel in ("tp", "fsdp+tp"):  # planner/parallel_solver.py: TP degrees, FSDP2 x TP meshes
+        from .parallel_solver import fewest_ranks_tp
+
+        return fewest_ranks_tp(cfg, spec, pspec, budget)
     if pspec.parallel == "ddp":
         rank = _rank_peak(cfg, spec, dataclasses.replace(pspec, world_size=2))
         if rank <= budget:
@@ -456,3 +460,31 @@ def fewest_ranks(cfg: ModelConfig, spec: TrainSpec, pspec, budget: int) -> tuple
         lo, hi = (lo, mid) if mid >= 2 and at(mid) <= budget else (mid, hi)
     return hi, (f"{hi} ranks: {fmt_bytes(at(hi))} per rank" + (f"; {hi - 1} would need {fmt_bytes(at(hi - 1))}"
                                                                 if hi > 2 else ""))
+
+
+def choose_layout(cfg: ModelConfig, spec, budget: int, base=None) -> dict:
+    """The layout among DDP, FSDP2 and FSDP2 + TP (TP_SIZES) that fits `spec` (batch per rank) in the fewest
+    devices of `budget` bytes; every candidate with its fewest devices (0: none) and reason. base: FSDP2 options
+    (reshard, mixed precision) carried to the FSDP layouts."""
+    from .parallel import ParallelSpec
+    from .parallel_solver import TP_SIZES, _valid, fewest_ranks_tp
+
+    fsdp_kw = {} if base is None or base.parallel not in ("fsdp", "fsdp+tp") else {
+        "reshard_after_forward": base.reshard_after_forward, "mp_param_dtype": base.mp_param_dtype,
+        "mp_reduce_dtype": base.mp_reduce_dtype}
+    cands = [("ddp", ParallelSpec(2, "ddp")), ("fsdp", ParallelSpec(2, "fsdp", **fsdp_kw))]
+    cands += [(f"fsdp+tp (tp {t})", ParallelSpec(2 * t, "fsdp+tp", tp=t, **fsdp_kw)) for t in TP_SIZES]
+    rows = []
+    for order, (name, pspec) in enumerate(cands):
+        if not _valid(cfg, spec, pspec):
+            rows.append({"layout": name, "devices": 0, "reason": "not applicable to this model or run", "order": order})
+            continue
+        n, why = (fewest_ranks(cfg, spec, pspec, budget) if pspec.parallel in ("ddp", "fsdp")
+                  else fewest_ranks_tp(cfg, spec, pspec, budget))
+        rows.append({"layout": name, "devices": n, "reason": why, "order": order,
+                     "parallel": pspec.parallel, "tp": pspec.tp})
+    fits = [r for r in rows if r["devices"]]
+    best = min(fits, key=lambda r: (r["devices"], r["order"])) if fits else None
+    return {"best": best, "candidates": rows,
+            "reason": (f"{best['layout']} on {best['devices']} devices ({best['reason']})" if best
+                       else "no layout fits this budget at this batch per rank")}

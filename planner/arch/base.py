@@ -58,6 +58,7 @@ class Family:
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
     qlora_supported: ClassVar[bool] = True  # with lora_supported, a transformers decoder: QLoRA measured on it
+    tp_supported: ClassVar[bool] = False  # torchtitan's TP plan applies (planner/measure/tensor_parallel.py), measured
 
     # ---- configs -------------------------------------------------------------------------------------
     def presets(self) -> dict[str, Any]:

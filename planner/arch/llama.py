@@ -86,6 +86,7 @@ class Llama(RMSDecoder):
     description = "transformers LlamaForCausalLM"
     mlp_bias_key = "mlp_bias"
     lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py)
+    tp_supported = True  # q/k/v, o, gate/up, down: torchtitan's plan (tests/test_tensor_parallel.py)
 
     def presets(self) -> dict:
         # Shapes copied from each model's published config.json (tests/data); the parameter count in

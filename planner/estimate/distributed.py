@@ -221,8 +221,13 @@ def _compute_spec(spec: TrainSpec, pspec: ParallelSpec) -> TrainSpec:
     return spec
 
 
-def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, single: TrainEstimate) -> DistEstimate:
+def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, single: TrainEstimate,
+                   tp_extra: dict | None = None) -> DistEstimate:
+    """tp_extra (FSDP2 over the dp dimension of a TP-local model, planner/estimate/tensor_parallel.py): bytes
+    the TP layer adds at the forward's logits ("logits"), through the loss ("loss"), at the cross-entropy's
+    backward ("ce"), at the blocks' in-block backward points ("block"), and the whole mesh's rank map ("mesh")."""
     n = pspec.world_size
+    tpx = tp_extra or {}
     root, blocks = _groups(cfg)
     L = len(blocks)
     e_p = DTYPE_BYTES[spec.param_dtype]                       # sharded parameters, gradients, optimizer
@@ -240,6 +245,7 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     grads_s = s_all * e_p                  # one flat padded reduce-scatter output per group, in e_p
     buffers = single.buffers_bytes         # buffers are not sharded (fully_shard leaves them replicated)
     inputs = single.inputs_bytes
+    mesh = tpx.get("mesh", mesh_bytes(n, spec.device_type))
     scaler = single.transients.get("gradscaler", 0)
     ag_blk, ag_root = n * s_blk * e_c, n * s_root * e_c        # a group's flat all-gather output
     # The unsharded parameters are views into per-parameter all-gather buffers of N padded shards each
@@ -262,13 +268,13 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     ce_point = comp.activations_bytes + comp.transients["cross_entropy_grads"]
 
     # Rank-independent part of each phase (without the optimizer state, added per rank below).
-    rest = params_s + buffers + inputs + scaler
+    rest = params_s + buffers + inputs + scaler + mesh
     # Forward high points: the logits, with the root unsharded and the last block's all-gather output still
     # held (comm_ctx.all_gather_state); and the root's own all-gather at the start (output + copy-out).
     # Then each block's copy-out: the previous group's all-gather output is still held, so two outputs,
     # the new block's parameters and the root's are alive over the activations saved so far (the last
     # block's is the largest; with reshard_after_forward=False the earlier blocks stay gathered too).
-    fwd = {"logits": rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk,
+    fwd = {"logits": rest + fwd_acts + (all_unsharded if keep else root_c) + ag_blk + tpx.get("logits", 0),
            "root all-gather": rest + ag_root + root_c}
     prev_ag = ag_blk if L > 1 else ag_root
     fwd["last block all-gather"] = (rest + _saved_before(cfg, cspec, L - 1) + root_c + prev_ag + ag_blk + blk_c
@@ -279,8 +285,10 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     # loss (measured on the simulated ranks: root_c + ag_blk to the byte, also without resharding), and, when
     # resharding, through the loss's backward. The book's loss runs on the returned logits.
     in_forward = resolved_loss(family_of(cfg), spec) == "labels"
-    loss = rest + loss_acts + ((all_unsharded if keep else root_c) + ag_blk if in_forward else all_unsharded)
-    back = {"cross-entropy backward": rest + ce_point + (root_c + ag_blk if in_forward and not keep else all_unsharded)}
+    loss = (rest + loss_acts + ((all_unsharded if keep else root_c) + ag_blk if in_forward else all_unsharded)
+            + tpx.get("loss", 0))
+    back = {"cross-entropy backward": rest + ce_point + (root_c + ag_blk if in_forward and not keep else all_unsharded)
+            + tpx.get("ce", 0)}
     if not keep:
         # The root's all-gather at its pre-backward, after the cross-entropy backward: its gradient w.r.t.
         # the logits (b*s*V*e_ce) has replaced the log-softmax output it freed (the same size), so the saved
@@ -300,7 +308,8 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
                 # less, and block 0 being prefetched (or, without resharding, still gathered).
                 per_block = _saved_before(cfg, cspec, 1) - _saved_before(cfg, cspec, 0)
                 back[f"second{name[5:]} (+ block 0 prefetched)"] = (
-                    rest + v + grads_adj + extras + per_block - s_blk * e_p + (blk_c if keep else ag_blk))
+                    rest + v + grads_adj + extras + per_block - s_blk * e_p + (blk_c if keep else ag_blk)
+                    + tpx.get("block", 0))
         elif name.startswith("last block"):
             grads_adj = 0
             extras = root_c + L * blk_c if keep else root_c + blk_c + (ag_blk if L > 1 else 0)
@@ -310,11 +319,12 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
                 # reduce-scatter); with reshard_after_forward=False block L-1 is no longer gathered.
                 per_block = _saved_before(cfg, cspec, 1) - _saved_before(cfg, cspec, 0)
                 back[f"second-last{name[4:]} (+ block L-1's reduce-scatter input)"] = (
-                    rest + v - per_block + s_blk * e_p + rs_blk + extras - (blk_c if keep else 0))
+                    rest + v - per_block + s_blk * e_p + rs_blk + extras - (blk_c if keep else 0) + tpx.get("block", 0))
         else:  # before the blocks (Llama's final RMSNorm backward): block L-1 is being prefetched
             grads_adj = 0
             extras = root_c + (L * blk_c if keep else ag_blk)
-        back[f"{name} (+ unsharded root and block{'s' if keep else ''})"] = rest + v + grads_adj + extras
+        back[f"{name} (+ unsharded root and block{'s' if keep else ''})"] = (rest + v + grads_adj + extras
+                                                                            + tpx.get("block", 0))
     if L > 1:
         # Block 0's copy-out at its pre-backward, before it computes: its all-gather output and unsharded
         # parameters, block 1's reduce-scatter input still held, and what is saved for blocks <= 0.
@@ -362,6 +372,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
              f"{pspec.reshard_after_forward}; compute dtype {pspec.mp_param_dtype or spec.param_dtype}, "
              f"reduce dtype {pspec.mp_reduce_dtype or pspec.mp_param_dtype or spec.param_dtype}.",
              f"backward high point: {max(back, key=back.get)}."]
+    if spec.device_type == "cpu":
+        notes.append("gloo (CPU): a collective's output can outlive FSDP2's release of it, held by the c10d work "
+                     "until gloo's worker thread drops it; a step where that happens peaks up to one group's "
+                     f"all-gather output higher ({max(ag_blk, ag_root):,} B here). peak_bytes is FSDP2's own "
+                     "schedule (what measure reports: it measures such a step again).")
     if pspec.cpu_offload:
         # CPUOffloadPolicy: sharded parameters, sharded gradients and the optimizer (state and step) live
         # in host RAM; the device holds the unsharded groups, all-gather / reduce-scatter buffers,
@@ -377,6 +392,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         {"name": "sharded gradients (flat reduce-scatter outputs)", "formula": "sum_p ceil(d0/N)*rest * e_p", "bytes": grads_s},
         {"name": "optimizer state on the local rows (peak rank)", "formula": "single-device formula on clamp(d0 - r*ceil(d0/N), 0, ceil(d0/N)) rows",
          "bytes": top["optimizer_bytes"]},
+        {"name": "the DeviceMesh's rank map (int32, one per rank; on the CPU)", "formula": "4*N on a CPU run, else 0 "
+         "(host memory)", "bytes": mesh},
+        {"name": "not in peak_bytes: a late release on gloo", "where": "not counted",
+         "formula": "max(N * padded_shard(block), N * padded_shard(root)) * e_c",
+         "bytes": max(ag_blk, ag_root) if spec.device_type == "cpu" else 0},
         {"name": "unsharded root (embeddings, final norm, head)", "formula": "N * padded_shard(root) * e_c",
          "bytes": root_c},
         {"name": "unsharded block", "formula": "N * padded_shard(block) * e_c", "bytes": blk_c},
@@ -392,6 +412,13 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
         buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads_s, optimizer_bytes=top["optimizer_bytes"],
         activations_bytes=comp.activations_bytes, comm_buffers_bytes=0, host_bytes=host, rank_groups=groups,
         single_device=_single(single), reference=reference_formulas(cfg, spec, pspec), terms=terms, notes=notes)
+
+
+def mesh_bytes(n: int, device_type: str) -> int:
+    """The DeviceMesh's rank map: torch.arange(N, dtype=torch.int) made on the CPU whatever the device
+    (torch/distributed/device_mesh.py init_device_mesh), alive with the mesh: 4*N bytes on a CPU run, host
+    memory (not the device's) on CUDA. Found by a tracker running from the model's construction on."""
+    return 4 * n if device_type == "cpu" else 0
 
 
 def _saved_before(cfg: ModelConfig, spec: TrainSpec, blocks: int) -> int:
@@ -484,7 +511,141 @@ def estimate_distributed(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec)
     if pspec.parallel == "fsdp" and spec.grad_accum > 1:
         raise ConfigError("gradient accumulation with FSDP (sharded gradients kept between micro-batches) "
                           "is not modelled yet; use --grad-accum 1")
+    if pspec.parallel == "tp":  # tensor parallel (below; the shard arithmetic: planner/estimate/tensor_parallel.py)
+        return estimate_tp(cfg, spec, pspec)
+    if pspec.parallel == "fsdp+tp":
+        return estimate_fsdp_tp(cfg, spec, pspec)
     single = estimate_training(cfg, spec)
     if pspec.parallel == "ddp":
         return _estimate_ddp(cfg, spec, pspec, single)
     return _estimate_fsdp(cfg, spec, pspec, single)
+
+
+# ---------------------------------------------------------------- tensor parallel, FSDP2 + TP (issue #23)
+
+def estimate_tp(cfg: ModelConfig, spec, pspec):
+    """Per-rank peak of `--parallel tp` (torchtitan's plan, planner/measure/tensor_parallel.py).
+
+    The rank computes the local model (local_config): its weights, gradients, optimizer state and block
+    activations are the single-device formulas on the TP-local shapes. On top of it, read off the op-by-op
+    timeline of simulated and real gloo ranks (torch 2.13 DTensor):
+      - the embedding's gradient is the whole V*h table on every rank: the embedding runs on Replicate ids and
+        a Shard(0) weight, and DTensor's sharding rule for embedding_dense_backward returns a Replicate gradient
+        (torch/distributed/tensor/_ops/_embedding_ops.py), kept as the parameter's .grad (a Replicate DTensor)
+        from the embedding's backward (the last one) through the optimizer step to zero_grad;
+      - without loss parallel the head's Colwise output is all-gathered (output_layouts=Replicate()): the
+        logits and the loss's b*s*V tensors are the whole vocabulary's on every rank; the head's local
+        b*s*V/tp output lives until the all-gather has copied it;
+      - with loss parallel the logits stay sharded (b*s*V/tp), the local model's loss side exactly;
+      - the DeviceMesh's rank map, 4*N bytes on the CPU (planner.estimate.distributed.mesh_bytes)."""
+    from ..arch.terms import Widths
+    from .tensor_parallel import _loss_side, _no_o_bias, local_config
+
+    tp = pspec.tp_degree
+    b, s, V, h = spec.batch_size, spec.seq_len, cfg.vocab_size, cfg.hidden_size
+    lcfg = local_config(cfg, pspec)
+    loc = estimate_training(lcfg, spec)
+    single = estimate_training(cfg, spec)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    w = Widths.of(spec, loss_upcast=family_of(cfg).loss_upcast(cfg, spec))
+    mesh = mesh_bytes(pspec.world_size, spec.device_type)
+    embed_full = (V - V // tp) * h * e_p          # the Replicate embedding gradient beyond the local rows
+    phase = dict(loc.phase_peak_bytes)
+    fix = _no_o_bias(cfg, lcfg, spec)
+    if fix:  # Qwen2: the local Llama config's o_proj bias is not there
+        for k in phase:
+            phase[k] -= (fix["params"] + fix["optimizer"] + (fix["params"] if k in ("optimizer", "zero_grad") else 0)
+                         + (fix["autocast"] if k in ("forward", "loss") else 0))
+        loc.params_bytes -= fix["params"]
+        loc.grads_bytes -= fix["params"]
+        loc.optimizer_bytes -= fix["optimizer"]
+    base = loc.params_bytes + loc.buffers_bytes + loc.inputs_bytes + loc.optimizer_bytes + loc.transients.get("gradscaler", 0)
+    terms = [{"name": "local model (TP-local shapes, single-device formulas)", "formula": "estimate_training(local_config)",
+              "bytes": loc.peak_bytes},
+             {"name": "embedding gradient, whole table (Replicate)", "formula": "(V - V/tp)*h*e_p beyond the local rows",
+              "bytes": embed_full},
+             {"name": "the DeviceMesh's rank map", "formula": "4*N on the CPU", "bytes": mesh}]
+    if not pspec.loss_parallel:
+        full, part = _loss_side(b, s, V, w), _loss_side(b, s, V // tp, w)
+        d = {k: full[k] - part[k] for k in full}
+        # The head's all-gather on the last dim: the Colwise local output (b*s*V/tp), gloo's all-gather buffer
+        # (tp chunks stacked on dim 0: b*s*V) and their concatenation on the vocabulary (the logits, b*s*V)
+        # are alive at once (DTensor redistribute Shard(-1) -> Replicate: all_gather_tensor then cat).
+        head_local = part["logits"]
+        phase["forward"] += d["logits"] + head_local + full["logits"]
+        phase["loss"] += d["logits"] + d["fp32_copy"] + d["log_softmax"]
+        ce_point = (base + loc.activations_bytes + d["log_softmax"] - (8 * b * s if resolved_loss(family_of(cfg), spec) == "labels" else 0)
+                    + full["ce_grads"])
+        phase["backward"] = max(phase["backward"], ce_point)
+        terms.append({"name": "whole-vocabulary logits and loss tensors (head all-gathered)",
+                      "formula": "b*s*(V - V/tp)*(e_m [+4] + e_ce ...)", "bytes": d["logits"] + d["fp32_copy"] + d["log_softmax"]})
+    # The embedding's backward is the last: every gradient exists, the embedding's whole.
+    phase["backward"] = max(phase["backward"], base + loc.grads_bytes + embed_full)
+    for k in ("optimizer", "zero_grad"):
+        phase[k] += embed_full
+    phase = {k: v + mesh for k, v in phase.items()}
+    pk = max(phase, key=phase.get)
+    n = pspec.world_size
+    group = {"first_rank": 0, "last_rank": n - 1, "count": n, "peak_bytes": phase[pk], "peak_phase": pk,
+             "phase_peak_bytes": phase, "optimizer_bytes": loc.optimizer_bytes}
+    notes = [f"tensor parallel over {tp} ranks (torchtitan's plan: q/k/v, gate/up Colwise; o, down Rowwise; "
+             f"embedding Rowwise, head Colwise{' with loss parallel' if pspec.loss_parallel else ', all-gathered'}); "
+             "every rank holds the same shapes."]
+    return DistEstimate(
+        world_size=n, parallel=asdict(pspec), peak_bytes=phase[pk], peak_phase=pk, peak_rank=0,
+        phase_peak_bytes=phase, params_bytes=loc.params_bytes, buffers_bytes=loc.buffers_bytes,
+        inputs_bytes=loc.inputs_bytes, grads_bytes=loc.grads_bytes + embed_full, optimizer_bytes=loc.optimizer_bytes,
+        activations_bytes=loc.activations_bytes, comm_buffers_bytes=0, host_bytes=0, rank_groups=[group],
+        single_device=_single(single), reference=reference_formulas(cfg, spec, pspec), terms=terms, notes=notes)
+
+
+def estimate_fsdp_tp(cfg: ModelConfig, spec, pspec):
+    """Per-rank peak of `--parallel fsdp+tp` (2-D mesh dp x tp): FSDP2's schedule (planner.estimate.distributed,
+    every block and the root fully_shard-ed on the dp dimension) over each rank's TP-local model (local_config:
+    FSDP2 chunks the DTensor's local tensor on dim 0 over dp, _fsdp_param.py _init_sharding_spec_tp), with the
+    TP layer's whole-vocabulary loss (_tp_loss_extra) and the 2-D mesh's rank map (4*N B on the CPU). The
+    embedding's Replicate gradient (estimate_tp) is reduce-scattered by FSDP2 into its sharded gradient like
+    any other: measured, it adds nothing after the backward."""
+    from .tensor_parallel import _no_o_bias, _tp_loss_extra, local_config
+
+    lcfg = local_config(cfg, pspec)
+    dp = pspec.dp_degree
+    fsdp = ParallelSpec(dp, "fsdp", reshard_after_forward=pspec.reshard_after_forward,
+                        mp_param_dtype=pspec.mp_param_dtype, mp_reduce_dtype=pspec.mp_reduce_dtype)
+    # the loss side in the compute dtype (a bf16 MixedPrecisionPolicy computes as an all-bf16 run)
+    extra = {**_tp_loss_extra(cfg, _compute_spec(spec, fsdp), pspec), "mesh": mesh_bytes(pspec.world_size, spec.device_type)}
+    if pspec.mp_param_dtype in ("bfloat16", "float16"):
+        # Measured, not yet traced to its op: with a low-precision MixedPrecisionPolicy over TP, the blocks' in-block
+        # backward high points hold one more b*s*h tensor in the compute dtype than FSDP2's schedule over the
+        # TP-local model (simulated ranks: b*s*h*2 B to the byte on Llama-2-70B at FSDP 128 x TP 8 and on a Llama
+        # h512 s1024 at FSDP 8 x TP 2; none in fp32, none without the policy, none with FSDP2 alone).
+        extra["block"] = spec.batch_size * spec.seq_len * cfg.hidden_size * 2
+    est = _estimate_fsdp(lcfg, spec, fsdp, estimate_training(lcfg, spec), tp_extra=extra)
+    fix = _no_o_bias(cfg, lcfg, spec)
+    if fix:  # Qwen2: the local Llama config's o_proj bias, sharded over dp (approximately 1/dp of it per rank)
+        for g in est.rank_groups:  # est.phase_peak_bytes is the top group's dict
+            for k in g["phase_peak_bytes"]:
+                g["phase_peak_bytes"][k] -= (fix["params"] * (2 if k in ("optimizer", "zero_grad") else 1)
+                                             + fix["optimizer"] + (fix["autocast"] if k in ("forward", "loss") else 0)) // dp
+            g["peak_phase"] = max(g["phase_peak_bytes"], key=g["phase_peak_bytes"].get)
+            g["peak_bytes"] = g["phase_peak_bytes"][g["peak_phase"]]
+    top = max(est.rank_groups, key=lambda g: g["peak_bytes"])
+    est.peak_bytes, est.peak_phase, est.phase_peak_bytes = top["peak_bytes"], top["peak_phase"], top["phase_peak_bytes"]
+    est.world_size = pspec.world_size
+    est.parallel = asdict(pspec)
+    est.rank_groups = _expand_groups(est.rank_groups, pspec)
+    est.single_device = _single_of(cfg, spec)
+    est.notes.insert(0, f"FSDP2 x{dp} (dp) over tensor parallel x{pspec.tp_degree} (torchtitan's plan); FSDP2's figures "
+                        "below are those of each rank's TP-local model.")
+    return est
+
+
+def _single_of(cfg, spec) -> dict:
+    return _single(estimate_training(cfg, spec))
+
+
+def _expand_groups(groups: list[dict], pspec) -> list[dict]:
+    """FSDP2's rank groups are dp indices; the global rank is dp_index * tp + tp_index (tp innermost)."""
+    tp = pspec.tp_degree
+    return [{**g, "first_rank": g["first_rank"] * tp, "last_rank": g["last_rank"] * tp + tp - 1,
+             "count": g["count"] * tp} for g in groups]

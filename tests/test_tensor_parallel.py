@@ -1,0 +1,100 @@
+"""Tensor parallel and FSDP2 + TP per rank (issue #23 part 2): torchtitan's plan on transformers' Llama and Qwen2,
+measured on real gloo ranks, simulated on the fake process group, estimated by the formula (no torch)."""
+from dataclasses import asdict
+
+import pytest
+
+from planner.arch.llama import LlamaConfig
+from planner.arch.qwen2 import Qwen2Config
+from planner.config import ConfigError, config_to_dict
+from planner.estimate.distributed import estimate_distributed
+from planner.estimate.tensor_parallel import local_config, local_numels, tp_params, tp_rank_runs
+from planner.parallel import ParallelSpec, check_wrappable
+from planner.spec import TrainSpec
+
+LLAMA = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64)
+QWEN = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+ESTIMATE_BAR_PCT = 2.0
+
+
+def test_shards_add_up_to_the_model():
+    """Over the tp ranks the local tensors hold every element once (Colwise rows, Rowwise columns, the
+    vocabulary's rows), norms and o/down biases replicated; with fsdp+tp FSDP2's dim-0 chunks of them add up too."""
+    for pspec in (ParallelSpec(4, "tp"), ParallelSpec(4, "fsdp+tp", tp=2)):
+        held = [0] * len(tp_params(QWEN))
+        for r in range(pspec.world_size):
+            for i, (n, _) in enumerate(local_numels(QWEN, pspec, r)):
+                held[i] += n
+        for p, total in zip(tp_params(QWEN), held):
+            numel = 1
+            for d in p.shape:
+                numel *= d
+            # a replicated tensor (norms, Rowwise biases) is held once per tp rank; FSDP2 splits each copy over dp
+            assert total == numel * (pspec.tp_degree if p.shard_dim is None else 1), (p.name, total, numel)
+    assert tp_rank_runs(QWEN, ParallelSpec(4, "tp")) == [(0, 3, 0)]
+
+
+def test_local_config_is_the_rank_s_shapes():
+    lc = local_config(LLAMA, ParallelSpec(2, "tp"))
+    assert (lc.num_attention_heads, lc.num_key_value_heads, lc.head_dim) == (4, 2, 8)
+    assert (lc.intermediate_size, lc.vocab_size, lc.hidden_size) == (88, 160, 64)
+
+
+@pytest.mark.parametrize("cfg, pspec, why", [
+    (LLAMA, ParallelSpec(3, "tp"), "must divide num_attention_heads"),
+    (LlamaConfig(vocab_size=321, hidden_size=64, intermediate_size=176, num_hidden_layers=1, num_attention_heads=8,
+                 num_key_value_heads=4), ParallelSpec(2, "tp"), "vocab_size"),
+    (Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=4, tie_word_embeddings=True), ParallelSpec(2, "tp"), "tied"),
+])
+def test_tp_refuses_what_it_cannot_shard(cfg, pspec, why):
+    with pytest.raises(ConfigError, match=why):
+        check_wrappable(cfg, pspec)
+
+
+def test_tp_flags_are_checked():
+    with pytest.raises(ConfigError, match="needs --tp"):
+        ParallelSpec(4, "fsdp+tp")
+    with pytest.raises(ConfigError, match="must equal"):
+        ParallelSpec(4, "tp", tp=2)
+    with pytest.raises(ConfigError, match="only apply"):
+        ParallelSpec(4, "fsdp", tp=2)
+    assert ParallelSpec(8, "fsdp+tp", tp=2).dp_degree == 4
+
+
+def test_real_tp_ranks_equal_the_simulation_and_the_estimate():
+    """Two real gloo ranks under torchtitan's plan: every rank's peak equals the fake-process-group simulation to the
+    byte, and the estimate is within its bar; the embedding's gradient is the whole table on each rank."""
+    from planner.distributed import run_ranks, run_simulation
+
+    spec, pspec = TrainSpec(2, 16, "fp32", "adamw"), ParallelSpec(2, "tp")
+    meas = run_ranks(config_to_dict(LLAMA), asdict(spec), pspec, timeout_s=300)
+    assert meas.exit_code == 0, meas.stderr[-2000:]
+    sim = run_simulation(config_to_dict(LLAMA), asdict(spec), pspec, timeout_s=300)
+    assert sim.exit_code == 0, sim.stderr[-2000:]
+    est = estimate_distributed(LLAMA, spec, pspec)
+    local = local_config(LLAMA, pspec)
+    for r in meas.record["ranks"]:
+        assert r["peak_bytes"] == sim.record["ranks"][0]["peak_bytes"]
+        # the rank holds its TP-local weights (the local model's) and Adam's state on them
+        assert r["params_bytes"] == 4 * sum(n for n, _ in local_numels(LLAMA, pspec, r["rank"]))
+        assert abs(est.peak_bytes - r["peak_bytes"]) / r["peak_bytes"] * 100 <= ESTIMATE_BAR_PCT
+    assert est.grads_bytes - est.params_bytes == (320 - 160) * 64 * 4  # the Replicate embedding gradient
+    assert local.vocab_size == 160
+
+
+@pytest.mark.parametrize("cfg, spec, pspec", [
+    (QWEN, TrainSpec(2, 24, "bf16-amp", "adamw"), ParallelSpec(4, "fsdp+tp", tp=2)),
+    (LLAMA, TrainSpec(2, 16, "bf16-amp", "sgd", checkpointing=True), ParallelSpec(4, "tp", loss_parallel=True)),
+], ids=["qwen2-fsdp2xtp2-bf16amp", "llama-tp4-lossparallel-ckpt"])
+def test_simulated_ranks_against_the_estimate(cfg, spec, pspec):
+    from planner.distributed import run_simulation
+
+    sim = run_simulation(config_to_dict(cfg), asdict(spec), pspec, timeout_s=300)
+    assert sim.exit_code == 0, sim.stderr[-2000:]
+    est = estimate_distributed(cfg, spec, pspec)
+    assert est.world_size == pspec.world_size and est.rank_groups[-1]["last_rank"] == pspec.world_size - 1
+    err = 100 * (est.peak_bytes - sim.record["peak_bytes"]) / sim.record["peak_bytes"]
+    assert abs(err) <= ESTIMATE_BAR_PCT, (err, est.phase_peak_bytes, sim.record["phase_peak_bytes"])
