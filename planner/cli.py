@@ -4,7 +4,8 @@
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
     python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
     python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--device ...] [--json] [--timeout S] [--progress]
-    python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--out FIT.json] [--json] [--progress]
+    python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--holdout 7x64,...] [--out FIT.json] [--json] [--progress]
+    python -m planner estimate|measure train --module FILE.py:FUNCTION [--input-shape 3x224x224] RUN   (planner/cli_module.py)
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
@@ -115,8 +116,15 @@ def build_parser() -> _Parser:
                   ).add_subparsers(dest="what", required=True, parser_class=_Parser, metavar="WHAT")
     p = command(est, "train", "The peak memory of one training step, phase by phase and term by term.")
     _add_model(p)
-    _add_run(p)
+    _add_run(p, seq_required=False)
     cli_parallel.add_parallel_args(p)
+    from .cli_module import add_module_args  # --module: answered from its what-if fit (planner/cli_module.py)
+
+    add_module_args(p)
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="--module: seconds before a fit's simulating child is killed, per point (exit 3)")
+    p.add_argument("--progress", action="store_true", help="--module with --json: JSON progress lines before the result")
+    p.add_argument("--refit", action="store_true", help="--module: make the what-if fit again, even if one is kept")
     from .cli_infer import add_infer  # estimate|measure|simulate infer: planner/cli_infer.py
 
     add_infer(est, command, "estimate")
@@ -127,7 +135,10 @@ def build_parser() -> _Parser:
                   ).add_subparsers(dest="what", required=True, parser_class=_Parser, metavar="WHAT")
     p = command(mea, "train", "Run one real training step in a child process; measured against estimated.")
     _add_model(p)
-    _add_run(p, device_required=True)
+    _add_run(p, device_required=True, seq_required=False)
+    from .cli_module import add_module_args  # --module: the real step of your model (planner/cli_module.py)
+
+    add_module_args(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
     p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller "
                                           "machine (default: no cap)")
@@ -173,6 +184,10 @@ def build_parser() -> _Parser:
 
 
 def cmd_estimate_train(args) -> int:
+    if getattr(args, "module", None):
+        from .cli_module import cmd_estimate_module
+
+        return cmd_estimate_module(args)
     cfg, spec = parse_train(args)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_estimate(args, cfg, spec)
@@ -188,6 +203,10 @@ def cmd_estimate_train(args) -> int:
 def cmd_measure_train(args) -> int:
     from .runner import run_worker
 
+    if getattr(args, "module", None):
+        from .cli_module import cmd_measure_module
+
+        return cmd_measure_module(args)
     cfg, spec = parse_train(args)
     require_bitsandbytes(spec.optimizer)  # the measuring child imports it; the estimate does not
     from .finetune import check_quantize_runnable
@@ -233,7 +252,7 @@ def cmd_measure_train(args) -> int:
         est = None
         rec["estimate"] = None
     else:
-        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
+        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}
     if outcome.exit_code == 0 and est is not None:
         rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
     else:

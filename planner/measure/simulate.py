@@ -56,6 +56,11 @@ output): what is allocated is the CPU kernel's, the only thing dropped is the bf
 operands share a floating dtype. Routing experts another way (transformers' "eager" per-expert loop, or its
 `grouped_mm_fallback`) would simulate a different step from the one measured.
 
+Normalisation statistics on the CPU. Under autocast a bf16 activation meets fp32 BatchNorm / GroupNorm /
+LayerNorm parameters; the CPU kernels then keep their statistics in float32 where the fake kernels keep the
+input's dtype. `CpuKernelDtypes` (planner/measure/cpu_kernels.py, stacked under the tracker) returns the CPU
+kernels' dtypes (measured: a CNN's BatchNorm statistics were 2 * 2 * C bytes short per layer before).
+
 The record has measure_training's keys where they exist in a simulation (peak_bytes, tracked_peak_bytes,
 peak_phase, phase_peak_bytes, persistent_bytes, optimizer_bytes, timeline, device), plus "kind":
 "simulate", the simulator's own cost (sim_time_s, sim_peak_rss_bytes: the process's VmHWM, torch
@@ -82,6 +87,7 @@ from ..config import ModelConfig
 from ..routines import training as _training_routine
 from ..spec import TrainSpec
 from . import procmem
+from .cpu_kernels import CpuKernelDtypes  # the CPU normalisation kernels' stats dtypes (issue #20)
 from .tracker import LiveBytesTracker
 from .training import PHASES, _PhaseRecorder, downsample, finish_log, start_log, stop_log
 
@@ -164,7 +170,7 @@ def _is_packed_check(frame) -> bool:
 def _internal(filename: str) -> bool:
     """Frames of torch's own Python code and of the simulator/tracker (skipped to find the caller)."""
     return (filename.startswith(_TORCH_DIR) or filename == __file__ or filename.endswith("measure/tracker.py")
-            or filename.startswith("<"))
+            or filename.endswith("measure/cpu_kernels.py") or filename.startswith("<"))
 
 
 _FAKE_ERRORS = tuple(getattr(_fake, n) for n in ("DynamicOutputShapeException", "DataDependentOutputException",
@@ -296,7 +302,8 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
             from ..routines.user_module import ModuleError, ModuleTrainingStep
 
             try:
-                step = ModuleTrainingStep(Path(module[0]), module[1], spec, guard=_guard)
+                step = ModuleTrainingStep(Path(module[0]), module[1], spec, guard=_guard,
+                                          input_shape=module[2] if len(module) > 2 else None)
             except ModuleError as exc:
                 raise SimulationError(str(exc)) from None
         else:
@@ -304,7 +311,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         holder["step"] = step
         answers = _Answers(step)
         emit({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
-        with answers, real_run_branches(), cpu_grouped_mm_meta(spec.device):
+        with answers, CpuKernelDtypes(), real_run_branches(), cpu_grouped_mm_meta(spec.device):
             step.run()
         gc.collect()
 
@@ -318,7 +325,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         log = start_log(tracker, step)
         tracker.recording = True
         try:
-            with answers, tracker, real_run_branches(), cpu_grouped_mm_meta(spec.device):
+            with answers, CpuKernelDtypes(), tracker, real_run_branches(), cpu_grouped_mm_meta(spec.device):
                 step.run(on_phase=recorder)
         finally:
             stop_log(tracker, log)  # the global module hooks go, whatever happened
@@ -388,6 +395,8 @@ def worker_main(payload: dict, emit: Callable[[dict], None]) -> int:
     spec = TrainSpec(**payload["spec"])
     cfg = config_from_dict(payload["config"]) if payload.get("config") else None
     module = tuple(payload["module"]) if payload.get("module") else None
+    if payload.get("points"):
+        return _points_main(cfg, spec, module, payload["points"], emit)
     try:
         result = simulate_training(cfg, spec, emit=emit, module=module, trace=bool(payload.get("trace")),
                                    exports=payload.get("exports"))
@@ -395,4 +404,27 @@ def worker_main(payload: dict, emit: Callable[[dict], None]) -> int:
         emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup")})
         return 2
     emit({"event": "result", **result})
+    return 0
+
+
+def _points_main(cfg, spec: TrainSpec, module, points, emit: Callable[[dict], None]) -> int:
+    """Several (b, s) points of one model and settings, traced, in this one process (planner.whatif's fit: torch
+    and the model's code are imported once). Each simulation is independent (a fresh step, a fresh FakeTensorMode).
+    Emits {"event": "point", "point": [b, s]} after each, then one result {"traces": [[[b, s], trace], ...]}."""
+    import dataclasses
+
+    traces = []
+    for i, (b, s) in enumerate(points):
+        emit({"event": "progress", "stage": f"simulating b={b} s={s} ({i + 1}/{len(points)})",
+              "fraction": i / len(points)})
+        try:
+            rec = simulate_training(cfg, dataclasses.replace(spec, batch_size=int(b), seq_len=int(s)), module=module,
+                                    trace=True)
+        except SimulationError as exc:
+            emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup"), "point": [b, s]})
+            return 2
+        traces.append([[b, s], rec["trace"]])
+        emit({"event": "point", "point": [b, s], "peak_bytes": rec["peak_bytes"], "sim_time_s": rec["sim_time_s"]})
+        gc.collect()
+    emit({"event": "result", "traces": traces})
     return 0
