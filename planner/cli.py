@@ -167,9 +167,9 @@ def build_parser() -> _Parser:
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "longest-context", "record", "export", "losses",
-                                    "checkpoint-policies", "inference"),
+                                    "checkpoint-policies", "inference", "modules"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22)")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
@@ -451,6 +451,10 @@ def cmd_bench(args) -> int:
         from .bench_techniques import main as bench_losses
 
         return bench_losses(quick=args.quick, out=args.out)
+    if args.what == "modules":  # issue #20: user modules, simulate vs measure and the what-if check (planner/bench_modules.py)
+        from .bench_modules import main as bench_modules
+
+        return bench_modules(quick=args.quick, out=args.out)
     if args.what == "inference":  # generate()'s peak: planner/bench_inference.py
         from .bench_inference import main as bench_inference
 

@@ -59,6 +59,10 @@ def parse_module_run(args) -> tuple:
                           "in your file")
     path, func = parse_module_ref(args.module)
     shape = parse_input_shape(getattr(args, "input_shape", None))
+    from .module_ref import make_batch_arity
+
+    if shape and make_batch_arity(path) is not None:
+        raise ConfigError(f"--input-shape replaces make_batch, and {path.name} defines make_batch: give one")
     if args.seq_len is None and has_sequence(path, shape):
         raise ConfigError(f"--seq-len is required: {path.name} has a sequence axis (its make_batch takes "
                           "(batch_size, seq_len), or it has none and gets token ids); give --input-shape for a model "
