@@ -189,6 +189,12 @@ def cmd_estimate_train(args) -> int:
 
         return cmd_estimate_module(args)
     cfg, spec = parse_train(args)
+    from .fitted import is_fitted
+
+    if is_fitted(cfg):  # no formula family: a fit of simulations (planner/cli_fitted.py)
+        from .cli_fitted import cmd_estimate_fitted
+
+        return cmd_estimate_fitted(args, cfg, spec)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_estimate(args, cfg, spec)
     rec = _estimate_record(cfg, spec)
@@ -215,17 +221,30 @@ def cmd_measure_train(args) -> int:
     from .cli_simulate import export_paths
 
     exports = export_paths(args)
+    from .fitted import is_fitted
+
+    fitted = is_fitted(cfg)  # issue #20: no formula family; the kept fit's answer, if any, is the estimate
+    if fitted and cli_parallel.parallel_requested(args):
+        raise ConfigError(f"{cfg.model_type}: --world-size / --parallel needs a formula family")
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
     estimated = not (spec.checkpointing and spec.checkpoint_policy != "full")  # planner/checkpointing.py
     # a policy not estimated yet: the RAM guard takes the run without checkpointing, which keeps more
-    est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
+    if fitted:
+        from .cli_fitted import estimate_block, guard_peak
+
+        guard = guard_peak(cfg, spec, args.timeout) if spec.device_type == "cpu" else 0
+        est = estimate_block(cfg, spec)
+        estimated = est is not None
+    else:
+        est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
+        guard = est["peak_bytes"]
     if spec.device_type == "cpu":
         import psutil
 
         available = psutil.virtual_memory().available
-        if est["peak_bytes"] > RAM_GUARD_FRACTION * available:
-            raise ConfigError(f"refused: the estimated peak {fmt_bytes(est['peak_bytes'])} exceeds "
+        if guard > RAM_GUARD_FRACTION * available:
+            raise ConfigError(f"refused: the {'simulated' if fitted else 'estimated'} peak {fmt_bytes(guard)} exceeds "
                               f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
     payload = {"config": config_to_dict(cfg), "spec": asdict(spec)}
     if exports:
@@ -251,6 +270,8 @@ def cmd_measure_train(args) -> int:
     if not estimated:
         est = None
         rec["estimate"] = None
+    elif fitted:
+        rec["estimate"] = est
     else:
         rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}
     if outcome.exit_code == 0 and est is not None:
@@ -262,6 +283,7 @@ def cmd_measure_train(args) -> int:
     elif outcome.exit_code == 0:
         print(f"measured peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}"
               + (f"; estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%" if est else
+                 "; not estimated (no fit kept yet: `estimate train` makes one)" if fitted else
                  "; not estimated (checkpointing policy)"))
         print(f"peak RSS {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s")
     else:

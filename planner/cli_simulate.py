@@ -207,6 +207,12 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
     return cfg, spec, None
 
 
+def _fitted(cfg) -> bool:
+    from .fitted import is_fitted
+
+    return is_fitted(cfg)
+
+
 def cmd_simulate_train(args: argparse.Namespace) -> int:
     from .runner import run_worker
 
@@ -231,6 +237,11 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
         from .module_ref import module_label
 
         rec["module"] = module_label(module)
+    elif _fitted(cfg):  # issue #20: the kept fit's answer, if there is one (planner/cli_fitted.py)
+        from .cli_fitted import estimate_block
+
+        est = estimate_block(cfg, spec)
+        rec["estimate"] = est
     elif not (spec.checkpointing and spec.checkpoint_policy != "full"):  # a policy not estimated yet: none
         est = _estimate_record(cfg, spec)
         rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}

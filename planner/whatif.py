@@ -342,7 +342,7 @@ def _fit(traces: dict[tuple[int, int], dict], batch_one: bool, candidates=CANDID
     if len(points) == 1:  # one point: the constant (batch 1 of a model without a sequence: the only input)
         return _Fit(batch_one, points, list(ref["ops"]), list(ref["phases"]), Y.T.copy(), 0.0, ("1",), True)
     terms, coef, residual, exact = choose_basis(points, Y, candidates)
-    return _Fit(batch_one, points, list(ref["ops"]), list(ref["phases"]), coef, residual, terms, exact)
+    return _Fit(batch_one, points, list(ref["ops"]), list(ref["phases"]), coef, float(residual), terms, bool(exact))
 
 
 def child_trace(cfg: ModelConfig | None, spec: TrainSpec, module: tuple | None = None,
@@ -352,10 +352,12 @@ def child_trace(cfg: ModelConfig | None, spec: TrainSpec, module: tuple | None =
 
 
 def child_traces(cfg: ModelConfig | None, spec: TrainSpec, points, module: tuple | None = None,
-                 timeout_s: float = 600, on_point: Callable[[tuple[int, int]], None] = lambda p: None) -> dict:
-    """Simulated traces at every (b, s) of `points`, all in ONE child process (torch is imported once:
-    planner.measure.simulate worker_main's "points"); on_point(p) after each. RuntimeError (one line) if one
-    fails, naming the point."""
+                 timeout_s: float = 600, on_point: Callable[[tuple[int, int]], None] = lambda p: None,
+                 param_counts: dict | None = None) -> dict:
+    """Simulated traces at every (b, s) of `points` (or (b, s, layers): the model cut to that depth), all in ONE
+    child process (torch is imported once: planner.measure.simulate worker_main's "points"); on_point(p) after
+    each; `param_counts`, if given, gets each point's parameter count. RuntimeError (one line) if one fails,
+    naming the point."""
     from .config import config_to_dict
     from .runner import run_worker
 
@@ -376,6 +378,8 @@ def child_traces(cfg: ModelConfig | None, spec: TrainSpec, points, module: tuple
         err = RuntimeError(f"simulating {at} failed: {out.record.get('error', 'the child died')}")
         err.exit_code = out.exit_code  # 2: the model cannot be simulated (invalid input); 3: a timeout or a crash
         raise err
+    if param_counts is not None:
+        param_counts.update({tuple(p): n for p, n in out.record.get("param_counts", [])})
     return {tuple(p): t for p, t in out.record["traces"]}
 
 

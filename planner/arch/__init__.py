@@ -59,7 +59,14 @@ def family_for_dict(data: dict) -> Family:
     by_type = {t: f for f in fams.values() for t in f.model_types}
     if model_type in by_type:
         return by_type[model_type]
-    raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(by_type))}")
+    # issue #20: any other causal LM transformers builds is simulated and measured as transformers' own model and
+    # estimated from a fit of simulations (planner/arch/auto.py); the formula families stay the fast path
+    from .auto import causal_lm_model_types
+
+    if "auto" in fams and model_type in causal_lm_model_types():
+        return fams["auto"]
+    raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(by_type))} (with "
+                      "formulas), or any causal LM model_type transformers' AutoModelForCausalLM builds (fitted)")
 
 
 def supported_model_types() -> list[str]:

@@ -340,6 +340,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
             stop_log(tracker, log)  # the global module hooks go, whatever happened
         tracker.recording = False
         optimizer_bytes = step.optimizer_state_bytes()
+        param_count = sum(p.numel() for p in step.model.parameters())
     peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
     peak = max(recorder.phase_peak.values())
     timeline = downsample([(i, b, phase) for i, (_, b, phase) in enumerate(tracker.samples)], max_timeline_points)
@@ -354,6 +355,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         "optimizer_bytes": optimizer_bytes,
         "timeline": [{"op": int(p["t_s"]), "bytes": p["bytes"], "phase": p["phase"]} for p in timeline],
         "ops": len(tracker.samples),
+        "param_count": param_count,  # the model's parameters (an "auto" family's inventory is not known otherwise)
         "data_dependent_reads": dict(answers.reads),
         "sim_time_s": time.perf_counter() - t_start,
         "sim_peak_rss_bytes": procmem.read_status().get("VmHWM", 0),
@@ -433,18 +435,28 @@ def _points_main(cfg, spec: TrainSpec, module, points, emit: Callable[[dict], No
     Emits {"event": "point", "point": [b, s]} after each, then one result {"traces": [[[b, s], trace], ...]}."""
     import dataclasses
 
-    traces = []
-    for i, (b, s) in enumerate(points):
-        emit({"event": "progress", "stage": f"simulating b={b} s={s} ({i + 1}/{len(points)})",
+    traces, counts = [], []
+    for i, point in enumerate(points):
+        b, s = point[0], point[1]
+        layers = point[2] if len(point) > 2 else None  # planner.whatif_depth: the model cut to this many layers
+        where = f"b={b} s={s}" + (f" with {layers} layers" if layers else "")
+        emit({"event": "progress", "stage": f"simulating {where} ({i + 1}/{len(points)})",
               "fraction": i / len(points)})
+        point_cfg = cfg
+        if layers:
+            from ..arch import family_of
+
+            point_cfg = family_of(cfg).with_layers(cfg, int(layers))
         try:
-            rec = simulate_training(cfg, dataclasses.replace(spec, batch_size=int(b), seq_len=int(s)), module=module,
-                                    trace=True)
+            rec = simulate_training(point_cfg, dataclasses.replace(spec, batch_size=int(b), seq_len=int(s)),
+                                    module=module, trace=True)
         except SimulationError as exc:
-            emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup"), "point": [b, s]})
+            emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "setup"), "point": point})
             return 2
-        traces.append([[b, s], rec["trace"]])
-        emit({"event": "point", "point": [b, s], "peak_bytes": rec["peak_bytes"], "sim_time_s": rec["sim_time_s"]})
+        traces.append([list(point), rec["trace"]])
+        counts.append([list(point), rec.get("param_count")])
+        emit({"event": "point", "point": list(point), "peak_bytes": rec["peak_bytes"], "sim_time_s": rec["sim_time_s"],
+              "param_count": rec.get("param_count")})
         gc.collect()
-    emit({"event": "result", "traces": traces})
+    emit({"event": "result", "traces": traces, "param_counts": counts})
     return 0

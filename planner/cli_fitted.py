@@ -1,0 +1,94 @@
+"""The command line for a model whose estimate is a fitted simulation (issue #20; planner/fitted.py; no torch).
+
+    python -m planner estimate train --config olmo2.json --batch-size 4 --seq-len 2048 [--json] [--progress] [--refit]
+
+The first estimate of a model and settings makes the fit (every point simulated in one child: progress per point,
+on stderr, or JSON lines with --json --progress) and keeps it; later ones read it (milliseconds). The record is
+the estimate's, with `"basis": "fitted simulation"`, the fit's `status` (exact | approximate) and `bound_bytes`.
+measure and simulate of such a model carry the kept fit's answer as their `estimate` block when there is one;
+measure's RAM guard otherwise simulates the point first.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .cli_args import progress
+from .config import ConfigError
+from .units import fmt_bytes
+
+ESTIMATE_BLOCK = ("peak_bytes", "peak_phase", "phase_peak_bytes", "basis", "status", "bound_bytes")
+
+
+def _say(args, stage: str, fraction: float) -> None:
+    if getattr(args, "json", False) and getattr(args, "progress", False):
+        print(json.dumps({"event": "progress", "stage": stage, "fraction": fraction}), flush=True)
+    elif not getattr(args, "json", False):
+        progress(stage)
+
+
+def cmd_estimate_fitted(args, cfg, spec) -> int:
+    from . import cli_parallel
+    from .cli_module import fit_failure
+    from .fitted import fitted_model, fitted_record
+    from .whatif import MisalignedError
+
+    if cli_parallel.parallel_requested(args):
+        raise ConfigError(f"{cfg.model_type}: --world-size / --parallel needs a formula family")
+
+    def on_point(p, done, total):
+        where = f"b={p[0]} s={p[1]}" + (f" with {p[2]} layers" if len(p) > 2 else " at full depth")
+        _say(args, f"fitting {cfg.model_type}: simulated {where} ({done}/{total})", done / total)
+
+    try:
+        what, path, cached, info = fitted_model(cfg, spec, on_point, timeout_s=getattr(args, "timeout", 600.0),
+                                                refit=getattr(args, "refit", False))
+        rec = fitted_record(cfg, spec, what, path, cached, info)
+    except MisalignedError as exc:
+        raise ConfigError(str(exc)) from None
+    except RuntimeError as exc:
+        return fit_failure(exc)
+    if args.json:
+        print(json.dumps(rec))
+        return 0
+    bound = "" if what.exact else (f" (APPROXIMATE: +/- {what.bound_bytes:,} B)" if what.bound_bytes is not None
+                                   else " (unvalidated)")
+    print(f"fitted peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B){bound} in {rec['peak_phase']}")
+    print("phase peaks: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+    made = "kept" if cached else f"made from {info.get('simulations')} simulations in {info.get('simulate_s', 0):.1f} s"
+    print(f"basis: fitted simulation ({made}): {what.describe()}")
+    return 0
+
+
+def estimate_block(cfg, spec) -> dict | None:
+    """The kept fit's answer for measure / simulate records, or None (no fit kept yet: no figure is made up)."""
+    from .fitted import cached_fit, fitted_record
+
+    got = cached_fit(cfg, spec)
+    if got is None:
+        return None
+    try:
+        rec = fitted_record(cfg, spec, got[0])
+    except ValueError:  # batch 1 not covered
+        return None
+    return {k: rec[k] for k in ESTIMATE_BLOCK}
+
+
+def guard_peak(cfg, spec, timeout_s: float) -> int:
+    """The peak measure's RAM guard compares: the kept fit's, else a simulation of the point in a child."""
+    block = estimate_block(cfg, spec)
+    if block is not None:
+        return block["peak_bytes"]
+    from dataclasses import asdict
+
+    from .config import config_to_dict
+    from .runner import run_worker
+
+    progress("simulating the point first (the RAM guard: no fit is kept for this model yet)")
+    out = run_worker({"kind": "simulate", "spec": asdict(spec), "config": config_to_dict(cfg)}, timeout_s=timeout_s)
+    if out.exit_code == 2:
+        raise ConfigError(out.record.get("error", "invalid request"))
+    if out.exit_code:
+        print(f"planner: simulating the point failed: {out.record.get('error')}", file=sys.stderr)
+        raise SystemExit(out.exit_code)
+    return out.record["peak_bytes"]
