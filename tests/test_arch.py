@@ -181,7 +181,8 @@ def test_estimate_side_imports_neither_torch_nor_transformers():
 
 
 def test_every_family_in_one_file_discovered():
-    files = {p.stem for p in (ROOT / "planner" / "arch").glob("*.py")} - {"__init__", "base", "parts", "decoder", "terms", "moe"}
+    # auto: the family answered from a fit of simulations (issue #20), in all_families(), not families()
+    files = {p.stem for p in (ROOT / "planner" / "arch").glob("*.py")} - {"__init__", "base", "parts", "decoder", "terms", "moe", "auto"}
     assert {type(f).__module__.rsplit(".", 1)[1] for f in families().values()} == files
     for family in families().values():
         assert family.presets(), family.arch
