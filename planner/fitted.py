@@ -122,9 +122,24 @@ def points_plan(cfg) -> tuple[list[tuple], list[tuple], tuple[int, int] | None]:
     return [(b, s, d) for d in depths for b, s in points], list(holdout), plan
 
 
+def _in_process(cfg, spec, every, on_point, counts) -> dict:
+    """The points simulated in this process (tests): what the child does (planner.measure.simulate _points_main)."""
+    from .arch import family_of
+    from .measure.simulate import simulate_training
+
+    traces = {}
+    for p in every:
+        point_cfg = family_of(cfg).with_layers(cfg, p[2]) if len(p) > 2 else cfg
+        rec = simulate_training(point_cfg, replace(spec, batch_size=p[0], seq_len=p[1]), trace=True)
+        traces[p], counts[p] = rec["trace"], rec["param_count"]
+        on_point(p)
+    return traces
+
+
 def make_fit(cfg, spec, on_point: Callable[[tuple, int, int], None] = lambda p, i, n: None,
-             timeout_s: float = 600) -> tuple:
-    """Simulate every point (one child) and fit: (fit, info)."""
+             timeout_s: float = 600, simulate_in_process: bool = False) -> tuple:
+    """Simulate every point (one child; in this process with simulate_in_process, which imports torch: tests) and
+    fit: (fit, info)."""
     from .whatif import WhatIf, child_traces
     from .whatif_depth import DepthWhatIf
 
@@ -138,7 +153,10 @@ def make_fit(cfg, spec, on_point: Callable[[tuple, int, int], None] = lambda p, 
         on_point(p, len(done), len(every))
 
     t0 = time.perf_counter()
-    traces = child_traces(cfg, replace(spec, batch_size=2, seq_len=16), every, None, timeout_s, point, counts)
+    if simulate_in_process:
+        traces = _in_process(cfg, spec, every, point, counts)
+    else:
+        traces = child_traces(cfg, replace(spec, batch_size=2, seq_len=16), every, None, timeout_s, point, counts)
     seconds = time.perf_counter() - t0
     held = {p: traces[p] for p in holdout}
     if plan is None:

@@ -182,11 +182,12 @@ class ModulePlan:
         return self.peak_bytes <= self.budget_bytes
 
 
-def module_plan(fit: dict, batch: int, seq: int, budget: int, seq_limit: int) -> ModulePlan:
-    """fit: a WhatIf.save_dict() (from `simulate whatif`); every answer is a polynomial evaluation."""
-    from .whatif import WhatIf
+def module_plan(fit, batch: int, seq: int, budget: int, seq_limit: int) -> ModulePlan:
+    """fit: a saved fit (WhatIf.save_dict() from `simulate whatif`, or a DepthWhatIf's), or the fit itself;
+    every answer is a polynomial evaluation."""
+    from .fitted import load_fit
 
-    w = WhatIf.from_dict(fit)
+    w = load_fit(fit) if isinstance(fit, dict) else fit
     peak, phase, op = w.peak(batch, seq)
     best_batch, batch_reason = w.max_batch(seq, budget, BATCH_LIMIT)
     best_seq, seq_reason = w.max_seq(batch, budget, seq_limit)
