@@ -126,7 +126,11 @@ def markdown(results: list[dict], whatif: list[dict]) -> str:
               "and fp32 parameters; the CPU kernel then keeps its saved mean and inverse std in fp32 where the fake "
               "kernel kept bf16 (also LayerNorm's and GroupNorm's statistics, and GroupNorm's backward input "
               "gradient). The simulator now returns the CPU kernels' dtypes (planner/measure/cpu_kernels.py); before, "
-              "the CNN's forward and backward phase peaks simulated 2 x 2 x C bytes low per BatchNorm.", ""]
+              "the forward, loss and backward phase peaks of examples/cnn.py at bf16-AMP simulated 448 B low (2 x 2 x C bytes per "
+              "BatchNorm of C channels: 16 + 32 + 64), the issue's 192 B on a 16 + 32 channel CNN. And "
+              "nn.TransformerEncoder deep-copies its layer: copied fake tensors belonged to a copy of the fake mode, "
+              "so every view of a copied weight was counted again (the ViT's fp32 step simulated 393,216 B high); "
+              "the simulation now adopts them (planner/measure/simulate.py adopt_fake_tensors).", ""]
     if whatif:
         worst_fit = max(abs(r["error_bytes"]) for r in whatif)
         lines += ["## What-if fits: the basis the data call for, the held-out check, and a point outside the fit", "",

@@ -300,10 +300,19 @@ def _methods(method: str) -> list[str]:
     return list(METHODS) if method == "all" else [method]
 
 
+def _check_loadable(cfg) -> None:
+    from .arch import family_of
+
+    if family_of(cfg).basis != "formula":  # issue #20: no parameter inventory without building the model
+        raise ConfigError(f"{cfg.model_type}: weight loading is estimated and measured from a formula family's "
+                          "parameter inventory; no family file reads this model_type")
+
+
 def cmd_estimate_load(args) -> int:
     from .estimate.loading import estimate_loading
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
+    _check_loadable(cfg)
     check_device(args.device)
     recs = [estimate_loading(cfg, m, args.device).to_dict() for m in _methods(args.method)]
     if args.json:
@@ -331,6 +340,7 @@ def cmd_measure_load(args) -> int:
     from .runner import checkpoint_folder, measure_load, user_checkpoint_folder
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
+    _check_loadable(cfg)
     check_device(args.device)
     cache = Path(args.cache) if args.cache else default_cache_dir()
     methods = _methods(args.method)
@@ -412,8 +422,17 @@ def cmd_fit(args) -> int:
         budget, source = default_budget(args.device)
     if budget <= 0:
         raise ConfigError(f"the budget must be positive, got {args.budget}")
-    costs = measure_costs(cfg, spec, on_step=None if args.json else progress) if args.measure_costs else None
-    rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
+    from .fitted import is_fitted
+
+    if is_fitted(cfg):  # issue #20: answered from the model's fit of simulations (planner/cli_fitted.py)
+        if args.measure_costs:
+            raise ConfigError(f"{cfg.model_type}: --measure-costs needs a formula family")
+        from .cli_fitted import fit_report_fitted
+
+        rec = {**fit_report_fitted(cfg, spec, budget, batch_given, args), "budget_source": source}
+    else:
+        costs = measure_costs(cfg, spec, on_step=None if args.json else progress) if args.measure_costs else None
+        rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
     if args.json:
         print(json.dumps(rec))
         return 0

@@ -92,3 +92,32 @@ def guard_peak(cfg, spec, timeout_s: float) -> int:
         print(f"planner: simulating the point failed: {out.record.get('error')}", file=sys.stderr)
         raise SystemExit(out.exit_code)
     return out.record["peak_bytes"]
+
+
+def fit_report_fitted(cfg, spec, budget: int, batch_given: bool, args) -> dict:
+    """planner.fit.fit_report's record for a fitted model: the largest batch (or, with a batch, the longest
+    sequence) that fits, answered from the fit (made first if none is kept); no advice (the formula families'
+    changes are not modelled here)."""
+    import dataclasses
+
+    from .fit import cuda_context_bytes, tensor_budget
+    from .fitted import fitted_model
+
+    def on_point(p, done, total):
+        _say(args, f"fitting {cfg.model_type}: simulated point {done}/{total}", done / total)
+
+    what, path, cached, info = fitted_model(cfg, spec, on_point, refit=False)
+    rec: dict = {"budget_bytes": budget, "cuda_context_bytes": cuda_context_bytes(spec.device),
+                 "basis": "fitted simulation"}
+    usable = tensor_budget(budget, spec.device)
+    if batch_given:
+        rec["max_seq_len"], rec["reason"] = what.max_seq(spec.batch_size, usable, cfg.max_seq_len)
+        target = spec
+    else:
+        rec["max_batch_size"], rec["reason"] = what.max_batch(spec.seq_len, usable)
+        target = dataclasses.replace(spec, batch_size=max(1, rec["max_batch_size"]))
+    rec["run"] = dataclasses.asdict(target)
+    rec["peak_bytes"] = what.peak_bytes(target.batch_size, target.seq_len)
+    rec["fits"] = rec["peak_bytes"] <= usable
+    rec.update(status=what.status, bound_bytes=what.bound_bytes, fit_file=str(path), fit_cached=cached, advice=[])
+    return rec

@@ -195,8 +195,8 @@ class AutoCausalLM(HFCausalLM):
                               "(plain --checkpointing is simulated)")
 
     def check_infer(self, cfg, ispec) -> None:
-        raise ConfigError(f"{cfg.model_type}: inference is estimated for the formula families only; use "
-                          "`simulate infer` or `measure infer` with a formula family")
+        raise ConfigError(f"{cfg.model_type}: inference (estimate, simulate and measure infer) is modelled for the "
+                          "formula families only so far; training is estimated from a fit of simulations")
 
     def grid_configs(self) -> list:
         return []
