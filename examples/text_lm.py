@@ -3,7 +3,6 @@ ids (batch, seq) drawn from its nn.Embedding, and the loss cross-entropy over th
 
     python -m planner simulate whatif --module examples/text_lm.py:make_model --batch-size 8 --seq-len 512 --json
 """
-import torch
 import torch.nn.functional as F
 from torch import nn
 

@@ -17,7 +17,7 @@ import streamlit as st
 from pages import frame, machine_budget, md_escape
 
 from planner.charts import curve_spec
-from planner.cli_simulate import parse_module_ref
+from planner.module_ref import parse_module_ref
 from planner.config import ConfigError
 from planner.jobs import Job, JobBusy
 from planner.module_ref import fit_path, has_sequence, parse_input_shape

@@ -93,7 +93,7 @@ def step_run(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None, pa
 def _fitted_step_run(run_cfg, spec, pspec, budget_bytes, gpu, available_ram, notes) -> StepRun:
     """A model whose estimate is a fitted simulation: the kept fit's answer (basis "fitted simulation"), or a
     refusal to measure until there is one (simulate needs none); no data-parallel layouts."""
-    from .cli_fitted import estimate_block
+    from .fitted import estimate_block
 
     budget = budget_bytes or (gpu["total_bytes"] if gpu and spec.device_type == "cuda" else available_ram)
     limit = int(RAM_GUARD_FRACTION * available_ram) if spec.device_type == "cpu" else budget

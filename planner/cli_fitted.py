@@ -17,7 +17,7 @@ from .cli_args import progress
 from .config import ConfigError
 from .units import fmt_bytes
 
-ESTIMATE_BLOCK = ("peak_bytes", "peak_phase", "phase_peak_bytes", "basis", "status", "bound_bytes")
+from .fitted import estimate_block  # planner/fitted.py (planner/api.py reads it too, without the CLI)
 
 
 def _say(args, stage: str, fraction: float) -> None:
@@ -58,20 +58,6 @@ def cmd_estimate_fitted(args, cfg, spec) -> int:
     made = "kept" if cached else f"made from {info.get('simulations')} simulations in {info.get('simulate_s', 0):.1f} s"
     print(f"basis: fitted simulation ({made}): {what.describe()}")
     return 0
-
-
-def estimate_block(cfg, spec) -> dict | None:
-    """The kept fit's answer for measure / simulate records, or None (no fit kept yet: no figure is made up)."""
-    from .fitted import cached_fit, fitted_record
-
-    got = cached_fit(cfg, spec)
-    if got is None:
-        return None
-    try:
-        rec = fitted_record(cfg, spec, got[0])
-    except ValueError:  # batch 1 not covered
-        return None
-    return {k: rec[k] for k in ESTIMATE_BLOCK}
 
 
 def guard_peak(cfg, spec, timeout_s: float) -> int:

@@ -40,7 +40,7 @@ def add_module_args(p) -> None:
 
 def parse_module_run(args) -> tuple:
     """(spec, module tuple) for --module; ConfigError (exit 2) for what a module run cannot take."""
-    from .cli_simulate import parse_module_ref
+    from .module_ref import parse_module_ref
     from .module_ref import has_sequence, module_tuple, parse_input_shape
     from .spec import TrainSpec, check_device
 
@@ -126,7 +126,7 @@ def cmd_estimate_module(args) -> int:
                                    else " (unvalidated)")
     print(f"fitted peak at {where}: {fmt_bytes(ans['peak_bytes'])} ({ans['peak_bytes']:,} B){bound} in "
           f"{ans['peak_phase']} (op {ans['peak_op']})")
-    print(f"phase peaks: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in phases.items()))
+    print("phase peaks: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in phases.items()))
     print(f"from the what-if fit ({'kept' if cached else f'made in {seconds:.1f} s'}): {what.describe()}")
     return 0
 
@@ -135,7 +135,7 @@ def cmd_measure_module(args) -> int:
     import psutil
 
     from .api import RAM_GUARD_FRACTION
-    from .cli_simulate import export_paths
+    from .cli_paths import export_paths
     from .module_ref import module_label
     from .runner import run_worker
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from .cli_args import ESTIMATE_KEYS, EXIT_INVALID, _add_model, _add_run, _estimate_record, parse_train
 from .config import ConfigError, config_to_dict
-from .spec import (WHATIF_HOLDOUT, WHATIF_HOLDOUT_NO_SEQ, WHATIF_POINTS, WHATIF_POINTS_NO_SEQ, TrainSpec,
-                   check_device)
+from .spec import WHATIF_HOLDOUT, WHATIF_HOLDOUT_NO_SEQ, WHATIF_POINTS, WHATIF_POINTS_NO_SEQ
 from .units import fmt_bytes
+from .cli_paths import export_paths
 
 
 def add_simulate(top, command) -> None:
@@ -85,23 +85,6 @@ def add_export_args(p) -> None:
     p.add_argument("--trace", metavar="FILE.json",
                    help="write a chrome trace of the step (phases and ops as spans, live bytes as a counter; opens in "
                         "ui.perfetto.dev and chrome://tracing); default: none")
-
-
-def export_paths(args: argparse.Namespace) -> dict | None:
-    """{"memory_snapshot": absolute path, "trace": absolute path} for the payload, or None; ConfigError (exit 2)
-    for a folder that does not exist or with --world-size (not exported yet)."""
-    out = {}
-    for key, flag in (("memory_snapshot", "--memory-snapshot"), ("trace", "--trace")):
-        value = getattr(args, key, None)
-        if not value:
-            continue
-        path = Path(value).expanduser().resolve()
-        if not path.parent.is_dir():
-            raise ConfigError(f"{flag}: the folder {path.parent} does not exist")
-        out[key] = str(path)
-    if out and getattr(args, "world_size", 1) and getattr(args, "world_size", 1) > 1:
-        raise ConfigError("--memory-snapshot and --trace are not available with --world-size yet")
-    return out or None
 
 
 def _points(text: str) -> tuple[tuple[int, int], ...]:
@@ -168,17 +151,6 @@ def cmd_simulate_whatif(args: argparse.Namespace) -> int:
           f"in {phase} (op {op}); {len(points)} points fitted, {len(holdout)} held out")
     print(what.describe())
     return 0
-
-
-def parse_module_ref(text: str) -> tuple[Path, str]:
-    """`path/to/file.py:make_model` -> (absolute path, function name); ConfigError if malformed or missing."""
-    path_text, sep, func = text.rpartition(":")
-    if not sep or not path_text or not func.isidentifier():
-        raise ConfigError(f"--module must be FILE.py:FUNCTION, got {text!r}")
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise ConfigError(f"module file not found: {path}")
-    return path, func
 
 
 def parse_simulate(args: argparse.Namespace) -> tuple:

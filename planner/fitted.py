@@ -23,6 +23,8 @@ from typing import Callable
 
 from .module_ref import FIT_VERSION
 
+ESTIMATE_BLOCK = ("peak_bytes", "peak_phase", "phase_peak_bytes", "basis", "status", "bound_bytes")  # the
+# fields of a fitted estimate that measure / simulate records carry as their `estimate` block
 PERIOD_KEY_ENDINGS = ("_pattern", "_interval", "_period")  # ints that set a layer-type period (Gemma 3's
 # sliding_window_pattern, SmolLM3's no_rope_layer_interval, Jamba's attn_layer_period): read as periods
 
@@ -197,3 +199,15 @@ def fitted_record(cfg, spec, what, path: Path | None = None, cached: bool = True
     return {"model": config_to_dict(cfg), "run": asdict(spec), "basis": "fitted simulation", **ans,
             "phase_peak_bytes": what.phase_peak_bytes(spec.batch_size, spec.seq_len), "fit": what.to_dict(),
             "fit_file": str(path) if path else None, "fit_cached": cached, "fit_info": info or {}}
+
+
+def estimate_block(cfg, spec) -> dict | None:
+    """The kept fit's answer for measure / simulate records, or None (no fit kept yet: no figure is made up)."""
+    got = cached_fit(cfg, spec)
+    if got is None:
+        return None
+    try:
+        rec = fitted_record(cfg, spec, got[0])
+    except ValueError:  # batch 1 not covered
+        return None
+    return {k: rec[k] for k in ESTIMATE_BLOCK}

@@ -127,3 +127,14 @@ def module_fit(module: tuple, spec, on_point: Callable[[tuple[int, int], int, in
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(what.save_dict()))
     return what, out, False, seconds
+
+
+def parse_module_ref(text: str) -> tuple[Path, str]:
+    """`path/to/file.py:make_model` -> (absolute path, function name); ConfigError if malformed or missing."""
+    path_text, sep, func = text.rpartition(":")
+    if not sep or not path_text or not func.isidentifier():
+        raise ConfigError(f"--module must be FILE.py:FUNCTION, got {text!r}")
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"module file not found: {path}")
+    return path, func

@@ -21,7 +21,6 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from ..validation import ConfigError, _check_optional, check_attention_kind
 from .base import HFCausalLM
