@@ -436,6 +436,12 @@ def _points_main(cfg, spec: TrainSpec, module, points, emit: Callable[[dict], No
     import dataclasses
 
     traces, counts = [], []
+    # gc.freeze (Python's gc module): the objects alive now (torch's, transformers', this process's modules) go to a
+    # permanent generation that later collections skip, so the simulation's own gc.collect() calls scan only what
+    # the points make: measured on a 2-layer OLMo 2 7B point, 0.97 s -> 0.54 s a point, the same trace. Frozen
+    # objects are not freed by a collection: only survivors of one are frozen (after each point's collect).
+    gc.collect()
+    gc.freeze()
     for i, point in enumerate(points):
         b, s = point[0], point[1]
         layers = point[2] if len(point) > 2 else None  # planner.whatif_depth: the model cut to this many layers
@@ -458,5 +464,6 @@ def _points_main(cfg, spec: TrainSpec, module, points, emit: Callable[[dict], No
         emit({"event": "point", "point": list(point), "peak_bytes": rec["peak_bytes"], "sim_time_s": rec["sim_time_s"],
               "param_count": rec.get("param_count")})
         gc.collect()
+        gc.freeze()
     emit({"event": "result", "traces": traces, "param_counts": counts})
     return 0
