@@ -167,10 +167,12 @@ def build_parser() -> _Parser:
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "longest-context", "record", "export", "losses",
-                                    "checkpoint-policies", "inference", "modules"),
+                                    "checkpoint-policies", "inference", "modules", "fitted", "fitted-speed"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20)")
-    b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20); fitted / fitted-speed: any transformers causal LM by config.json, fitted estimate vs measurement and first-answer timings (issue #20)")
+    b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all; with --out its table "
+                                         "replaces its own in the section, the others kept); record --grid families: "
+                                         "only these (comma-separated), put in the kept file in place of their rows")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -483,7 +485,9 @@ def cmd_bench(args) -> int:
 
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
-        return bench_record(args.grid, out=args.out, progress=progress)
+        if args.family and args.grid != "families":
+            raise ConfigError("bench record --family goes with --grid families")
+        return bench_record(args.grid, out=args.out, progress=progress, family=args.family)
     if args.what == "checkpoint-policies":  # issue #24: planner/bench_techniques.py
         from .bench_techniques import main_checkpointing
 
@@ -492,6 +496,10 @@ def cmd_bench(args) -> int:
         from .bench_techniques import main as bench_losses
 
         return bench_losses(quick=args.quick, out=args.out)
+    if args.what in ("fitted", "fitted-speed"):  # issue #20: any family by config.json (planner/bench_fitted.py)
+        from .bench_fitted import main as bench_fitted
+
+        return bench_fitted(args.what, quick=args.quick, out=args.out)
     if args.what == "modules":  # issue #20: user modules, simulate vs measure and the what-if check (planner/bench_modules.py)
         from .bench_modules import main as bench_modules
 
