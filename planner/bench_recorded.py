@@ -140,6 +140,37 @@ def summary_markdown(record_dir: Path = RECORD_DIR) -> str:
     return "\n".join(lines) + "\n"
 
 
+def families_markdown_from_record(chosen: list[str], out: str | None, record_dir: Path = RECORD_DIR) -> str:
+    """The families section (planner/bench.py families_markdown) for `chosen` families from their recorded rows
+    (each measured by record_row, as `bench families` measures it) re-estimated now; with `out`, merged into that
+    file's section (planner/bench_families_doc.py: the other families' tables are kept)."""
+    from .bench import families_markdown
+
+    _, rows = load(record_dir / "families.jsonl")
+    results: dict[str, list[dict]] = {}
+    for row in rows:
+        arch = row["config"].get("arch")
+        if arch in chosen:
+            est, err = re_estimate(row)
+            results.setdefault(arch, []).append({
+                "config": row["label"], "estimate_bytes": est, "measured_bytes": row["peak_bytes"], "error_pct": err,
+                "estimated_phase": _estimated_phase(row), "measured_phase": row["peak_phase"]})
+    text = families_markdown({f: results[f] for f in chosen if f in results}, "cpu")
+    if out:
+        from .bench_families_doc import merge
+
+        text = merge(out, text)
+    return text
+
+
+def _estimated_phase(row: dict) -> str:
+    from .config import config_from_dict
+    from .estimate.training import estimate_training
+    from .spec import TrainSpec
+
+    return estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"])).peak_phase
+
+
 def main(grid: str = "all", out: str | None = None, progress=print, family: str | None = None) -> int:
     names = list(grids()) if grid == "all" else [grid]
     for name in names:
@@ -154,4 +185,6 @@ def main(grid: str = "all", out: str | None = None, progress=print, family: str 
         from .bench_common import write_section
 
         write_section(out, text)
+        if family:  # the families' own tables in the families section, from the rows just recorded
+            write_section(out, families_markdown_from_record([f.strip() for f in family.split(",") if f.strip()], out))
     return 0

@@ -37,3 +37,17 @@ def test_record_family_goes_with_the_families_grid():
     out = subprocess.run([sys.executable, "-m", "planner", "bench", "record", "--grid", "accuracy", "--family",
                           "mixtral"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--grid families" in out.stderr
+
+
+def test_family_tables_from_the_recorded_rows():
+    """`bench record --grid families --family F --out FILE` writes F's table from the rows it recorded, each
+    re-estimated now (the same figures tests/test_recorded.py holds to the bar)."""
+    from planner.bench_recorded import RECORD_DIR, families_markdown_from_record, load
+
+    _, rows = load(RECORD_DIR / "families.jsonl")
+    qwen3 = [r for r in rows if r["config"]["arch"] == "qwen3"]
+    text = families_markdown_from_record(["qwen3"], None)
+    _, summary, parts = _split(text)
+    assert list(summary) == ["qwen3"] and f"| {len(qwen3)} |" in summary["qwen3"]
+    table = [line for line in parts["qwen3"].splitlines() if line.startswith("| qwen3 ")]
+    assert len(table) == len(qwen3) and f"{qwen3[0]['peak_bytes']:,}" in table[0]
