@@ -7,7 +7,7 @@ full simulation, with the first answer's and a query's time.
 
 Tiny rows: tests/data/configs/*-tiny.json (OLMo 2, Granite, Phi-2, Cohere, SmolLM3: model types no family file
 reads), each at two precisions: the real step measured in a child (`measure train --config`), simulated in another,
-and estimated from a fit made for it (`estimate train --config`: every point simulated in one child). Full-size
+and estimated from a fit made for it (`estimate train --config`: every point simulated in two children at once). Full-size
 rows: examples/configs/ (published-style configs), first answer timed from nothing (the fit made again, in a child,
 as `estimate train` makes it), then the fitted peak against a full simulation at two points, and a query's time.
 """
@@ -116,7 +116,7 @@ def accuracy_markdown(tiny: list[dict], full: list[dict]) -> str:
         "transformers' AutoModelForCausalLM builds and no family file reads (planner/arch/auto.py) is simulated and "
         "measured as transformers' own model and estimated from a fit of simulations (planner/fitted.py; every record "
         "says `\"basis\": \"fitted simulation\"`). Each row: the real step measured in a child, simulated in another, "
-        "and the fitted estimate (its fit made for the row, every point simulated in one child; checked on held-out "
+        "and the fitted estimate (its fit made for the row, every point simulated in two children at once; checked on held-out "
         "points).", "",
         f"Worst |fitted - measured|: **{worst:.4f}%** (bar: {FITTED_BAR_PCT}%); worst |simulated - measured|: "
         f"**{worst_sim:,} B**.", "",
@@ -148,8 +148,8 @@ def accuracy_markdown(tiny: list[dict], full: list[dict]) -> str:
 def speed_markdown(full: list[dict]) -> str:
     lines = _header("# Fitted estimates: first answer and query time (issue #20)") + [
         "", "Written by `python -m planner bench fitted-speed` (planner/bench_fitted.py). The first answer for a model "
-        "no family file reads is the fit: every point simulated in one child process (torch and transformers imported "
-        "once), then fitted; it is kept on disk, and every later answer (a slider move, the fit solver's bisection) "
+        "no family file reads is the fit: every point simulated in two child processes at once (planner/fitted.py "
+        "FIT_CHILDREN; torch and transformers imported once in each), then fitted; it is kept on disk, and every later answer (a slider move, the fit solver's bisection) "
         "reads it. Target (issue #20): a 7B-class first answer under 60 s on 2 cores, a query under 1 ms.", "",
         "| model | layers | simulations | first answer (s) | of which simulating (s) | one query (ms) | largest batch at 80 GiB (ms) | fit check |",
         "|---|---:|---:|---:|---:|---:|---:|---|"]

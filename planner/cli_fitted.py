@@ -2,7 +2,7 @@
 
     python -m planner estimate train --config olmo2.json --batch-size 4 --seq-len 2048 [--json] [--progress] [--refit]
 
-The first estimate of a model and settings makes the fit (every point simulated in one child: progress per point,
+The first estimate of a model and settings makes the fit (every point simulated in two children at once: progress per point,
 on stderr, or JSON lines with --json --progress) and keeps it; later ones read it (milliseconds). The record is
 the estimate's, with `"basis": "fitted simulation"`, the fit's `status` (exact | approximate) and `bound_bytes`.
 measure and simulate of such a model carry the kept fit's answer as their `estimate` block when there is one;

@@ -138,11 +138,35 @@ def _in_process(cfg, spec, every, on_point, counts) -> dict:
     return traces
 
 
+FIT_CHILDREN = 2  # simulating children run at once (each one process, torch imported once): the issue's 2-core
+# machine; the fake step is single-threaded Python, so two children on 2 cores take about half the time of one
+
+
+def _children(cfg, spec, every: list[tuple], timeout_s: float, point, counts: dict) -> dict:
+    """Every point simulated in up to FIT_CHILDREN children at once (as many as this machine has cores), the points
+    shared out by their cost (a point's layers: a full-depth held-out point costs as much as several shallow ones)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .whatif import child_traces
+
+    n = max(1, min(FIT_CHILDREN, os.cpu_count() or 1, len(every)))
+    groups: list[list[tuple]] = [[] for _ in range(n)]
+    load = [0] * n
+    for p in sorted(every, key=lambda p: -(p[2] if len(p) > 2 else cfg.layers)):
+        i = load.index(min(load))
+        groups[i].append(p)
+        load[i] += p[2] if len(p) > 2 else cfg.layers
+    with ThreadPoolExecutor(n) as pool:
+        parts = list(pool.map(lambda g: child_traces(cfg, spec, g, None, timeout_s, point, counts), groups))
+    return {p: t for part in parts for p, t in part.items()}
+
+
 def make_fit(cfg, spec, on_point: Callable[[tuple, int, int], None] = lambda p, i, n: None,
              timeout_s: float = 600, simulate_in_process: bool = False) -> tuple:
-    """Simulate every point (one child; in this process with simulate_in_process, which imports torch: tests) and
-    fit: (fit, info)."""
-    from .whatif import WhatIf, child_traces
+    """Simulate every point (FIT_CHILDREN children at once; in this process with simulate_in_process, which imports
+    torch: tests) and fit: (fit, info)."""
+    from .whatif import WhatIf
     from .whatif_depth import DepthWhatIf
 
     points, holdout, plan = points_plan(cfg)
@@ -158,7 +182,7 @@ def make_fit(cfg, spec, on_point: Callable[[tuple, int, int], None] = lambda p, 
     if simulate_in_process:
         traces = _in_process(cfg, spec, every, point, counts)
     else:
-        traces = child_traces(cfg, replace(spec, batch_size=2, seq_len=16), every, None, timeout_s, point, counts)
+        traces = _children(cfg, replace(spec, batch_size=2, seq_len=16), every, timeout_s, point, counts)
     seconds = time.perf_counter() - t0
     held = {p: traces[p] for p in holdout}
     if plan is None:

@@ -301,7 +301,11 @@ def _lstsq(points, terms, Y: np.ndarray) -> tuple[np.ndarray, float] | None:
     As = A / scale
     if np.linalg.matrix_rank(As) < len(terms):
         return None
-    sol, *_ = np.linalg.lstsq(As, Y, rcond=None)
+    # The least-squares solution as pinv(As) @ Y: As has full column rank (checked above), so this is lstsq's
+    # solution; it is the same SVD of the small (points x terms) matrix, then one product, where np.linalg.lstsq
+    # factors with every right-hand side (one per op: thousands) and, with a multi-threaded BLAS on a loaded
+    # machine, took 28 s for the 25 solves of a 7B depth fit (pinv: 1 s; measured, 13 x 7 by 20,000).
+    sol = np.linalg.pinv(As) @ Y
     residual = float(np.abs(As @ sol - Y).max()) if Y.size else 0.0
     return (sol / scale[:, None]).T, residual
 
