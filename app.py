@@ -42,7 +42,9 @@ START = TrainSpec(batch_size=4, seq_len=512)
 SEQ_CAP = 32768  # the slider's top for long-context models (a typed URL may not exceed the model's context)
 OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision", "optimizer": "optimizer",
                "opt_impl": "optimizer_impl", "accum": "grad_accum", "ckpt": "checkpointing",
-               "loss": "loss"}
+               "loss": "loss", "ckpt_policy": "checkpoint_policy", "offload_opt": "offload_optimizer"}
+# Checkpointing policies (planner/checkpointing.py): full, torchtitan's selective op policy, every K-th block
+CKPT_POLICIES = ["full", "selective", "every:2", "every:3", "every:4", "every:8"]
 QUANT_TYPES = ["nf4", "fp4"]  # bitsandbytes' 4-bit types (BitsAndBytesConfig bnb_4bit_quant_type)
 GOALS = ["training", "inference"]
 # Where the inference mode starts (every other setting is InferSpec's default, as in `estimate infer`).
@@ -533,6 +535,15 @@ loss = st.selectbox("Loss", LOSSES, LOSSES.index(START.loss), key="loss", bind="
                     help="default: as the model's users train it; chunked-ce: cross-entropy over chunks of tokens, "
                          "the b*s*V logits never whole (Liger's chunking, each chunk recomputed in backward); "
                          "cce: Cut Cross-Entropy's algorithm (planner/losses.py)")
+ckpt_policy = st.selectbox("Checkpointing policy", CKPT_POLICIES, key="ckpt_policy", bind="query-params",
+                           disabled=not ckpt,
+                           help="full: every block keeps only its input; selective: torchtitan's op policy (every "
+                                "second matmul's output and the fused attention's kept, the rest recomputed); every:K: "
+                                "transformers' every_n_layers, only every K-th block checkpointed")
+offload_opt = st.toggle("Optimizer on the host", False, key="offload_opt", bind="query-params",
+                        disabled=device != "cuda",
+                        help="--offload-optimizer: torchao's CPUOffloadOptimizer keeps AdamW's states on the host (the "
+                             "host's bytes are their own line); estimated only, not measured here (needs a GPU)")
 tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=targets[target], quantize=quant,
                      double_quant=bool(double_quant))
 par = None if layout == LAYOUTS[0] else {
@@ -540,7 +551,9 @@ par = None if layout == LAYOUTS[0] else {
                                                        "mp_param_dtype": MP_CHOICES[mp], "cpu_offload": bool(offload)}
                                                       if layout == "fsdp" else {})}
 run_fields = {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt), "grad_accum": int(accum),
-              "optimizer_impl": impl, "device": device, "loss": loss, **tuning}
+              "optimizer_impl": impl, "device": device, "loss": loss,
+              "checkpoint_policy": ckpt_policy if ckpt else "full",
+              "offload_optimizer": bool(offload_opt) and device == "cuda", **tuning}
 if is_fitted(cfg):  # issue #20: no formula family reads this model_type: a fit of simulations answers
     fitted_planner(cfg, run_fields, attention, par)
 else:

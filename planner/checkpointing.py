@@ -10,7 +10,8 @@ block keeps.
               torchtitan's op policy (torchtitan/models/llama3/infra/parallelize.py `_save_list` and
               `_custom_policy`): the outputs of matmuls (aten.mm, every second one recomputed) and of the fused
               attention kernels are saved, pointwise ops are recomputed
-every:K and selective are measured and simulated (the real step); their estimate is not modelled yet.
+every:K and selective are measured and simulated (the real step) and estimated (planner/estimate/ckpt_policy.py,
+from the full-checkpointing estimate and the family's selective_ops: planner/arch/<family>.py).
 """
 from __future__ import annotations
 
@@ -39,3 +40,34 @@ def every_k(policy: str) -> int:
 def checkpointed_blocks(policy: str, layers: int) -> list[int]:
     k = every_k(policy)
     return [i for i in range(layers) if i % k == 0]
+
+
+def selective_saved(ops) -> int:
+    """Bytes torchtitan's policy keeps of one block's forward: ops are the block's (label, kind, bytes, flops) in
+    order (planner/arch/<family>.py selective_ops); every "mm" output whose count in the block is odd and every
+    "sdpa" output (the fused attention kernels) is saved (torchtitan/models/llama3/infra/parallelize.py
+    _custom_policy: `meta[mm_count_key] % 2 == 0` recomputes every second mm); other kinds (addmm, bmm,
+    _grouped_mm: not in _save_list) are recomputed."""
+    return sum(nbytes for _, _, nbytes, _ in saved_ops(ops))
+
+
+def saved_ops(ops) -> list:
+    out, mm = [], 0
+    for op in ops:
+        if op[1] == "mm":
+            mm += 1
+            if mm % 2:
+                out.append(op)
+        elif op[1] == "sdpa":
+            out.append(op)
+    return out
+
+
+def recompute_flops(policy: str, ops, layers: int) -> int:
+    """FLOPs the backward's recompute adds, from the block's matmul and attention FLOPs (pointwise ops are a
+    rounding error next to them): full recomputes every block's forward, every:K the checkpointed blocks'
+    (ceil(L/K) of them), selective every block's ops but the saved ones."""
+    block = sum(f for *_, f in ops)
+    if policy == "selective":
+        return layers * (block - sum(f for *_, f in saved_ops(ops)))
+    return len(checkpointed_blocks(policy, layers)) * block

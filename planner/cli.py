@@ -44,7 +44,7 @@ from . import cli_parallel
 from .api import RAM_GUARD_FRACTION  # the guard the Training step page applies too
 from .bnb import require_bitsandbytes
 from .cli_args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_run, _estimate_record, _print_table,
-                       default_precision, parse_train, progress)
+                       default_precision, parse_train, policy_estimated, progress)
 from .config import ConfigError, config_to_dict, resolve_model, with_dtype
 from .spec import check_device
 from .units import fmt_bytes, parse_size
@@ -167,7 +167,7 @@ def build_parser() -> _Parser:
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "longest-context", "record", "export", "losses",
-                                    "checkpoint-policies", "inference", "modules", "fitted", "fitted-speed"),
+                                    "checkpoint-policies", "inference", "offload", "modules", "fitted", "fitted-speed"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20); fitted / fitted-speed: any transformers causal LM by config.json, fitted estimate vs measurement and first-answer timings (issue #20)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all; with --out its table "
@@ -220,6 +220,9 @@ def cmd_measure_train(args) -> int:
     from .finetune import check_quantize_runnable
 
     check_quantize_runnable(spec)
+    from .estimate.offload import refuse_run
+
+    refuse_run(spec)  # --offload-optimizer: estimate only
     from .cli_simulate import export_paths
 
     exports = export_paths(args)
@@ -230,8 +233,6 @@ def cmd_measure_train(args) -> int:
         raise ConfigError(f"{cfg.model_type}: --world-size / --parallel needs a formula family")
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
-    estimated = not (spec.checkpointing and spec.checkpoint_policy != "full")  # planner/checkpointing.py
-    # a policy not estimated yet: the RAM guard takes the run without checkpointing, which keeps more
     if fitted:
         from .cli_fitted import estimate_block, guard_peak
 
@@ -239,6 +240,8 @@ def cmd_measure_train(args) -> int:
         est = estimate_block(cfg, spec)
         estimated = est is not None
     else:
+        estimated = policy_estimated(cfg, spec)  # planner/estimate/ckpt_policy.py
+        # a policy not estimated here: the RAM guard takes the run without checkpointing, which keeps more
         est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
         guard = est["peak_bytes"]
     if spec.device_type == "cpu":
@@ -492,6 +495,10 @@ def cmd_bench(args) -> int:
         from .bench_techniques import main_checkpointing
 
         return main_checkpointing(quick=args.quick, out=args.out)
+    if args.what == "offload":  # issue #24: --offload-optimizer's estimate (planner/bench_techniques.py)
+        from .bench_techniques import main_offload
+
+        return main_offload(out=args.out)
     if args.what == "losses":  # issue #24: the fused losses' grid (planner/bench_techniques.py)
         from .bench_techniques import main as bench_losses
 

@@ -43,10 +43,14 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
                    help="activation checkpointing of every block; POLICY (planner/checkpointing.py): full (the "
                         "default), every:K (blocks 0, K, 2K, ...: transformers' every_n_layers), selective "
                         "(torchtitan's op policy: matmul and attention outputs kept, pointwise recomputed); "
-                        "every:K and selective are measured and simulated, not estimated yet")
+                        "every:K and selective are estimated, measured and simulated (with fine-tuning or "
+                        "--grad-accum > 1: measured and simulated only)")
     p.add_argument("--attention", choices=ATTENTION_KINDS,
                    help="attention kernel (default: the model's own, as its config says)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--offload-optimizer", action="store_true",
+                   help="AdamW's state on the host (torchao CPUOffloadOptimizer): the device peak and the host's bytes "
+                        "as two figures; estimate only (--device cuda), not measured here (needs a GPU)")
     p.add_argument("--loss", type=_loss_arg, default="default", metavar="|".join(LOSSES[:3] + ("chunked-ce[:N]", "cce")),
                    help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
                         "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
@@ -102,7 +106,7 @@ def parse_train(args) -> tuple:
                      optimizer=args.optimizer, checkpointing=bool(args.checkpointing),
                      checkpoint_policy=args.checkpointing or "full", grad_accum=args.grad_accum,
                      optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
-                     **finetune_args(args))
+                     offload_optimizer=bool(getattr(args, "offload_optimizer", False)), **finetune_args(args))
     if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
         raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
                           "for one process)")
@@ -152,3 +156,16 @@ def _print_table(rec: dict, keys: list[str]) -> None:
 
 ESTIMATE_KEYS = ["params_bytes", "buffers_bytes", "inputs_bytes", "grads_bytes", "optimizer_bytes",
                  "activations_bytes", "peak_bytes", "peak_phase"]
+
+
+def policy_estimated(cfg, spec) -> bool:
+    """False for a checkpointing policy the estimate does not model for this run (fine-tuning, accumulation)."""
+    if not (spec.checkpointing and spec.checkpoint_policy != "full"):
+        return True
+    from .estimate.ckpt_policy import check_policy_estimable
+
+    try:
+        check_policy_estimable(cfg, spec)
+    except ConfigError:
+        return False
+    return True

@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .cli_args import ESTIMATE_KEYS, EXIT_INVALID, _add_model, _add_run, _estimate_record, parse_train
+from .cli_args import ESTIMATE_KEYS, EXIT_INVALID, _add_model, _add_run, _estimate_record, parse_train, policy_estimated
 from .config import ConfigError, config_to_dict
 from .spec import WHATIF_HOLDOUT, WHATIF_HOLDOUT_NO_SEQ, WHATIF_POINTS, WHATIF_POINTS_NO_SEQ
 from .units import fmt_bytes
@@ -176,6 +176,9 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
     from .finetune import check_quantize_runnable
 
     check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
+    from .estimate.offload import refuse_run
+
+    refuse_run(spec)  # --offload-optimizer: estimate only
     return cfg, spec, None
 
 
@@ -214,7 +217,7 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
 
         est = estimate_block(cfg, spec)
         rec["estimate"] = est
-    elif not (spec.checkpointing and spec.checkpoint_policy != "full"):  # a policy not estimated yet: none
+    elif policy_estimated(cfg, spec):  # a checkpointing policy not estimated for this run: none
         est = _estimate_record(cfg, spec)
         rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}
     if outcome.exit_code == 0 and est is not None:

@@ -37,6 +37,17 @@ CHANGES = {
                "no slowdown with its CUDA kernels); measured here as a plain-torch equivalent, which recomputes the "
                "logits block by block"),
     "checkpointing": (2, "recomputes each block's forward in backward: ~1 extra forward per step"),
+    # Issue #24 (planner/checkpointing.py, planner/estimate/ckpt_policy.py): between none and full checkpointing;
+    # the recompute share is computed per run from the ops' FLOPs (recompute_share) and put before these words.
+    # Ranked with the other "same maths, more compute" changes, before full checkpointing: they recompute less.
+    "selective-checkpointing": (1, "torchtitan's selective policy (torch.utils.checkpoint's "
+                                   "create_selective_checkpoint_contexts): every block keeps every second matmul's "
+                                   "output and the fused attention's, pointwise ops are recomputed"),
+    "every-k-checkpointing": (1, "transformers' every_n_layers: only every K-th block is checkpointed and "
+                                 "recomputed, the others keep their activations"),
+    # Issue #24 (planner/estimate/offload.py): torchao's CPUOffloadOptimizer; its host bytes are put before these words
+    "offload-optimizer": (3, "AdamW's states on the host (torchao CPUOffloadOptimizer): every grad is copied to the "
+                             "host and the step runs on CPU cores, slower per step (estimated only, not measured here)"),
     "bf16-amp": (3, "matmuls in bf16 (8-bit mantissa); fp32 master weights keep updates exact; usually no loss change"),
     "fp16-amp": (4, "matmuls in fp16 with dynamic loss scaling (GradScaler); overflow-skipped steps possible"),
     "sgd-momentum": (5, "a different optimizer: needs its own learning rate; often slower to converge than AdamW"),
@@ -147,6 +158,15 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
         out.append(_Change("cce", "Cut Cross-Entropy (--loss cce)", dataclasses.replace(spec, loss="cce"), att))
     if not spec.checkpointing:
         out.append(_Change("checkpointing", "checkpointing", dataclasses.replace(spec, checkpointing=True), att))
+        out.append(_Change("selective-checkpointing", "selective checkpointing (--checkpointing selective)",
+                           dataclasses.replace(spec, checkpointing=True, checkpoint_policy="selective"), att))
+        for k in (2, 4):
+            if k < cfg.layers:
+                out.append(_Change("every-k-checkpointing", f"checkpointing every {k} blocks (--checkpointing every:{k})",
+                                   dataclasses.replace(spec, checkpointing=True, checkpoint_policy=f"every:{k}"), att))
+    elif spec.checkpoint_policy != "full":  # every:K / selective: full checkpointing keeps less
+        out.append(_Change("checkpointing", "full checkpointing (--checkpointing full)",
+                           dataclasses.replace(spec, checkpoint_policy="full"), att))
     for prec in (() if spec.quantize_base != "none" else ("bf16-amp", "fp16-amp", "bf16")):  # QLoRA: bf16 only
         if spec.precision != prec:
             out.append(_Change(prec, prec, dataclasses.replace(spec, precision=prec), att))
@@ -156,6 +176,10 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     if spec.optimizer == "adamw" and "adamw-8bit" in OPTIMIZERS:
         new = dataclasses.replace(spec, optimizer="adamw-8bit", optimizer_impl="default")
         out.append(_Change("adamw-8bit", "AdamW8bit optimizer", new, att))
+    if spec.optimizer in ("adam", "adamw") and spec.device_type == "cuda" and not spec.finetuning \
+            and not spec.offload_optimizer:
+        out.append(_Change("offload-optimizer", "optimizer on the host (--offload-optimizer)",
+                           dataclasses.replace(spec, offload_optimizer=True), att))
     out += _finetune_changes(cfg, spec)
     s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
@@ -251,6 +275,17 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
                          else f" (measured here, {what}2-block proxy: within timing noise)")
             if c.key in ("chunked-ce", "cce") and len(combo) == 1:  # what it saves, beside what it costs
                 text = f"lowers the peak by {fmt_bytes(now - peak)}; " + text
+            if c.key == "offload-optimizer" and len(combo) == 1:
+                from .estimate.offload import host_bytes
+
+                text = (f"lowers the device peak by {fmt_bytes(now - peak)} and needs "
+                        f"{fmt_bytes(sum(host_bytes(cfg, c.spec).values()))} of host RAM; " + text)
+            if c.key in ("selective-checkpointing", "every-k-checkpointing") and len(combo) == 1:
+                from .estimate.ckpt_policy import recompute_share
+
+                share = recompute_share(cfg, c.spec)  # the recomputed ops' FLOPs over the step's (3 x the forward)
+                text = (f"lowers the peak by {fmt_bytes(now - peak)} for ~{100.0 * share:.0f}% more compute (the "
+                        "recomputed matmul and attention FLOPs over the step's, Kaplan et al. 2020); " + text)
             words.append(f"{c.label}: {text}")
         options.append(Option(changes=[c.key for c in combo], label=" + ".join(c.label for c in combo),
                               spec=dataclasses.asdict(new_spec), attention=attention, peak_bytes=peak,

@@ -65,6 +65,9 @@ class TrainSpec:
     # Issue #24 (planner/checkpointing.py): with checkpointing, which blocks and what they keep: full (every block,
     # its input only: what `checkpointing` has always meant), every:K, selective (torchtitan's op policy)
     checkpoint_policy: str = "full"
+    # Issue #24 (planner/estimate/offload.py): the optimizer state on the host, torchao's CPUOffloadOptimizer
+    # (estimated only: it runs on CUDA / XPU)
+    offload_optimizer: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "grad_accum"):
@@ -171,4 +174,5 @@ def run_args(spec: TrainSpec) -> list[str]:
         args += ["--lora-targets", spec.lora_targets] if spec.lora_targets else []
     args += ["--quantize-base", spec.quantize_base] if spec.quantize_base != "none" else []
     args += ["--double-quant"] if spec.double_quant else []
+    args += ["--offload-optimizer"] if getattr(spec, "offload_optimizer", False) else []
     return args

@@ -51,7 +51,11 @@ def shown(at, cfg=None) -> tuple[TrainSpec, str]:
                                optimizer=at.selectbox(key="optimizer").value, checkpointing=at.toggle(key="ckpt").value,
                                grad_accum=int(at.number_input(key="accum").value),
                                optimizer_impl=at.selectbox(key="opt_impl").value,
-                               device=at.selectbox(key="device").value, loss=at.selectbox(key="loss").value),
+                               device=at.selectbox(key="device").value, loss=at.selectbox(key="loss").value,
+                               checkpoint_policy=at.selectbox(key="ckpt_policy").value
+                               if at.toggle(key="ckpt").value else "full",
+                               offload_optimizer=at.toggle(key="offload_opt").value
+                               and at.selectbox(key="device").value == "cuda"),
                        **tuning})
     return spec, at.selectbox(key="attention").value
 
@@ -91,7 +95,8 @@ def test_each_advice_option_applies_exactly_its_own_settings():
     at = app()
     at.slider(key="batch").set_value(64).run()
     before = {k: at.session_state[k] for k in ("batch", "seq", "precision", "optimizer", "opt_impl", "accum", "ckpt",
-                                               "attention", "tune", "lora_r", "lora_targets", "quant", "double_quant", "loss")}
+                                               "attention", "tune", "lora_r", "lora_targets", "quant", "double_quant", "loss",
+                                               "ckpt_policy", "offload_opt")}
     labels = at.selectbox(key="advice_choice").options
     assert len(set(labels)) == len(labels) and {"grad-accum 2 x batch 32", "grad-accum 4 x batch 16"} <= set(labels)
     table = at.dataframe[0].value.set_index("option")
@@ -103,6 +108,8 @@ def test_each_advice_option_applies_exactly_its_own_settings():
         at.button(key="apply").click().run()
         est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
         assert fmt_bytes(est.peak_bytes) == table.loc[label, "peak"], label
+        if "--checkpointing" in label:  # a policy option sets the policy control (issue #24)
+            assert at.toggle(key="ckpt").value and label.endswith(f"{at.selectbox(key='ckpt_policy').value})")
         if label.startswith("grad-accum"):
             assert label == f"grad-accum {at.number_input(key='accum').value} x batch {at.slider(key='batch').value}"
 
@@ -298,3 +305,20 @@ def test_loading_measure_all(data_dir):
     assert not at.exception and not at.error
     results = at.session_state["load_result"]["results"]
     assert len(results) == 7 and all(r["file_bytes"] < 2**20 for r in results)  # gpt2-small's is ~650 MB
+
+
+def test_checkpointing_policy_and_optimizer_offload_controls():
+    """Issue #24: the policy control (with checkpointing on) and, on cuda, the optimizer-offload toggle drive the
+    figures; the offload's host bytes are a line of their own, not in the peak."""
+    at = app()
+    at.toggle(key="ckpt").set_value(True).run()
+    at.selectbox(key="ckpt_policy").set_value("selective").run()
+    spec, _ = shown(at)
+    assert spec.checkpoint_policy == "selective"
+    assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
+    at.selectbox(key="device").set_value("cuda").run()
+    at.toggle(key="offload_opt").set_value(True).run()
+    spec, _ = shown(at)
+    assert spec.offload_optimizer
+    est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
+    assert est.transients["host_optimizer_offload"] > 0

@@ -44,6 +44,9 @@ def tuned(at) -> TrainSpec:
     TrainSpec(1, 64, "bf16", "adamw-8bit", checkpointing=True, lora_r=32, lora_targets="all-linear",
               quantize_base="nf4", double_quant=True),
     TrainSpec(1, 64, "bf16", lora_r=8, quantize_base="fp4"),
+    TrainSpec(2, 64, checkpointing=True, checkpoint_policy="every:3"),  # issue #24
+    TrainSpec(1, 64, "bf16-amp", checkpointing=True, checkpoint_policy="selective", device="cuda",
+              offload_optimizer=True),
 ])
 def test_run_args_give_the_cli_the_same_run(spec):
     """What the Training step page passes its child (planner.spec.run_args) parses back to the same TrainSpec."""

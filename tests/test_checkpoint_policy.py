@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli_args import EXIT_INVALID
-from planner.config import LlamaConfig, ConfigError
+from planner.config import GPT2Config, LlamaConfig, ConfigError
 from planner.measure.simulate import simulate_training
 from planner.measure.training import measure_training
 from planner.spec import TrainSpec, run_args
@@ -57,7 +57,63 @@ def test_cli_checkpointing_flag():
                  "--checkpointing", "--json")
     assert plain.returncode == 0 and json.loads(plain.stdout)["run"]["checkpointing"] is True
     assert json.loads(plain.stdout)["run"]["checkpoint_policy"] == "full"
-    for policy, needle in (("selective", "not estimated yet"), ("every:x", "unknown checkpointing policy")):
+    for policy, extra, needle in (("every:x", (), "unknown checkpointing policy"),
+                                  ("every:2", ("--train-layers", "last:2"), "not estimated yet")):
         proc = _cli("estimate", "train", "--model", "gpt2-small", "--batch-size", "1", "--seq-len", "64",
-                    "--checkpointing", policy)
+                    "--checkpointing", policy, *extra)
         assert proc.returncode == EXIT_INVALID and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    sel = _cli("estimate", "train", "--model", "llama-3-8b", "--batch-size", "1", "--seq-len", "4096",
+               "--checkpointing", "selective", "--json")
+    assert sel.returncode == 0, sel.stderr
+    rec = json.loads(sel.stdout)
+    assert rec["run"]["checkpoint_policy"] == "selective"
+    assert any("recompute" in n for n in rec["notes"])
+
+
+# ---- the estimate of every:K and selective (planner/estimate/ckpt_policy.py) ------------------------------------
+LLAMA4 = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=4,
+                     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def test_selective_rule_is_torchtitans():
+    from planner.checkpointing import recompute_flops, selective_saved
+
+    ops = [("q", "mm", 10, 100), ("k", "mm", 1, 100), ("v", "mm", 20, 100), ("att", "sdpa", 5, 50),
+           ("o", "addmm", 7, 100), ("o2", "mm", 2, 100), ("gate", "mm", 40, 100), ("e", "grouped_mm", 9, 100)]
+    # mm 1, 3 and 5 (q, v, gate) and the fused attention are kept; every second mm, addmm and grouped_mm are not
+    assert selective_saved(ops) == 10 + 20 + 5 + 40
+    assert recompute_flops("selective", ops, 3) == 3 * (750 - 350)
+    assert recompute_flops("every:2", ops, 3) == 2 * 750 and recompute_flops("full", ops, 3) == 3 * 750
+
+
+@pytest.mark.parametrize("cfg,policy,precision", [
+    (LLAMA4, "every:3", "bf16-amp"), (LLAMA4, "selective", "fp32"),
+    (GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4, qkv_bias=False), "selective",
+     "bf16"),
+    (GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4), "every:2", "fp32")])
+def test_policy_estimate_within_one_percent_of_measure(cfg, policy, precision):
+    from planner.estimate.training import estimate_training
+
+    spec = TrainSpec(2, 32, precision, "adamw", checkpointing=True, checkpoint_policy=policy)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert abs(est.peak_bytes - meas["peak_bytes"]) <= 0.01 * meas["peak_bytes"]
+    assert est.peak_phase == meas["peak_phase"]
+    full = estimate_training(cfg, TrainSpec(2, 32, precision, "adamw", checkpointing=True))
+    none = estimate_training(cfg, TrainSpec(2, 32, precision, "adamw"))
+    assert full.phase_peak_bytes["forward"] <= est.phase_peak_bytes["forward"] <= none.phase_peak_bytes["forward"]
+
+
+def test_recompute_share_from_flops():
+    from planner.config import resolve_model
+    from planner.estimate.ckpt_policy import recompute_share
+
+    cfg = resolve_model("llama-3-8b", None)
+    share = {p: recompute_share(cfg, TrainSpec(1, 4096, "bf16-amp", "adamw", checkpointing=True, checkpoint_policy=p))
+             for p in ("full", "every:2", "selective")}
+    assert 0.28 < share["full"] < 1 / 3  # one more forward of the blocks; the head is not recomputed
+    assert share["every:2"] == pytest.approx(share["full"] / 2)  # 16 of 32 blocks
+    assert 0 < share["selective"] < share["every:2"]
+    assert recompute_share(cfg, TrainSpec(1, 4096)) is None
+    book = resolve_model("gpt2-small", None)  # biased Linears (addmm), eager attention: nothing saved
+    assert recompute_share(book, TrainSpec(1, 64, checkpointing=True, checkpoint_policy="selective")) == \
+        recompute_share(book, TrainSpec(1, 64, checkpointing=True))

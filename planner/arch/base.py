@@ -187,6 +187,14 @@ class Family:
         holds outside the block (ctx: planner.estimate.training.SweepContext)."""
         raise NotImplementedError
 
+    def selective_ops(self, cfg, spec, w) -> list | None:
+        """One block's matmul and attention ops in forward order, as torchtitan's selective-checkpointing policy
+        sees them: (label, kind, output bytes, FLOPs), kind "mm" (aten.mm: a Linear without bias on a 3-D
+        input), "addmm" (a Linear with a bias), "bmm" (eager attention), "grouped_mm" (MoE experts) or "sdpa"
+        (a fused attention kernel); planner/checkpointing.py selective_saved applies the policy. None: not
+        modelled for this family."""
+        return None
+
     def head_point(self, cfg, spec, w, ctx) -> int:
         """Live bytes at the backward's high point after the loss and before the blocks (0: none)."""
         return 0

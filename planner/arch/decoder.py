@@ -186,6 +186,29 @@ class RMSDecoder(HFCausalLM):
     def attention_terms(self, c, spec, w) -> list[Term]:
         return parts.attention(self.shape(c), spec.batch_size, spec.seq_len, w, masked=self.masked(c, spec))
 
+    def selective_ops(self, c, spec, w) -> list:
+        """q, k, v (or Phi-3's qkv), the attention, o, then the MLP's (selective_mlp_ops). A Linear without bias
+        on a 3-D input is aten.mm (ATen linear: matmul folds the batch into the rows), with a bias aten.addmm
+        (_flatten_nd_linear); SDPA on the CPU runs _scaled_dot_product_flash_attention_for_cpu, mask or not
+        (output b*s*a*d*e_m and an fp32 (b, a, s) logsumexp); eager attention is bmm (measured: the op
+        sequence under a TorchDispatchMode, transformers 5.23, torch 2.13)."""
+        b, s = spec.batch_size, spec.seq_len
+        x = self.shape(c)
+        qkv_b, o_b, _ = self.biases(c)
+        ops = ([linear_op("qkv_proj", b * s, x.h, (x.a + 2 * x.kv) * x.d, qkv_b, w)] if self.fused_qkv else
+               [linear_op("q_proj", b * s, x.h, x.a * x.d, qkv_b, w), linear_op("k_proj", b * s, x.h, x.kv * x.d, qkv_b, w),
+                linear_op("v_proj", b * s, x.h, x.kv * x.d, qkv_b, w)])
+        ops.append(attention_op(c.attention, b, s, x.a, x.d, w))
+        ops.append(linear_op("o_proj", b * s, x.a * x.d, x.h, o_b, w))
+        return ops + self.selective_mlp_ops(c, spec, w)
+
+    def selective_mlp_ops(self, c, spec, w) -> list:
+        """The gated MLP: gate and up (Phi-3: one gate_up), then down."""
+        n, x, bias = spec.batch_size * spec.seq_len, self.shape(c), self.biases(c)[2]
+        up = ([linear_op("gate_up_proj", n, x.h, 2 * x.f, bias, w)] if self.fused_gate_up else
+              [linear_op("gate_proj", n, x.h, x.f, bias, w), linear_op("up_proj", n, x.h, x.f, bias, w)])
+        return up + [linear_op("down_proj", n, x.f, x.h, bias, w)]
+
     def mask_terms(self, c, spec, w) -> list[Term]:
         """SDPA given a mask (a sliding window no longer than the sequence): the CPU flash kernel converts
         the (b, 1, s, s) bool mask to the query's dtype and saves that copy, in every layer (measured)."""
@@ -446,6 +469,21 @@ class RMSDecoder(HFCausalLM):
         """The final RMSNorm's backward runs in fp32 and holds four fp32 b*s*h temporaries at once
         (measured), after the head's backward has freed its input (b*s*h*e_m) and autocast's head copy."""
         return x.saved_after_loss - x.bsh * w.e_m - x.casts_head + x.grads_last + x.bsh * w.e_m + 16 * x.bsh
+
+
+def linear_op(label: str, n: int, n_in: int, n_out: int, bias: bool, w) -> tuple[str, str, int, int]:
+    """A Linear's op as the selective policy sees it (planner/arch/base.py selective_ops): its (n, n_out) output
+    in the matmul dtype and 2*n*n_in*n_out FLOPs."""
+    return (label, "addmm" if bias else "mm", n * n_out * w.e_m, 2 * n * n_in * n_out)
+
+
+def attention_op(kind: str, b: int, s: int, a: int, d: int, w) -> tuple[str, str, int, int]:
+    """The attention's core: SDPA's fused kernel (its output and the fp32 logsumexp, both kept by the selective
+    policy) or eager's bmm pair (recomputed); 4*b*s^2*a*d FLOPs (QK^T and PV, the causal half not skipped)."""
+    flops = 4 * b * s * s * a * d
+    if kind == "sdpa":
+        return ("sdpa flash kernel: output + fp32 logsumexp", "sdpa", b * s * a * d * w.e_m + 4 * b * a * s, flops)
+    return ("eager attention (bmm)", "bmm", 0, flops)
 
 
 def rope_buffers(n: int) -> list[TensorSpec]:

@@ -285,6 +285,17 @@ class HFGPT2(HFCausalLM):
             return (e_soft + w.e_m) * bas2
         return (4 if w.amp else w.e_m) * bas2
 
+    def selective_ops(self, c: HFGPT2Config, spec, w) -> list:
+        """Conv1D is addmm (c_attn, c_proj, c_fc, mlp c_proj): none is in torchtitan's list; SDPA's flash kernel
+        is (its output and fp32 logsumexp), the math path under dropout on the CPU and eager are bmm."""
+        from .decoder import attention_op
+
+        b, s, h = spec.batch_size, spec.seq_len, c.n_embd
+        n, a, d, f = b * s, c.n_head, h // c.n_head, c.inner
+        att = attention_op("sdpa" if self._flash(c, spec) else "eager", b, s, a, d, w)
+        return [("c_attn", "addmm", n * 3 * h * w.e_m, 2 * n * h * 3 * h), att, ("attn c_proj", "addmm", n * h * w.e_m, 2 * n * h * h),
+                ("c_fc", "addmm", n * f * w.e_m, 2 * n * h * f), ("mlp c_proj", "addmm", n * h * w.e_m, 2 * n * f * h)]
+
     @staticmethod
     def _flash(c: HFGPT2Config, spec) -> bool:
         """SDPA takes its flash kernel (no dropout, or a CUDA device); with dropout on the CPU, the math one."""

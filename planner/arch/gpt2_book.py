@@ -221,6 +221,19 @@ class BookGPT2(Family):
         return 4 if (c.attention == "sdpa" and w.e_m < 4) else 0
 
     # ---- the real model -------------------------------------------------------------------------------
+    def selective_ops(self, c: GPT2Config, spec, w) -> list:
+        """The book's block (planner/models/gpt2.py): W_query, W_key, W_value (aten.mm without qkv_bias, addmm
+        with it), the attention (eager: `@` is bmm; sdpa: the CPU flash kernel unless dropout runs the math path),
+        out_proj and the feed-forward's two Linears (biased: addmm)."""
+        from .decoder import attention_op, linear_op
+
+        b, s, h = spec.batch_size, spec.seq_len, c.emb_dim
+        n, a, d = b * s, c.n_heads, c.emb_dim // c.n_heads
+        flash = c.attention == "sdpa" and not (c.drop_rate > 0 and spec.device_type == "cpu")
+        return ([linear_op(name, n, h, h, c.qkv_bias, w) for name in ("W_query", "W_key", "W_value")]
+                + [attention_op("sdpa" if flash else "eager", b, s, a, d, w), linear_op("out_proj", n, h, h, True, w),
+                   linear_op("ff in", n, h, 4 * h, True, w), linear_op("ff out", n, 4 * h, h, True, w)])
+
     def build(self, cfg, device, dtype: str):
         """Built directly in `dtype` on `device` (under that default dtype, as the research ran pure bf16),
         never an fp32 and a bf16 copy at once."""

@@ -104,6 +104,24 @@ class MoEDecoder(RMSDecoder):
             out.append(t)
         return out
 
+    def selective_mlp_ops(self, c, spec, w) -> list:
+        """The sparse block as the selective policy sees it (measured op order, transformers 5.23): Qwen2-MoE's
+        shared expert (gate, up, down: aten.mm) first, then the router (mm), the experts' two _grouped_mm (not
+        in torchtitan's list: recomputed), then Qwen2-MoE's shared_expert_gate (mm, one output)."""
+        from .decoder import linear_op
+
+        n, h, E, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
+        fs = self.shared_expert_size(c)
+        ops = ([linear_op("shared_expert.gate_proj", n, h, fs, False, w), linear_op("shared_expert.up_proj", n, h, fs, False, w),
+                linear_op("shared_expert.down_proj", n, fs, h, False, w)] if fs else [])
+        ops.append(linear_op("router", n, h, E, False, w))
+        e_x = 4 if w.amp else w.e_m  # the experts run in the parameters' dtype
+        ops += [("experts gate_up (grouped)", "grouped_mm", n * k * 2 * f * e_x, 2 * n * k * h * 2 * f),
+                ("experts down (grouped)", "grouped_mm", n * k * h * e_x, 2 * n * k * f * h)]
+        if fs:
+            ops.append(linear_op("shared_expert_gate", n, h, 1, False, w))
+        return ops
+
     # ---- saved tensors --------------------------------------------------------------------------------
     def moe_terms(self, c, spec, w) -> list[Term]:
         """The sparse block's saved tensors (module docstring)."""

@@ -245,12 +245,15 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
 
 
 def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
-    policy = getattr(spec, "checkpoint_policy", "full")
-    if spec.checkpointing and policy != "full":  # planner/checkpointing.py
-        from ..validation import ConfigError
+    if getattr(spec, "offload_optimizer", False):  # the optimizer on the host: planner/estimate/offload.py
+        from .offload import estimate_offload_optimizer
 
-        raise ConfigError(f"checkpointing policy {policy} is measured and simulated, not estimated yet "
-                          "(use simulate train or measure train)")
+        return estimate_offload_optimizer(cfg, spec, estimate_training)
+    policy = getattr(spec, "checkpoint_policy", "full")
+    if spec.checkpointing and policy != "full":  # every:K, selective: planner/estimate/ckpt_policy.py
+        from .ckpt_policy import estimate_policy
+
+        return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes)
     if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py), on the book's GPT-2
         # (finetune_book.py) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params

@@ -143,6 +143,9 @@ class TrainingStep:
         else:
             self.model = build_model(cfg, self.device, spec.param_dtype)
         self.model.train()
+        from ..estimate.offload import refuse_run
+
+        refuse_run(spec)  # --offload-optimizer is estimated only (planner/estimate/offload.py)
         if spec.checkpointing:  # the policy: planner/checkpointing.py (full is the family's own)
             from .checkpointing import enable_policy
 

@@ -1,0 +1,142 @@
+"""The estimate of the checkpointing policies every:K and selective (issue #24; no torch), built from the
+full-checkpointing estimate (planner/estimate/training.py) and, for every:K, the unCheckpointed one.
+
+every:K (transformers' every_n_layers: blocks i with i % K == 0 checkpointed, planner/checkpointing.py)
+  The model runs in checkpointing mode; a checkpointed block keeps its input (b*s*h*e_r), the others their whole
+  saved set and, under autocast, their low-precision weight copies. So the forward and loss phases are full's plus,
+  per uncheckpointed block, its saved set minus its input (its weight copies are in full's autocast cache already),
+  and the loss backward's start full's plus its saved set and weight copies minus its input. The backward sweep
+  walks the blocks from the last: at block i it holds the saved sets of blocks 0..i-1, the grads of blocks
+  i+1..L-1 and the head, and block i's own high points (the family's block_points, as in the full estimate for a
+  checkpointed block, as in the unCheckpointed one for the others). Between blocks of one kind the total is
+  linear in i, so every block is evaluated (L terms of arithmetic).
+selective (torchtitan's op policy through create_selective_checkpoint_contexts)
+  Every block is checkpointed and keeps, besides its input, the outputs of the ops the policy saves
+  (planner/checkpointing.py selective_saved over the family's selective_ops): the forward, loss and backward-start
+  points are full's plus L such caches; at block i of the sweep blocks 0..i-1 hold theirs (the current block's
+  cached outputs are the recompute's own tensors: no extra).
+Measured against both (bench checkpoint-policies): the estimate is held to 1% of the live-bytes peak.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..accounting import DTYPE_BYTES
+from ..arch import family_of
+from ..arch.base import resolved_loss
+from ..checkpointing import checkpointed_blocks, every_k, recompute_flops, selective_saved
+from ..validation import ConfigError
+from .activations import Widths, block_terms
+
+
+def check_policy_estimable(cfg, spec) -> None:
+    """One line for what the policy estimate does not model."""
+    policy = spec.checkpoint_policy
+    if spec.finetuning:
+        raise ConfigError(f"checkpointing policy {policy} with fine-tuning is measured and simulated, not estimated "
+                          "yet (use simulate train or measure train)")
+    if spec.grad_accum > 1:
+        raise ConfigError(f"checkpointing policy {policy} with --grad-accum > 1 is measured and simulated, not "
+                          "estimated yet (use simulate train or measure train)")
+    if policy == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
+        raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
+
+
+def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_bytes):
+    """every:K or selective; estimate_training, grad_numels (parameter counts by role) and autocast_weight_bytes are
+    planner.estimate.training's, passed in (no import circle)."""
+    check_policy_estimable(cfg, spec)
+    family = family_of(cfg)
+    policy = spec.checkpoint_policy
+    full_spec = dataclasses.replace(spec, checkpoint_policy="full")
+    full = estimate_training(cfg, full_spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    ckpt_in = b * s * h * w.e_r  # a checkpointed block's stashed input
+    grads = full.grads_bytes
+    base = full.phase_peak_bytes["zero_grad"] - grads  # weights, buffers, inputs, optimizer state (+ CUDA lines)
+    # the loss backward's start in the full estimate (training.py "backward": activations + the loss's grads)
+    shifted = 8 * b * s if resolved_loss(family, spec) == "labels" else 0
+    fused_bwd = sum(t["bytes"] for t in full.terms if t["name"].startswith("transient:") and "backward (one chunk" in t["name"])
+    start = full.activations_bytes - shifted + full.transients["cross_entropy_grads"] + fused_bwd
+    g_blk = grad_numels(cfg)["block"] * e_p
+    fp = full.backward_points
+    ops = family.selective_ops(cfg, spec, w)
+    if policy == "selective":
+        cache = selective_saved(ops)
+        kept = [cache] * L                      # what each block keeps besides its input
+        extra_fwd = extra_start = L * cache
+        none_points = {}
+        kinds = ["c"] * L
+        note = (f"selective checkpointing: every block keeps its input and the outputs torchtitan's policy saves "
+                f"({cache:,} B a block: every second aten.mm and the fused attention kernel's), the rest is "
+                "recomputed in backward")
+    else:
+        k = every_k(policy)
+        ckpt = set(checkpointed_blocks(policy, L))
+        none = estimate_training(cfg, dataclasses.replace(spec, checkpointing=False, checkpoint_policy="full"))
+        blk = sum(t.bytes for t in block_terms(cfg, full_spec, w))
+        casts_blk = autocast_weight_bytes(cfg, spec, blocks_only=True) // L
+        n_non = L - len(ckpt)
+        kept = [0 if i in ckpt else blk + casts_blk - ckpt_in for i in range(L)]
+        extra_fwd = n_non * (blk - ckpt_in)  # their weight copies are in full's autocast cache already
+        extra_start = n_non * (blk + casts_blk - ckpt_in)
+        none_points = none.backward_points
+        kinds = ["c" if i in ckpt else "n" for i in range(L)]
+        note = (f"checkpointing every {k} blocks (transformers' every_n_layers): blocks 0, {k}, ... keep their input "
+                f"only ({len(ckpt)} of {L}), the other {n_non} keep their saved tensors")
+    saved_n = sum(t.bytes for t in block_terms(cfg, dataclasses.replace(spec, checkpointing=False,
+                                                                        checkpoint_policy="full"), w))
+    saved_n += autocast_weight_bytes(cfg, spec, blocks_only=True) // L
+    # the sweep: point(i) = block i's last-block point - what that estimate held in blocks 0..L-2 + what blocks
+    # 0..i-1 hold here + the grads of blocks i+1..L-1 (a last-block point holds none of them)
+    points = {"final norm": fp["final norm"] + sum(kept)}
+    names = {kind: [n[len("last block "):] for n in pts if n.startswith("last block ")]
+             for kind, pts in (("c", fp), ("n", none_points))}
+    held = 0
+    for i in range(L):
+        for name in names[kinds[i]]:
+            if i == 0:  # block 0 is checkpointed under both policies; nothing below it
+                value = fp[f"first block {name}"]
+            elif kinds[i] == "c":
+                value = fp[f"last block {name}"] - (L - 1) * ckpt_in + held + (L - 1 - i) * g_blk
+            else:
+                value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk
+            points[f"block {i} {name}"] = value
+        held += ckpt_in + kept[i]
+    phase = dict(full.phase_peak_bytes)
+    phase["forward"] += extra_fwd
+    phase["loss"] += extra_fwd
+    phase["backward"] = max(phase["backward"], base + start + extra_start, base + max(points.values()))
+    peak_phase = max(phase, key=phase.get)
+    notes = [n for n in full.notes if not n.startswith("checkpointing:")] + [note]
+    share = recompute_share(cfg, spec)
+    if share is not None:
+        notes.append(f"recompute: ~{100.0 * share:.0f}% more matmul and attention FLOPs than the step without "
+                     "checkpointing (" + RECOMPUTE_SOURCE + ")")
+    return dataclasses.replace(full, activations_bytes=full.activations_bytes + extra_start, peak_bytes=phase[peak_phase],
+                               peak_phase=peak_phase, phase_peak_bytes=phase, notes=notes, backward_points=points,
+                               terms=full.terms + [{"name": f"{policy}: kept beyond full checkpointing",
+                                                    "formula": "see planner/estimate/ckpt_policy.py",
+                                                    "bytes": extra_start, "per_layer": False, "where": "block",
+                                                    "part": ""}])
+
+
+RECOMPUTE_SOURCE = ("the recomputed ops' FLOPs over the step's, forward + backward ~ 3x the forward: Kaplan et al. "
+                    "2020, arXiv 2001.08361; the ops as planner/arch/<family>.py selective_ops lists them")
+
+
+def recompute_share(cfg, spec) -> float | None:
+    """The checkpointing policy's extra compute as a share of the step without checkpointing: recomputed FLOPs
+    (planner/checkpointing.py recompute_flops: full = every block's forward, every:K = the checkpointed blocks',
+    selective = every block's ops but the saved ones) over the step's 3 x (L blocks + the head's 2*b*s*h*V).
+    None: no checkpointing, or the family does not list its ops."""
+    if not spec.checkpointing:
+        return None
+    ops = family_of(cfg).selective_ops(cfg, spec, Widths.of(spec))
+    if ops is None:
+        return None
+    b, s = spec.batch_size, spec.seq_len
+    fwd = cfg.layers * sum(f for *_, f in ops) + 2 * b * s * cfg.hidden * cfg.vocab_size
+    return recompute_flops(spec.checkpoint_policy, ops, cfg.layers) / (3 * fwd)

@@ -1,0 +1,103 @@
+"""`--offload-optimizer`: the optimizer state on the host (issue #24; no torch), as torchao's CPUOffloadOptimizer
+does it (torchao/optim/cpu_offload.py, pytorch/ao at 173b31ec; `CPUOffloadOptimizer(model.parameters(),
+torch.optim.AdamW, fused=True)`, its defaults offload_gradients=False, minimal_size=4096):
+
+  device  the weights and their grads stay (offload_gradients=False); a parameter under `minimal_size` (4,096)
+          elements keeps its AdamW on the device (`d_opt`, fused); the others' states are not on the device, and the
+          step there is only `p_device.copy_(p_host)` (in place): no update temporaries on the device.
+  host    per offloaded parameter a pinned copy `p_host = torch.empty_like(p, device="cpu", pin_memory=True)` and a
+          pinned grad buffer `p_host.grad` of its size and dtype, and its own fused CPU AdamW (exp_avg, exp_avg_sq in
+          the parameter's dtype, a 0-d fp32 step). Pinned memory comes from PyTorch's CachingHostAllocator, which
+          rounds every request up to a power of two (aten/src/ATen/core/CachingHostAllocator.h allocate:
+          `c10::llvm::PowerOf2Ceil(size)`); the optimizer states are ordinary (pageable) host memory.
+
+The device and host are different budgets: `peak_bytes` is the device's; the host's bytes are a line of their own
+(`transients.host_optimizer_offload`). CPUOffloadOptimizer asserts a CUDA or XPU device ("CPU Offload currently
+only supports CUDA & XPU"), so on this CPU-only machine it cannot run: both figures are estimated, not measured
+here (needs a GPU), and `measure` / `simulate` refuse it in one line.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..accounting import DTYPE_BYTES, tensor_inventory
+from ..validation import ConfigError
+
+CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator's block granularity (planner/estimate/training.py)
+MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer's default minimal_size: smaller tensors keep their optimizer on the device
+NOT_MEASURED = "not measured here (needs a GPU)"
+
+
+def check_offload_optimizer(spec) -> None:
+    """One line for the combinations not modelled."""
+    if spec.optimizer not in ("adam", "adamw"):
+        raise ConfigError(f"--offload-optimizer is modelled for adam / adamw (torchao CPUOffloadOptimizer's default "
+                          f"optimizer_class), not {spec.optimizer}")
+    if spec.finetuning:
+        raise ConfigError("--offload-optimizer with fine-tuning is not modelled yet")
+    if spec.device_type != "cuda":
+        raise ConfigError("--offload-optimizer moves the optimizer from a GPU to the host: estimate it with --device "
+                          "cuda (torchao's CPUOffloadOptimizer supports only CUDA and XPU)")
+
+
+def _round512(n: int) -> int:
+    return -(-n // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+
+
+def refuse_run(spec) -> None:
+    """measure / simulate: CPUOffloadOptimizer cannot run here (one line)."""
+    if getattr(spec, "offload_optimizer", False):
+        raise ConfigError("--offload-optimizer is estimated only: torchao's CPUOffloadOptimizer runs on CUDA / XPU, "
+                          "so its step is " + NOT_MEASURED + " (use estimate train --device cuda)")
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def split_params(cfg) -> tuple[list[int], list[int]]:
+    """(offloaded, kept on the device) parameter sizes, in elements."""
+    numels = [t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.trainable]
+    return [n for n in numels if n >= MINIMAL_SIZE], [n for n in numels if n < MINIMAL_SIZE]
+
+
+def host_bytes(cfg, spec) -> dict[str, int]:
+    """The host's bytes: pinned parameter and grad copies (power-of-two rounded) and the CPU AdamW's states."""
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    big, _ = split_params(cfg)
+    pinned = 2 * sum(pow2_ceil(n * e_p) for n in big)
+    states = sum(2 * n * e_p + 4 for n in big)
+    return {"pinned_param_and_grad_copies": pinned, "cpu_adamw_states": states}
+
+
+def estimate_offload_optimizer(cfg, spec, estimate_training):
+    """The device-side estimate: the run's own with torchao's fused AdamW, less the offloaded parameters' states;
+    estimate_training is planner.estimate.training's (passed in: no import back up)."""
+    check_offload_optimizer(spec)
+    on_device = dataclasses.replace(spec, offload_optimizer=False, optimizer_impl="fused")  # torchao sets fused=True
+    est = estimate_training(cfg, on_device)
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    big, small = split_params(cfg)
+    # exp_avg, exp_avg_sq and the 0-d step of every offloaded parameter, as the device held them: each a CUDA
+    # caching-allocator block, a multiple of 512 B (training.py _persistent_rounding_bytes counts the same rounding)
+    moved = sum(2 * _round512(n * e_p) + CUDA_BLOCK_BYTES for n in big)
+    phase = {k: v - moved for k, v in est.phase_peak_bytes.items()}
+    peak_phase = max(phase, key=phase.get)
+    host = host_bytes(cfg, spec)
+    notes = est.notes + [
+        f"optimizer offloaded (torchao CPUOffloadOptimizer, AdamW fused): the states of {len(big)} parameters "
+        f"(>= {MINIMAL_SIZE} elements) live on the host, {len(small)} small ones keep theirs on the device; the host "
+        f"holds {sum(host.values()):,} B (pinned param and grad copies, rounded up to powers of two by PyTorch's "
+        "CachingHostAllocator, and the CPU AdamW's states). Device and host figures are estimated, "
+        + NOT_MEASURED + "; the step runs on the CPU (slower: every grad crosses PCIe and AdamW runs on host cores)"]
+    terms = est.terms + [{"name": f"host: {k.replace('_', ' ')} (" + NOT_MEASURED + ")",
+                          "formula": ("2 * sum(pow2_ceil(numel*e_p)) over params >= 4096 elements"
+                                      if k.startswith("pinned") else "sum(2*numel*e_p + 4) over params >= 4096 elements"),
+                          "bytes": v, "per_layer": False, "where": "host", "part": ""} for k, v in host.items()]
+    raw = sum(2 * n * e_p + 4 for n in big)  # the same without the allocator's rounding
+    transients = {**est.transients, "host_optimizer_offload": sum(host.values())}
+    if "allocator_rounding" in transients:
+        transients["allocator_rounding"] -= moved - raw
+    return dataclasses.replace(est, optimizer_bytes=est.optimizer_bytes - raw, peak_bytes=phase[peak_phase],
+                               peak_phase=peak_phase, phase_peak_bytes=phase, notes=notes, terms=terms,
+                               transients=transients)
