@@ -16,6 +16,7 @@ from pages import frame, machine_budget, md_escape
 from planner.api import RAM_GUARD_FRACTION
 from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
 from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_label, with_attention
+from planner.fitted import is_fitted
 from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
 from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
 from planner.plan import longest_context, plan
@@ -354,6 +355,112 @@ def inference_mode(cfg, gpu) -> None:
         st.fragment(run_every=1.0 if "infer_job" in state else None)(generation_panel)()
 
 
+def start_fit(spec: TrainSpec, attention: str, run_cfg) -> None:
+    """`python -m planner estimate train --json --progress ...` for a fitted model: its child simulates every point
+    and keeps the fit in the data folder (planner/fitted.py), where the page then reads it."""
+    from planner.spec import run_args
+
+    args = ["estimate", "train", *run_args(spec), "--attention", attention, "--json", "--progress", "--timeout", "600"]
+    try:
+        state["fit_job"] = Job(args, timeout_s=1800, config=config_to_dict(run_cfg)).start()
+    except JobBusy as exc:
+        state["fit_job_message"] = str(exc)
+
+
+@st.fragment(run_every=1.0)
+def fit_job_panel() -> None:
+    job = state.get("fit_job")
+    if job is None:
+        return
+    status = job.state()
+    if status == "running":
+        fraction, stage = job.progress()
+        st.progress(min(max(fraction, 0.0), 1.0), text=f"Fitting: {stage}")
+        if st.button("Cancel", key="fit_cancel"):
+            job.cancel()
+            status = job.state()
+    if status != "running":
+        record = job.result() or {}
+        if status != "done" or "peak_bytes" not in record:
+            state["fit_job_message"] = ("Cancelled: every process of the fit has ended." if status == "cancelled" else
+                                        f"The fit {status}: {record.get('error', job.stderr()[-300:] or 'no result')}")
+        del state["fit_job"]
+        st.rerun()
+
+
+@st.fragment
+def fitted_planner(cfg, run: dict, attention: str, par: dict | None) -> None:
+    """The Planner for a model no formula family reads (planner/arch/auto.py): every figure from a fit of
+    simulations of transformers' own model (planner/fitted.py), labelled as such, with the fit's own check."""
+    from planner.fit import tensor_budget
+    from planner.fitted import cached_fit
+    from planner.plan import module_plan
+
+    seq_max = min(cfg.max_seq_len, SEQ_CAP)
+    default_bytes, default_source = machine_budget(run["device"])
+    default_gib = round(default_bytes / 2**30, 1)
+    c1, c2, c3 = st.columns(3)
+    batch = c1.slider("Batch size", 1, 256, START.batch_size, key="batch", bind="query-params")
+    seq = c2.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params")
+    budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
+                                 bind="query-params")
+    c3.caption(f"Default: {default_gib} GiB, {default_source}.")
+    try:
+        if par:
+            raise ConfigError(f"{cfg.model_type}: data-parallel layouts need a formula family; choose one device")
+        spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
+        run_cfg = prepare(cfg, spec, attention)
+    except ConfigError as exc:
+        st.error(str(exc))
+        return
+    if msg := state.pop("fit_job_message", None):
+        st.warning(msg)
+    got = cached_fit(run_cfg, spec)
+    if got is None:
+        st.info(f"No formula family reads `{cfg.model_type}`: its estimate is a **fitted simulation**, a fit of "
+                "transformers' own model simulated on fake tensors at a few small points in a child process (a deep "
+                "model at 2, 3 and 4 layers, extrapolated to its depth and checked at full depth), made once for "
+                "these settings and kept. About half a minute for a 7B-class model.")
+        st.button("Fit by simulation", type="primary", disabled="fit_job" in state, key="fit_start",
+                  on_click=start_fit, args=(spec, attention, run_cfg))
+        if "fit_job" in state:
+            fit_job_panel()
+        return
+    what, info = got
+    budget = int(budget_gib * 2**30)
+    usable = tensor_budget(budget, run["device"])
+    try:
+        p = module_plan(what, int(batch), int(seq), usable, cfg.max_seq_len)
+    except ValueError as exc:  # batch 1 not covered by the fit
+        st.error(str(exc))
+        return
+    m1, m2, m3, m4 = st.columns(4)
+    m1.metric("Estimated peak (fitted simulation)", fmt_bytes(p.peak_bytes),
+              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(usable - p.peak_bytes))}",
+              delta_color="normal" if p.fits else "inverse",
+              help="basis: fitted simulation (no formula family reads this model_type)")
+    m2.metric("Budget for tensors" if usable != budget else "Budget", fmt_bytes(usable))
+    m3.metric("Peak phase", p.peak_phase, help=f"at op {p.peak_op}")
+    m4.metric("Fit check", {"exact": "exact", "approximate": f"± {fmt_bytes(p.bound_bytes or 0)}",
+                            "unvalidated": "unvalidated"}[p.status],
+              help="the fit against held-out points simulated at the model's full depth, never fitted")
+    if p.status != "exact":
+        st.warning(md_escape(f"Approximate: {p.description}. This peak is {p.peak_bytes:,} B ± "
+                             f"{p.bound_bytes or 0:,} B; simulate the point (Training step page) for the exact figure."))
+    n = info.get("param_count")
+    st.caption(md_escape(f"Basis: fitted simulation, not formulas: {p.description}. "
+                         f"{info.get('simulations', '?')} simulations"
+                         + (f"; {n:,} parameters" if n else "") + "."))
+    f1, f2 = st.columns(2)
+    f1.metric("Largest batch that fits", p.max_batch, help=md_escape(p.max_batch_reason))
+    f2.metric(f"Longest sequence at batch {spec.batch_size}", p.max_seq, help=md_escape(p.max_seq_reason))
+    k1, k2 = st.columns(2)
+    k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", usable, "Batch size (fitted simulation)"))
+    k2.vega_lite_chart(curve_spec(p.seq_curve, "seq", usable, f"Sequence length (batch {spec.batch_size}, fitted)"))
+    st.dataframe(pd.DataFrame([{"phase": k, "peak (fitted)": fmt_bytes(v), "bytes": v}
+                               for k, v in p.phase_peak_bytes.items()]), hide_index=True, width="stretch")
+
+
 cfg = frame("Planner")
 st.title("Planner: will it fit?")
 model, gpu = state["model_id"], state["gpu"]
@@ -461,7 +568,11 @@ par = None if layout == LAYOUTS[0] else {
                                                       if layout == "fsdp" else {}),
     **({"tp": int(tp_size)} if layout == "fsdp+tp" else {}),
     **({"loss_parallel": bool(loss_par)} if layout in ("tp", "fsdp+tp") else {})}
-planner(cfg, model, {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt),
-                     "grad_accum": int(accum), "optimizer_impl": impl, "device": device, "loss": loss,
-                     "checkpoint_policy": ckpt_policy if ckpt else "full",
-                     "offload_optimizer": bool(offload_opt) and device == "cuda", **tuning}, attention, par)
+run_fields = {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt), "grad_accum": int(accum),
+              "optimizer_impl": impl, "device": device, "loss": loss,
+              "checkpoint_policy": ckpt_policy if ckpt else "full",
+              "offload_optimizer": bool(offload_opt) and device == "cuda", **tuning}
+if is_fitted(cfg):  # issue #20: no formula family reads this model_type: a fit of simulations answers
+    fitted_planner(cfg, run_fields, attention, par)
+else:
+    planner(cfg, model, run_fields, attention, par)

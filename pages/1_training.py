@@ -41,7 +41,10 @@ st.write(f"**{name}** - batch {spec.batch_size} x seq {spec.seq_len}, {spec.prec
          f"{spec.optimizer}, {'checkpointing, ' if spec.checkpointing else ''}{run_cfg.attention} attention, "
          f"grad. accumulation {spec.grad_accum}, on {spec.device}" + (f", {describe_tuning(spec)}" if spec.finetuning else "")
          + (f", **{pspec.label}** (batch per rank)" if pspec else "") + ". Change these on the Planner page.")
-st.metric("Estimated peak" + (" per rank" if pspec else ""), fmt_bytes(est["peak_bytes"]), help=f"phase: {est['peak_phase']}")
+fitted = est.get("basis") == "fitted simulation"  # issue #20: no formula family (planner/fitted.py)
+st.metric("Estimated peak" + (" per rank" if pspec else "") + (" (fitted simulation)" if fitted else ""),
+          fmt_bytes(est["peak_bytes"]) if est["peak_bytes"] or not fitted else "no fit yet",
+          help=f"phase: {est['peak_phase']}")
 refused = run.refused
 if refused:
     (st.warning if pspec else st.error)(run.refusal)

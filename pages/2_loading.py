@@ -3,6 +3,8 @@ import pandas as pd
 import psutil
 import streamlit as st
 
+from planner.arch import family_of
+
 from pages import frame
 
 from planner.charts import grouped_bars
@@ -34,6 +36,10 @@ dtype = c2.selectbox("Checkpoint dtype", CHECKPOINT_DTYPES, key="load_dtype",
                      help=f"The dtype the weights are saved and loaded in. Default: the config's torch_dtype "
                           f"({cfg.torch_dtype or 'none given, so float32'}).")
 cfg = with_dtype(cfg, dtype)
+if family_of(cfg).basis != "formula":  # issue #20: no parameter inventory without building the model
+    st.info("Weight loading is estimated from a formula family's parameter inventory; no family file reads this "
+            "model_type (its training estimate is a fitted simulation, on the Planner page).")
+    st.stop()
 ests = {m: estimate_loading(cfg, m, device) for m in METHODS}
 st.caption(f"Checkpoint: W = {fmt_bytes(ests['mmap'].checkpoint_bytes)} of {dtype} tensors.")
 table = pd.DataFrame([{"method": m, "device peak": fmt_bytes(e.peak_device_bytes), "CPU peak": fmt_bytes(e.peak_cpu_bytes),

@@ -60,8 +60,9 @@ def pasted_model(text: str) -> tuple[str, str, object]:
     digest = hashlib.sha1(json.dumps(config_to_dict(cfg), sort_keys=True).encode()).hexdigest()[:8]
     data = json.loads(text)
     own = data.get("name") or data.get("_name_or_path")
+    fitted = family_of(cfg).basis != "formula"  # issue #20: no inventory without building it (planner/arch/auto.py)
     name = f"{own} (pasted {digest})" if isinstance(own, str) and own else \
-        f"pasted {cfg.arch} {fmt_count(param_count(cfg))} ({digest})"
+        f"pasted {cfg.model_type} ({digest})" if fitted else f"pasted {cfg.arch} {fmt_count(param_count(cfg))} ({digest})"
     return f"pasted-{digest}", name, cfg
 
 
@@ -174,7 +175,9 @@ def frame(title: str, picker: bool = True):
         cfg, name = _resolve(c["model"], c)
         if not valid:
             st.caption(md_escape(f"Still showing the last valid model: {name}."))
-        st.caption(md_escape(f"{name}: {param_count(cfg):,} parameters, context {cfg.max_seq_len:,}."))
+        count = (f"{param_count(cfg):,} parameters" if family_of(cfg).basis == "formula"
+                 else "parameters counted by the simulation")
+        st.caption(md_escape(f"{name}: {count}, context {cfg.max_seq_len:,}."))
         if note := family_of(cfg).count_note(cfg):
             st.caption(md_escape(note))
         st.divider()

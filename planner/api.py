@@ -69,6 +69,10 @@ def step_run(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None, pa
         notes.append("No GPU here: the step is measured on the CPU (live tensor bytes and RSS).")
     run_cfg = prepare(cfg, spec, attention)
     pspec = ParallelSpec(**parallel) if parallel else None
+    from .fitted import is_fitted
+
+    if is_fitted(run_cfg):  # issue #20: no formula family; the estimate is the kept fit's (planner/fitted.py)
+        return _fitted_step_run(run_cfg, spec, pspec, budget_bytes, gpu, available_ram, notes)
     est = estimate_distributed(run_cfg, spec, pspec) if pspec else estimate_training(run_cfg, spec)
     budget = budget_bytes or (gpu["total_bytes"] if gpu and spec.device_type == "cuda" else available_ram)
     limit = int(RAM_GUARD_FRACTION * available_ram) if spec.device_type == "cpu" else budget
@@ -86,10 +90,38 @@ def step_run(cfg: ModelConfig, spec: TrainSpec, attention: str | None = None, pa
     return StepRun(run_cfg, spec, pspec, est.to_dict(), budget, limit, refusal, notes)
 
 
+def _fitted_step_run(run_cfg, spec, pspec, budget_bytes, gpu, available_ram, notes) -> StepRun:
+    """A model whose estimate is a fitted simulation: the kept fit's answer (basis "fitted simulation"), or a
+    refusal to measure until there is one (simulate needs none); no data-parallel layouts."""
+    from .fitted import estimate_block
+
+    budget = budget_bytes or (gpu["total_bytes"] if gpu and spec.device_type == "cuda" else available_ram)
+    limit = int(RAM_GUARD_FRACTION * available_ram) if spec.device_type == "cpu" else budget
+    if pspec:
+        raise ConfigError(f"{run_cfg.model_type}: data-parallel layouts need a formula family")
+    block = estimate_block(run_cfg, spec)
+    if block is None:
+        est = {"peak_bytes": 0, "peak_phase": "forward", "phase_peak_bytes": {}, "basis": "fitted simulation"}
+        return StepRun(run_cfg, spec, None, est, budget, limit, "Not measured yet: no formula family reads this "
+                       "model_type and its fit is not made for these settings. Make it on the Planner page (Fit by "
+                       "simulation), or simulate the step here.", notes + ["Basis: fitted simulation."])
+    refusal = ""
+    if block["peak_bytes"] > limit:
+        refusal = (f"Not started: the fitted peak {fmt_bytes(block['peak_bytes'])} exceeds the {fmt_bytes(limit)} this "
+                   "machine can give it.")
+    return StepRun(run_cfg, spec, None, block, budget, limit, refusal,
+                   notes + ["The estimate is a fitted simulation (no formula family reads this model_type)."])
+
+
 def component_rows(estimate: dict, record: dict, source: str) -> list[dict]:
     """The finished record beside the estimate, component by component (component, source, bytes): what
     lives through the whole step (weights, buffers, the batch, optimizer state, the fp16 loss scaler) and the
-    optimizer state alone. The record's persistent_bytes is the tracker's count of the same tensors."""
+    optimizer state alone. The record's persistent_bytes is the tracker's count of the same tensors. A fitted
+    estimate (issue #20) has no components: the record's rows alone."""
+    if "params_bytes" not in estimate:
+        label = "persistent (weights, batch, optimizer)"
+        return [{"component": label, "source": source, "bytes": record["persistent_bytes"]},
+                {"component": "optimizer state", "source": source, "bytes": record["optimizer_bytes"]}]
     persistent = (estimate["params_bytes"] + estimate["buffers_bytes"] + estimate["inputs_bytes"]
                   + estimate["optimizer_bytes"] + estimate.get("transients", {}).get("gradscaler", 0))
     label = "persistent (weights, batch, optimizer)"

@@ -670,6 +670,10 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         text = families_markdown(results, device)
         print(text)
         if out:
+            if family:  # the other families' tables are kept (planner/bench_families_doc.py)
+                from .bench_families_doc import merge
+
+                text = merge(out, text)
             write_section(out, text)
         worst = max(abs(r["error_pct"]) for rows in results.values() for r in rows)
         print(f"worst |error| {worst:.3f}% ({'meets' if worst <= FAMILY_BAR_PCT else 'MISSES'} the "

@@ -1,6 +1,8 @@
 """Every accuracy grid's measurements, recorded once, so the estimate is held to all of them in seconds.
 
     python -m planner bench record [--grid accuracy|families|finetune|finetune-book|qlora|8bit|finetune-amp|all]
+    python -m planner bench record --grid families --family mixtral,qwen2_moe   (those families' rows only, put in
+                                                                                  the kept file in place of theirs)
 
 A row is measured exactly as `measure train` measures it (planner.measure.training.measure_training, the
 live-bytes tracker), in one process for the whole grid: a fresh TrainingStep per row holds the same bytes as a
@@ -64,16 +66,38 @@ def record_row(label: str, cfg, spec) -> dict:
             "peak_phase": meas["peak_phase"], "phase_peak_bytes": meas["phase_peak_bytes"]}
 
 
-def record(name: str, out_dir: Path = RECORD_DIR, progress=print) -> Path:
-    """Measure every row of one grid (in this process) and write its file; returns the path."""
+def record(name: str, out_dir: Path = RECORD_DIR, progress=print, family: str | None = None) -> Path:
+    """Measure every row of one grid (in this process) and write its file; returns the path.
+
+    family (the families grid only; comma-separated arch names): measure only those families' rows and put them
+    in the existing file in place of that family's old rows (the other families' records are kept as they are;
+    the header's versions must be the ones installed, as the test requires of every row)."""
     bar, rows_of = grids()[name]
     rows = rows_of()
+    kept: list[dict] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.jsonl"
+    if family:
+        from .config import ConfigError
+
+        chosen = {f.strip() for f in family.split(",") if f.strip()}
+        if name != "families":
+            raise ConfigError("bench record --family goes with --grid families")
+        unknown = chosen - {cfg.arch for _, cfg, _ in rows}
+        if unknown:
+            raise ConfigError(f"no rows of {', '.join(sorted(unknown))} in the families grid")
+        rows = [r for r in rows if r[1].arch in chosen]
+        if path.exists():
+            header, old = load(path)
+            if header["versions"] != versions():
+                raise ConfigError(f"{path.name} was measured on other versions: record the whole grid")
+            kept = [r for r in old if r["config"].get("arch") not in chosen]
     tmp = path.with_suffix(".jsonl.part")
     with tmp.open("w") as fh:
-        fh.write(json.dumps({"grid": name, "bar_pct": bar, "rows": len(rows), "versions": versions(),
+        fh.write(json.dumps({"grid": name, "bar_pct": bar, "rows": len(kept) + len(rows), "versions": versions(),
                              "date": datetime.date.today().isoformat()}) + "\n")
+        for row in kept:
+            fh.write(json.dumps(row) + "\n")
         for i, (label, cfg, spec) in enumerate(rows):
             fh.write(json.dumps(record_row(label, cfg, spec)) + "\n")
             progress(f"{name} {i + 1}/{len(rows)} {label}")
@@ -132,10 +156,41 @@ def summary_markdown(record_dir: Path = RECORD_DIR) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(grid: str = "all", out: str | None = None, progress=print) -> int:
+def families_markdown_from_record(chosen: list[str], out: str | None, record_dir: Path = RECORD_DIR) -> str:
+    """The families section (planner/bench.py families_markdown) for `chosen` families from their recorded rows
+    (each measured by record_row, as `bench families` measures it) re-estimated now; with `out`, merged into that
+    file's section (planner/bench_families_doc.py: the other families' tables are kept)."""
+    from .bench import families_markdown
+
+    _, rows = load(record_dir / "families.jsonl")
+    results: dict[str, list[dict]] = {}
+    for row in rows:
+        arch = row["config"].get("arch")
+        if arch in chosen:
+            est, err = re_estimate(row)
+            results.setdefault(arch, []).append({
+                "config": row["label"], "estimate_bytes": est, "measured_bytes": row["peak_bytes"], "error_pct": err,
+                "estimated_phase": _estimated_phase(row), "measured_phase": row["peak_phase"]})
+    text = families_markdown({f: results[f] for f in chosen if f in results}, "cpu")
+    if out:
+        from .bench_families_doc import merge
+
+        text = merge(out, text)
+    return text
+
+
+def _estimated_phase(row: dict) -> str:
+    from .config import config_from_dict
+    from .estimate.training import estimate_training
+    from .spec import TrainSpec
+
+    return estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"])).peak_phase
+
+
+def main(grid: str = "all", out: str | None = None, progress=print, family: str | None = None) -> int:
     names = list(grids()) if grid == "all" else [grid]
     for name in names:
-        path = record(name, progress=progress)
+        path = record(name, progress=progress, family=family)
         header, rows = load(path)
         worst = max((abs(re_estimate(r)[1]) for r in rows), default=0.0)
         progress(f"{name}: {len(rows)} rows recorded in {path.name}; worst |estimate error| {worst:.3f}% "
@@ -146,4 +201,6 @@ def main(grid: str = "all", out: str | None = None, progress=print) -> int:
         from .bench_common import write_section
 
         write_section(out, text)
+        if family:  # the families' own tables in the families section, from the rows just recorded
+            write_section(out, families_markdown_from_record([f.strip() for f in family.split(",") if f.strip()], out))
     return 0

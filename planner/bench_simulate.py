@@ -37,7 +37,13 @@ FULL_SIZE_ROWS: list[tuple[str, TrainSpec]] = [
     ("phi-3-mini-4k", TrainSpec(1, 4096, "bf16", "adamw", checkpointing=True)),
     ("hf-gpt2", TrainSpec(8, 1024, "fp32", "adamw")),
     ("hf-gpt2-xl", TrainSpec(1, 1024, "bf16-amp", "adamw")),
+    # The sparse MoE families (issue #20 item 2): pure bf16 with checkpointing (the combine's fp32 weighted product
+    # under Mixtral's fp32 routing weights) and bf16-AMP (the experts in fp32, the shared expert's gate).
+    ("mixtral-8x7b", TrainSpec(1, 4096, "bf16", "adamw", checkpointing=True)),
+    ("qwen1.5-moe-a2.7b", TrainSpec(1, 4096, "bf16-amp", "adamw", checkpointing=True)),
+    ("qwen3-30b-a3b", TrainSpec(1, 4096, "bf16", "adamw", checkpointing=True)),
 ]
+MOE_ROWS = FULL_SIZE_ROWS[-3:]
 QUICK_ROWS = [("gpt2-small", TrainSpec(1, 128, "bf16-amp", "adamw")),
               ("llama-3.2-1b", TrainSpec(1, 256, "bf16", "sgd", checkpointing=True))]
 

@@ -5,7 +5,8 @@
     python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
     python -m planner estimate|measure|simulate train ... --world-size N --parallel tp|fsdp+tp [--tp T] [--loss-parallel]
     python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--device ...] [--json] [--timeout S] [--progress]
-    python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--out FIT.json] [--json] [--progress]
+    python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--holdout 7x64,...] [--out FIT.json] [--json] [--progress]
+    python -m planner estimate|measure train --module FILE.py:FUNCTION [--input-shape 3x224x224] RUN   (planner/cli_module.py)
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
@@ -117,8 +118,15 @@ def build_parser() -> _Parser:
                   ).add_subparsers(dest="what", required=True, parser_class=_Parser, metavar="WHAT")
     p = command(est, "train", "The peak memory of one training step, phase by phase and term by term.")
     _add_model(p)
-    _add_run(p)
+    _add_run(p, seq_required=False)
     cli_parallel.add_parallel_args(p)
+    from .cli_module import add_module_args  # --module: answered from its what-if fit (planner/cli_module.py)
+
+    add_module_args(p)
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="--module: seconds before a fit's simulating child is killed, per point (exit 3)")
+    p.add_argument("--progress", action="store_true", help="--module with --json: JSON progress lines before the result")
+    p.add_argument("--refit", action="store_true", help="--module: make the what-if fit again, even if one is kept")
     from .cli_infer import add_infer  # estimate|measure|simulate infer: planner/cli_infer.py
 
     add_infer(est, command, "estimate")
@@ -129,7 +137,10 @@ def build_parser() -> _Parser:
                   ).add_subparsers(dest="what", required=True, parser_class=_Parser, metavar="WHAT")
     p = command(mea, "train", "Run one real training step in a child process; measured against estimated.")
     _add_model(p)
-    _add_run(p, device_required=True)
+    _add_run(p, device_required=True, seq_required=False)
+    from .cli_module import add_module_args  # --module: the real step of your model (planner/cli_module.py)
+
+    add_module_args(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
     p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller "
                                           "machine (default: no cap)")
@@ -158,10 +169,12 @@ def build_parser() -> _Parser:
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "finetune-amp", "longest-context", "record", "export", "losses",
-                                    "checkpoint-policies", "inference", "offload"),
+                                    "checkpoint-policies", "inference", "offload", "modules", "fitted", "fitted-speed"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
-                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; finetune-amp: frozen layers and LoRA under fp16-AMP and bf16-AMP (issue #19); longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22)")
-    b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all)")
+                        "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; finetune-amp: frozen layers and LoRA under fp16-AMP and bf16-AMP (issue #19); longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20); fitted / fitted-speed: any transformers causal LM by config.json, fitted estimate vs measurement and first-answer timings (issue #20)")
+    b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all; with --out its table "
+                                         "replaces its own in the section, the others kept); record --grid families: "
+                                         "only these (comma-separated), put in the kept file in place of their rows")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -175,7 +188,17 @@ def build_parser() -> _Parser:
 
 
 def cmd_estimate_train(args) -> int:
+    if getattr(args, "module", None):
+        from .cli_module import cmd_estimate_module
+
+        return cmd_estimate_module(args)
     cfg, spec = parse_train(args)
+    from .fitted import is_fitted
+
+    if is_fitted(cfg):  # no formula family: a fit of simulations (planner/cli_fitted.py)
+        from .cli_fitted import cmd_estimate_fitted
+
+        return cmd_estimate_fitted(args, cfg, spec)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_estimate(args, cfg, spec)
     rec = _estimate_record(cfg, spec)
@@ -190,6 +213,10 @@ def cmd_estimate_train(args) -> int:
 def cmd_measure_train(args) -> int:
     from .runner import run_worker
 
+    if getattr(args, "module", None):
+        from .cli_module import cmd_measure_module
+
+        return cmd_measure_module(args)
     cfg, spec = parse_train(args)
     require_bitsandbytes(spec.optimizer)  # the measuring child imports it; the estimate does not
     from .finetune import check_quantize_runnable
@@ -201,17 +228,30 @@ def cmd_measure_train(args) -> int:
     from .cli_simulate import export_paths
 
     exports = export_paths(args)
+    from .fitted import is_fitted
+
+    fitted = is_fitted(cfg)  # issue #20: no formula family; the kept fit's answer, if any, is the estimate
+    if fitted and cli_parallel.parallel_requested(args):
+        raise ConfigError(f"{cfg.model_type}: --world-size / --parallel needs a formula family")
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
-    estimated = policy_estimated(cfg, spec)  # planner/estimate/ckpt_policy.py
-    # a policy not estimated here: the RAM guard takes the run without checkpointing, which keeps more
-    est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
+    if fitted:
+        from .cli_fitted import estimate_block, guard_peak
+
+        guard = guard_peak(cfg, spec, args.timeout) if spec.device_type == "cpu" else 0
+        est = estimate_block(cfg, spec)
+        estimated = est is not None
+    else:
+        estimated = policy_estimated(cfg, spec)  # planner/estimate/ckpt_policy.py
+        # a policy not estimated here: the RAM guard takes the run without checkpointing, which keeps more
+        est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
+        guard = est["peak_bytes"]
     if spec.device_type == "cpu":
         import psutil
 
         available = psutil.virtual_memory().available
-        if est["peak_bytes"] > RAM_GUARD_FRACTION * available:
-            raise ConfigError(f"refused: the estimated peak {fmt_bytes(est['peak_bytes'])} exceeds "
+        if guard > RAM_GUARD_FRACTION * available:
+            raise ConfigError(f"refused: the {'simulated' if fitted else 'estimated'} peak {fmt_bytes(guard)} exceeds "
                               f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
     payload = {"config": config_to_dict(cfg), "spec": asdict(spec)}
     if exports:
@@ -237,8 +277,10 @@ def cmd_measure_train(args) -> int:
     if not estimated:
         est = None
         rec["estimate"] = None
+    elif fitted:
+        rec["estimate"] = est
     else:
-        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
+        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}
     if outcome.exit_code == 0 and est is not None:
         rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
     else:
@@ -248,6 +290,7 @@ def cmd_measure_train(args) -> int:
     elif outcome.exit_code == 0:
         print(f"measured peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}"
               + (f"; estimated {fmt_bytes(est['peak_bytes'])}; error {rec['error_pct']:+.2f}%" if est else
+                 "; not estimated (no fit kept yet: `estimate train` makes one)" if fitted else
                  "; not estimated (checkpointing policy)"))
         print(f"peak RSS {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s")
     else:
@@ -264,10 +307,19 @@ def _methods(method: str) -> list[str]:
     return list(METHODS) if method == "all" else [method]
 
 
+def _check_loadable(cfg) -> None:
+    from .arch import family_of
+
+    if family_of(cfg).basis != "formula":  # issue #20: no parameter inventory without building the model
+        raise ConfigError(f"{cfg.model_type}: weight loading is estimated and measured from a formula family's "
+                          "parameter inventory; no family file reads this model_type")
+
+
 def cmd_estimate_load(args) -> int:
     from .estimate.loading import estimate_loading
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
+    _check_loadable(cfg)
     check_device(args.device)
     recs = [estimate_loading(cfg, m, args.device).to_dict() for m in _methods(args.method)]
     if args.json:
@@ -295,6 +347,7 @@ def cmd_measure_load(args) -> int:
     from .runner import checkpoint_folder, measure_load, user_checkpoint_folder
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
+    _check_loadable(cfg)
     check_device(args.device)
     cache = Path(args.cache) if args.cache else default_cache_dir()
     methods = _methods(args.method)
@@ -376,8 +429,17 @@ def cmd_fit(args) -> int:
         budget, source = default_budget(args.device)
     if budget <= 0:
         raise ConfigError(f"the budget must be positive, got {args.budget}")
-    costs = measure_costs(cfg, spec, on_step=None if args.json else progress) if args.measure_costs else None
-    rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
+    from .fitted import is_fitted
+
+    if is_fitted(cfg):  # issue #20: answered from the model's fit of simulations (planner/cli_fitted.py)
+        if args.measure_costs:
+            raise ConfigError(f"{cfg.model_type}: --measure-costs needs a formula family")
+        from .cli_fitted import fit_report_fitted
+
+        rec = {**fit_report_fitted(cfg, spec, budget, batch_given, args), "budget_source": source}
+    else:
+        costs = measure_costs(cfg, spec, on_step=None if args.json else progress) if args.measure_costs else None
+        rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
     if args.json:
         print(json.dumps(rec))
         return 0
@@ -428,7 +490,9 @@ def cmd_bench(args) -> int:
 
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
-        return bench_record(args.grid, out=args.out, progress=progress)
+        if args.family and args.grid != "families":
+            raise ConfigError("bench record --family goes with --grid families")
+        return bench_record(args.grid, out=args.out, progress=progress, family=args.family)
     if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench_finetune_amp.py
         from .bench_finetune_amp import main as bench_amp
         from .bench_recorded import load, record
@@ -451,6 +515,14 @@ def cmd_bench(args) -> int:
         from .bench_techniques import main as bench_losses
 
         return bench_losses(quick=args.quick, out=args.out)
+    if args.what in ("fitted", "fitted-speed"):  # issue #20: any family by config.json (planner/bench_fitted.py)
+        from .bench_fitted import main as bench_fitted
+
+        return bench_fitted(args.what, quick=args.quick, out=args.out)
+    if args.what == "modules":  # issue #20: user modules, simulate vs measure and the what-if check (planner/bench_modules.py)
+        from .bench_modules import main as bench_modules
+
+        return bench_modules(quick=args.quick, out=args.out)
     if args.what == "inference":  # generate()'s peak: planner/bench_inference.py
         from .bench_inference import main as bench_inference
 

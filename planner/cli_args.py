@@ -23,11 +23,16 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                                     "GPT-2 keys) or a Hugging Face config.json (model_type llama, mistral, qwen2, ...)")
 
 
-def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_required: bool = True) -> None:
+def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_required: bool = True,
+             seq_required: bool = True) -> None:
+    """seq_required=False: the parser also takes --module, whose model may have no sequence (parse_train then
+    requires --seq-len for a preset or config itself)."""
     p.add_argument("--batch-size", type=int, required=batch_required,
                    help="samples per micro-batch" if batch_required else
                    "samples per micro-batch (default: none, and fit reports the largest batch that fits)")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sample (at most the model's context)")
+    p.add_argument("--seq-len", type=int, required=seq_required,
+                   help="tokens per sample (at most the model's context)" + ("" if seq_required else
+                        "; required but with --module --input-shape (or a one-argument make_batch)"))
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp32 (the default; bf16 with --quantize-base); fp16-amp / bf16-amp (autocast, fp32 master "
                         "weights); bf16 (everything in bf16)")
@@ -93,6 +98,8 @@ def progress(text: str) -> None:
 
 
 def parse_train(args) -> tuple:
+    if getattr(args, "seq_len", 0) is None:  # a parser that also takes --module does not require it itself
+        raise ConfigError("the following arguments are required: --seq-len")
     cfg = resolve_model(args.model, args.config)
     check_device(args.device)
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
@@ -133,7 +140,8 @@ def _estimate_record(cfg, spec) -> dict:
     from .estimate.training import estimate_training
 
     est = estimate_training(cfg, spec).to_dict()
-    return {"model": config_to_dict(cfg), "run": asdict(spec), **est}
+    # basis (issue #20): "formula" here; "fitted simulation" for what is answered from a what-if fit
+    return {"model": config_to_dict(cfg), "run": asdict(spec), "basis": "formula", **est}
 
 
 def _print_table(rec: dict, keys: list[str]) -> None:

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from .cli_args import ESTIMATE_KEYS, EXIT_INVALID, _add_model, _add_run, _estimate_record, parse_train, policy_estimated
 from .config import ConfigError, config_to_dict
-from .spec import WHATIF_POINTS, TrainSpec, check_device
+from .spec import WHATIF_HOLDOUT, WHATIF_HOLDOUT_NO_SEQ, WHATIF_POINTS, WHATIF_POINTS_NO_SEQ
 from .units import fmt_bytes
+from .cli_paths import export_paths
 
 
 def add_simulate(top, command) -> None:
@@ -38,7 +39,10 @@ def add_simulate(top, command) -> None:
     p.add_argument("--module", metavar="FILE.py:FUNCTION",
                    help="your own model: FUNCTION() returns an nn.Module (this imports and runs your code; "
                         "default: none, give --model or --config instead)")
-    _add_run(p)
+    _add_run(p, seq_required=False)
+    from .cli_module import add_module_args
+
+    add_module_args(p)  # --input-shape
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the child is killed (exit 3; default: %(default)s)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
@@ -56,9 +60,16 @@ def add_simulate(top, command) -> None:
     w.add_argument("--module", metavar="FILE.py:FUNCTION",
                    help="your own model: FUNCTION() returns an nn.Module (this imports and runs your code; "
                         "default: none, give --model or --config instead)")
-    _add_run(w)
-    w.add_argument("--points", default=",".join(f"{b}x{s}" for b, s in WHATIF_POINTS),
-                   help="the (batch)x(seq) points simulated for the fit, comma-separated (default: %(default)s)")
+    _add_run(w, seq_required=False)
+    add_module_args(w)  # --input-shape
+    w.add_argument("--points", default=None,
+                   help="the (batch)x(seq) points simulated for the fit, comma-separated (default: "
+                        + ",".join(f"{b}x{s}" for b, s in WHATIF_POINTS) + "; without a sequence axis "
+                        + ",".join(f"{b}x{s}" for b, s in WHATIF_POINTS_NO_SEQ) + ")")
+    w.add_argument("--holdout", default=None,
+                   help="points simulated only to check the fit, never fitted (default: "
+                        + ",".join(f"{b}x{s}" for b, s in WHATIF_HOLDOUT) + "; without a sequence axis "
+                        + ",".join(f"{b}x{s}" for b, s in WHATIF_HOLDOUT_NO_SEQ) + ")")
     w.add_argument("--out", help="write the fit (every op's coefficients) to this JSON file; default: only with "
                                  "--json, inside the printed record under \"fit\"")
     w.add_argument("--timeout", type=float, default=600.0,
@@ -76,23 +87,6 @@ def add_export_args(p) -> None:
                         "ui.perfetto.dev and chrome://tracing); default: none")
 
 
-def export_paths(args: argparse.Namespace) -> dict | None:
-    """{"memory_snapshot": absolute path, "trace": absolute path} for the payload, or None; ConfigError (exit 2)
-    for a folder that does not exist or with --world-size (not exported yet)."""
-    out = {}
-    for key, flag in (("memory_snapshot", "--memory-snapshot"), ("trace", "--trace")):
-        value = getattr(args, key, None)
-        if not value:
-            continue
-        path = Path(value).expanduser().resolve()
-        if not path.parent.is_dir():
-            raise ConfigError(f"{flag}: the folder {path.parent} does not exist")
-        out[key] = str(path)
-    if out and getattr(args, "world_size", 1) and getattr(args, "world_size", 1) > 1:
-        raise ConfigError("--memory-snapshot and --trace are not available with --world-size yet")
-    return out or None
-
-
 def _points(text: str) -> tuple[tuple[int, int], ...]:
     try:
         pts = tuple((int(b), int(s)) for b, s in (p.strip().lower().split("x") for p in text.split(",") if p.strip()))
@@ -104,38 +98,44 @@ def _points(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def cmd_simulate_whatif(args: argparse.Namespace) -> int:
-    """Simulate each point in a child (progress: one line per point), fit, answer the run's (b, s)."""
-    from .whatif import MisalignedError, child_trace, fit_whatif
-
-    from .whatif import TERMS
+    """Simulate every point in one child (progress: one line per point), fit the basis the points call for, check
+    it on the held-out points, and answer the run's (b, s) with how far the answer can be trusted."""
+    from .cli_module import fit_failure
+    from .module_ref import fit_points, has_sequence, module_label
+    from .whatif import MIN_POINTS, MisalignedError, fit_whatif
 
     cfg, spec, module = parse_simulate(args)
-    points = _points(args.points)
-    if sum(b >= 2 for b, _ in points) < len(TERMS):  # refused before any child runs (WhatIf.fit says the same)
-        raise ConfigError(f"--points: need at least {len(TERMS)} points with batch >= 2 to fit the terms "
-                          f"{', '.join(TERMS)}; got {sum(b >= 2 for b, _ in points)}")
+    sequence = has_sequence(module[0], module[2] if len(module) > 2 else None) if module else True
+    default_points, default_holdout = fit_points(sequence)
+    points = _points(args.points) if args.points else default_points
+    holdout = _points(args.holdout) if args.holdout else default_holdout
+    if sum(b >= 2 for b, _ in points) < MIN_POINTS:  # refused before any child runs (WhatIf.fit says the same)
+        raise ConfigError(f"--points: need at least {MIN_POINTS} points with batch >= 2 to fit; "
+                          f"got {sum(b >= 2 for b, _ in points)}")
+    total = len(points) + len([p for p in holdout if p not in points])
     show_progress = args.json and args.progress
     done: list = []
 
-    def simulate(c, point_spec, m):
-        trace = child_trace(c, point_spec, m, timeout_s=args.timeout)
-        done.append((point_spec.batch_size, point_spec.seq_len))
+    def on_point(p):
+        done.append(p)
         if show_progress:
-            print(json.dumps({"event": "progress", "stage": f"simulated b={done[-1][0]} s={done[-1][1]} "
-                              f"({len(done)}/{len(points)})", "fraction": len(done) / len(points)}), flush=True)
-        return trace
+            print(json.dumps({"event": "progress", "stage": f"simulated b={p[0]} s={p[1]} ({len(done)}/{total})",
+                              "fraction": len(done) / total}), flush=True)
 
     try:
-        what = fit_whatif(cfg, spec, points, module=module, simulate=simulate)
+        what = fit_whatif(cfg, spec, points, module=module, holdout=holdout, sequence=sequence, on_point=on_point,
+                          timeout_s=args.timeout)
+        ans = what.answer(spec.batch_size, spec.seq_len)
     except MisalignedError as exc:
         raise ConfigError(str(exc)) from None
     except RuntimeError as exc:  # a point's simulation failed: its one line
-        raise ConfigError(str(exc)) from None
-    peak, phase, op = what.peak(spec.batch_size, spec.seq_len)
-    rec = {"kind": "whatif", "model": f"{module[0]}:{module[1]}" if module else config_to_dict(cfg),
-           "run": asdict(spec), "points": [list(p) for p in points], "peak_bytes": peak, "peak_phase": phase,
-           "peak_op": op, "phase_peak_bytes": what.phase_peak_bytes(spec.batch_size, spec.seq_len),
-           "summary": what.to_dict()}
+        return fit_failure(exc)
+    summary = what.to_dict()
+    rec = {"kind": "whatif", "basis": "fitted simulation",
+           "model": module_label(module) if module else config_to_dict(cfg),
+           "run": asdict(spec), "points": [list(p) for p in points], "holdout": [list(p) for p in holdout],
+           **ans, "phase_peak_bytes": what.phase_peak_bytes(spec.batch_size, spec.seq_len),
+           "terms": summary["terms"], "held_out": summary["validation"], "summary": summary}
     if args.out:
         Path(args.out).write_text(json.dumps(what.save_dict()))
         rec["fit_file"] = str(Path(args.out).resolve())
@@ -144,21 +144,13 @@ def cmd_simulate_whatif(args: argparse.Namespace) -> int:
             rec["fit"] = what.save_dict()
         print(json.dumps(rec))
         return 0
-    print(f"fitted peak at batch {spec.batch_size}, seq {spec.seq_len}: {fmt_bytes(peak)} ({peak:,} B) in {phase} "
-          f"(op {op}); {len(points)} points simulated, largest residual "
-          f"{max(f['max_residual_bytes'] for f in rec['summary']['fits']):,.0f} B")
+    peak, phase, op = ans["peak_bytes"], ans["peak_phase"], ans["peak_op"]
+    trust = ("exact at the held-out points" if what.exact else f"APPROXIMATE: +/- {what.bound_bytes:,} B"
+             if what.bound_bytes is not None else "UNVALIDATED")
+    print(f"fitted peak at batch {spec.batch_size}, seq {spec.seq_len}: {fmt_bytes(peak)} ({peak:,} B), {trust}; "
+          f"in {phase} (op {op}); {len(points)} points fitted, {len(holdout)} held out")
+    print(what.describe())
     return 0
-
-
-def parse_module_ref(text: str) -> tuple[Path, str]:
-    """`path/to/file.py:make_model` -> (absolute path, function name); ConfigError if malformed or missing."""
-    path_text, sep, func = text.rpartition(":")
-    if not sep or not path_text or not func.isidentifier():
-        raise ConfigError(f"--module must be FILE.py:FUNCTION, got {text!r}")
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise ConfigError(f"module file not found: {path}")
-    return path, func
 
 
 def parse_simulate(args: argparse.Namespace) -> tuple:
@@ -173,34 +165,27 @@ def parse_simulate(args: argparse.Namespace) -> tuple:
 def _parse_simulate(args: argparse.Namespace) -> tuple:
     if not (args.module or args.model or args.config):
         raise ConfigError("give one of --model PRESET, --config FILE.json or --module FILE.py:FUNCTION")
-    if not args.module:
-        cfg, spec = parse_train(args)
-        from .finetune import check_quantize_runnable
+    if args.module:
+        from .cli_module import parse_module_run
 
-        check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
-        from .estimate.offload import refuse_run
+        spec, module = parse_module_run(args)
+        return None, spec, module
+    if getattr(args, "input_shape", None):
+        raise ConfigError("--input-shape goes with --module (a preset or config is a text model)")
+    cfg, spec = parse_train(args)
+    from .finetune import check_quantize_runnable
 
-        refuse_run(spec)  # --offload-optimizer: estimate only
-        return cfg, spec, None
-    if args.model or args.config:
-        raise ConfigError("give either --module or --model/--config, not both")
-    if args.checkpointing:
-        raise ConfigError("--checkpointing applies to presets and configs; with --module, apply checkpointing "
-                          "inside your model")
-    if args.attention:
-        raise ConfigError("--attention applies to presets and configs; with --module, choose attention in your model")
-    if args.lora_r is not None or args.train_layers != "all" or getattr(args, "quantize_base", None):
-        raise ConfigError("--lora-r, --quantize-base and --train-layers apply to presets and configs; with --module, freeze or wrap "
-                          "your model inside make_model")
-    if getattr(args, "loss", "default") != "default":
-        raise ConfigError("--loss applies to presets and configs; with --module, define loss_fn(output, targets) "
-                          "in your file")
-    path, func = parse_module_ref(args.module)
-    check_device(args.device)
-    spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
-                     optimizer=args.optimizer, grad_accum=args.grad_accum, optimizer_impl=args.optimizer_impl,
-                     device=args.device)
-    return None, spec, (str(path), func)
+    check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
+    from .estimate.offload import refuse_run
+
+    refuse_run(spec)  # --offload-optimizer: estimate only
+    return cfg, spec, None
+
+
+def _fitted(cfg) -> bool:
+    from .fitted import is_fitted
+
+    return is_fitted(cfg)
 
 
 def cmd_simulate_train(args: argparse.Namespace) -> int:
@@ -224,10 +209,17 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
     rec = {"kind": "simulate", **{k: v for k, v in outcome.record.items() if k != "event"}}
     est = None
     if module:
-        rec["module"] = f"{module[0]}:{module[1]}"
+        from .module_ref import module_label
+
+        rec["module"] = module_label(module)
+    elif _fitted(cfg):  # issue #20: the kept fit's answer, if there is one (planner/cli_fitted.py)
+        from .cli_fitted import estimate_block
+
+        est = estimate_block(cfg, spec)
+        rec["estimate"] = est
     elif policy_estimated(cfg, spec):  # a checkpointing policy not estimated for this run: none
         est = _estimate_record(cfg, spec)
-        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes"]}
+        rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}
     if outcome.exit_code == 0 and est is not None:
         rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
     elif outcome.exit_code:

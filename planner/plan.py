@@ -171,17 +171,23 @@ class ModulePlan:
     max_seq_reason: str
     batch_curve: list[dict]
     seq_curve: list[dict]
+    # issue #20: how far the fit's answers can be trusted (planner.whatif WhatIf.status / bound_bytes / describe)
+    status: str = "unvalidated"      # exact | approximate | unvalidated
+    bound_bytes: int | None = None   # 0 when exact; the largest error seen at held-out points when approximate
+    description: str = ""            # the basis and the held-out check, one line
+    has_seq: bool = True             # False: the step does not depend on s (sliders: batch only)
 
     @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.budget_bytes
 
 
-def module_plan(fit: dict, batch: int, seq: int, budget: int, seq_limit: int) -> ModulePlan:
-    """fit: a WhatIf.save_dict() (from `simulate whatif`); every answer is a polynomial evaluation."""
-    from .whatif import WhatIf
+def module_plan(fit, batch: int, seq: int, budget: int, seq_limit: int) -> ModulePlan:
+    """fit: a saved fit (WhatIf.save_dict() from `simulate whatif`, or a DepthWhatIf's), or the fit itself;
+    every answer is a polynomial evaluation."""
+    from .fitted import load_fit
 
-    w = WhatIf.from_dict(fit)
+    w = load_fit(fit) if isinstance(fit, dict) else fit
     peak, phase, op = w.peak(batch, seq)
     best_batch, batch_reason = w.max_batch(seq, budget, BATCH_LIMIT)
     best_seq, seq_reason = w.max_seq(batch, budget, seq_limit)
@@ -191,7 +197,8 @@ def module_plan(fit: dict, batch: int, seq: int, budget: int, seq_limit: int) ->
     return ModulePlan(peak, phase, op, w.phase_peak_bytes(batch, seq), budget, best_batch, batch_reason, best_seq,
                       seq_reason,
                       [{"batch": b, "peak_bytes": w.peak_bytes(b, seq)} for b in _points(batch_end) if b >= first],
-                      [{"seq": s, "peak_bytes": w.peak_bytes(batch, s)} for s in _points(seq_end)])
+                      [{"seq": s, "peak_bytes": w.peak_bytes(batch, s)} for s in _points(seq_end)] if w.has_seq else [],
+                      w.status, w.bound_bytes, w.describe(), w.has_seq)
 
 
 # ---------------------------------------------------------------- the longest context, beside published figures

@@ -21,7 +21,15 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 # planner.whatif's fit points (b, s): b >= 2 and b = 1 at a few short sequences (the polynomial is exact, so
 # short ones suffice). Here, not in whatif.py, so the CLI's --points default costs no numpy import.
-WHATIF_POINTS = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 40), (4, 24), (4, 48), (1, 16), (1, 32), (1, 48))
+# Nine points with batch >= 2 determine the seven candidate terms (planner/whatif.py CANDIDATES) with two to spare;
+# four with batch 1 its own fit's three terms with one to spare. WHATIF_HOLDOUT: simulated and never fitted, the
+# check every fit gets (beyond the fitted range, so extrapolation is what is checked).
+WHATIF_POINTS = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 40), (4, 24), (4, 48), (5, 32), (6, 16),
+                 (1, 16), (1, 24), (1, 32), (1, 48))
+WHATIF_HOLDOUT = ((7, 64), (1, 64))
+# A model without a sequence axis (an image or tabular module): only the batch varies (s is a placeholder).
+WHATIF_POINTS_NO_SEQ = ((2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (1, 1))
+WHATIF_HOLDOUT_NO_SEQ = ((9, 1),)
 
 
 def check_device(device: str) -> str:

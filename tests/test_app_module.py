@@ -100,13 +100,13 @@ def test_page_asks_for_a_module_and_says_what_is_wrong(tmp_path):
 
 
 def test_page_fits_in_a_child_and_answers_from_the_fit(module, data_dir):
-    from planner.store import whatif_fit_path
+    from planner.module_ref import fit_path
 
     at = page(f"{module}:make_model")
     assert not at.exception and any("No fit yet" in c.value for c in at.main.caption)
     at.button(key="module_fit").click().run()
     job = at.session_state["module_job"]
-    fit_file = whatif_fit_path(module, "make_model", RUN)
+    fit_file = fit_path(module, "make_model", RUN)
     assert job.args[:4] == ["simulate", "whatif", "--module", f"{module}:make_model"] and str(fit_file) in job.args
     job.cancel()  # the child is the CLI tested above; the page answers from the fit file it writes
     fit_file.parent.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,9 @@ class Family:
     config_cls: ClassVar[type]
     required: ClassVar[tuple[str, ...]] = ()  # keys a config must carry (the rest have transformers' defaults)
     source: ClassVar[str] = "transformers"   # "transformers": the model measured is transformers' own
+    # How `estimate` answers for this family (issue #20): "formula" (its terms), or "fitted simulation" (planner/
+    # fitted.py: a fit of simulations of transformers' own model, for a model_type no family file reads: arch/auto.py)
+    basis: ClassVar[str] = "formula"
     default_loss: ClassVar[str] = "labels"   # what "--loss default" means for this family
     description: ClassVar[str] = ""
     # Fine-tuning (planner/finetune.py): peft's default LoRA targets for the model type

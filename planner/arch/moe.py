@@ -197,7 +197,11 @@ class MoEDecoder(RMSDecoder):
             gate_n = sum(t.numel for t in moe if t.name.endswith("shared_expert_gate.weight"))
             shared_freed = N * w.e_m + N * h * w.e_m + (N * h * w.e_m if w.amp else 0)
             freed += shared_freed
-            shared = gate_n * x.g + N * h * w.e_m + N * h * w.e_m
+            # alive from the shared branch once its gate's backward has run: the gate's weight grad, the grad of
+            # the shared expert's output (e_m) and the gate's input grad, cast back to the block input's dtype
+            # (e_r: fp32 under AMP, where autocast's cast backward makes it; tiny Qwen2-MoE bf16-AMP ckpt
+            # timeline: a (b*s, h) fp32 _to_copy in the backward before the combine's)
+            shared = gate_n * x.g + N * h * w.e_m + N * h * w.e_r
         down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
         # the product's backward (act(gate) * up): the down projection's grad made, its input (the product)
         # and the combine's saved tensors freed; the product's grad and the two new grads alive
@@ -208,8 +212,11 @@ class MoEDecoder(RMSDecoder):
         # the un-permutation's (weighted_out[inv_perm]: new_zeros + index_put, (N*k, h)), with every saved
         # tensor of the block alive; under checkpointing the recompute (stopped early, once inv_perm is saved)
         # still holds the weighted product (N*k, h) it made
-        pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_x + shared - shared_freed
-                          + (N * k * h * e_x if spec.checkpointing else 0))
+        # (these (N*k, h) tensors are the weighted product's: proj_out * routing weights, promoted to fp32 when
+        # Mixtral's fp32 weights meet bf16/fp16 expert outputs (pure low precision); e_w below)
+        e_w = max(e_x, e_rw)
+        pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_w + shared - shared_freed
+                          + (N * k * h * e_w if spec.checkpointing else 0))
         pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
                           + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
         return pts

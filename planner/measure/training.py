@@ -48,15 +48,16 @@ class _PhaseRecorder:
 
 
 def measure_training(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None,
-                     max_timeline_points: int = 600, exports: dict | None = None) -> dict:
+                     max_timeline_points: int = 600, exports: dict | None = None, module: tuple | None = None) -> dict:
     """Run the three steps; an exception leaves `train_phase` (build, forward, backward, ...) on itself.
 
     The tracked step keeps an event log (planner.measure.events): the record gains `alive_at_peak`, and
     `exports` ({"memory_snapshot": FILE.pickle, "trace": FILE.json}, either optional) writes those files
-    (planner.measure.export); the record names them."""
+    (planner.measure.export); the record names them. `module`: a user's module (path, function[, input shape]),
+    trained by planner.routines.user_module.ModuleTrainingStep, as `simulate --module` runs it (cfg is None)."""
     holder: dict = {}
     try:
-        return _measure(cfg, spec, emit, max_timeline_points, holder, exports)
+        return _measure(cfg, spec, emit, max_timeline_points, holder, exports, module)
     except BaseException as exc:
         step = holder.get("step")
         exc.train_phase = step.current_phase if step is not None else "build"
@@ -64,12 +65,20 @@ def measure_training(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], N
 
 
 def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], max_timeline_points: int,
-             holder: dict, exports: dict | None = None) -> dict:
+             holder: dict, exports: dict | None = None, module: tuple | None = None) -> dict:
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
-    step = holder["step"] = TrainingStep(cfg, spec)
+    if module is not None:
+        from pathlib import Path
+
+        from ..routines.user_module import ModuleTrainingStep
+
+        step = holder["step"] = ModuleTrainingStep(Path(module[0]), module[1], spec,
+                                                   input_shape=module[2] if len(module) > 2 else None)
+    else:
+        step = holder["step"] = TrainingStep(cfg, spec)
     emit({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
     step.run()
     gc.collect()

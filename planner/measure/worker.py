@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
         from .simulate import worker_main
 
         return worker_main(payload, emit)
-    cfg = config_from_dict(payload["config"])
+    cfg = config_from_dict(payload["config"]) if payload.get("config") else None  # None: a user's --module
     if payload.get("kind") == "load":
         return _load(cfg, payload)
     if payload.get("kind") == "write":
@@ -94,9 +94,19 @@ def main(argv: list[str]) -> int:
     if payload.get("memory_limit_bytes"):
         torch.ones(64, 64) @ torch.ones(64, 64)  # start the OpenMP thread pool before the cap applies
         _limit_memory(int(payload["memory_limit_bytes"]))
+    module = tuple(payload["module"]) if payload.get("module") else None
     try:
-        result = measure_training(cfg, spec, emit=emit, exports=payload.get("exports"))
+        result = measure_training(cfg, spec, emit=emit, exports=payload.get("exports"), module=module)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one JSON line
+        from ..routines.user_module import ModuleError, exception_line
+
+        if isinstance(exc, ModuleError):  # the user's module cannot be used: one line, invalid input
+            emit({"event": "error", "error": str(exc), "phase": getattr(exc, "train_phase", "build")})
+            return EXIT_INVALID
+        if module is not None and not _is_oom(exc) and isinstance(exc, Exception):  # the user's code failed
+            emit({"event": "error", "error": f"the module failed in {getattr(exc, 'train_phase', 'setup')}: "
+                                             f"{exception_line(exc)}", "phase": getattr(exc, "train_phase", "setup")})
+            return EXIT_INVALID
         if _is_oom(exc):
             emit({"event": "error", "error": f"out of memory: {str(exc).splitlines()[0][:300]}",
                   "phase": getattr(exc, "train_phase", "setup"), "oom": True})

@@ -4,8 +4,15 @@ THIS RUNS THE USER'S CODE: the file is imported as a Python module (its folder f
 can import its neighbours) and the named function is called. The file defines:
 
     make_model() -> torch.nn.Module                          required (the name after the colon)
-    make_batch(batch_size, seq_len) -> (inputs, targets)     optional
+    make_batch(batch_size, seq_len) -> (inputs, targets)     optional (a text model: both axes)
+    make_batch(batch_size) -> (inputs, targets)              or this: a model without a sequence axis
     loss_fn(output, targets) -> scalar Tensor                optional
+
+A model without a sequence (an image or tabular model) may instead be run with `--input-shape 3x224x224`
+(`input_shape`): inputs are `torch.randn(batch_size, *input_shape)` in the run's weight dtype and targets class
+ids in [0, C) of the output's shape without its last dimension C (made once, from the warm-up step's output,
+before anything is tracked: the step holds them as it holds any batch). It replaces make_batch (a file that
+defines make_batch is refused with it).
 
 make_model and make_batch are called with the run's device as the default device and the run's weight
 dtype (float32; bfloat16 for --precision bf16) as the default dtype; under simulation they run inside
@@ -102,6 +109,19 @@ def load_function(path: Path, func: str) -> tuple[Callable, ModuleType]:
     return fn, mod
 
 
+def batch_arity(make_batch: Callable) -> int:
+    """How many positional arguments make_batch takes: 1 (batch_size: a model without a sequence) or 2."""
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(make_batch).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        varargs = any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(make_batch).parameters.values())
+    except (TypeError, ValueError):
+        return 2
+    return 1 if len(params) == 1 and not varargs else 2
+
+
 def input_vocab(model: torch.nn.Module) -> int | None:
     """num_embeddings of the module's input embedding, or None if it has none."""
     get = getattr(model, "get_input_embeddings", None)
@@ -131,8 +151,10 @@ class ModuleTrainingStep(TrainingStep):
     """TrainingStep's step (accumulation, autocast, GradScaler, optimizer, phases) over a user's module."""
 
     def __init__(self, path: Path, func: str, spec: TrainSpec, seed: int = 0,
-                 guard: Callable[[Callable[[], object]], object] = lambda call: call()):
-        """`guard(call)` runs each call of user code (the simulator turns fake-tensor errors into messages)."""
+                 guard: Callable[[Callable[[], object]], object] = lambda call: call(),
+                 input_shape: list[int] | tuple[int, ...] | None = None):
+        """`guard(call)` runs each call of user code (the simulator turns fake-tensor errors into messages);
+        `input_shape`: a model without a sequence, fed randn(batch_size, *input_shape) (see the module docstring)."""
         torch.manual_seed(seed)
         path = Path(path).expanduser().resolve()
         make_model, mod = load_function(path, func)
@@ -162,10 +184,18 @@ class ModuleTrainingStep(TrainingStep):
         self.scaler = torch.amp.GradScaler(spec.device_type) if spec.precision == "fp16-amp" else None
         make_batch = getattr(mod, "make_batch", None)
         self.loss_fn = getattr(mod, "loss_fn", None)
-        if make_batch is not None:
+        self.input_shape = tuple(int(n) for n in input_shape) if input_shape else None
+        if self.input_shape is not None:
+            if make_batch is not None:
+                raise ModuleError(f"--input-shape replaces make_batch, and {path.name} defines make_batch: give one")
             with _building(self.device, dtype):
-                batch = user(lambda: make_batch(spec.batch_size, spec.seq_len),
-                             f"make_batch({spec.batch_size}, {spec.seq_len})")
+                self.inputs = torch.randn((spec.batch_size,) + self.input_shape)
+            self.targets = None  # class ids from the first (warm-up) step's output: compute_loss
+        elif make_batch is not None:
+            one = batch_arity(make_batch) == 1
+            args = (spec.batch_size,) if one else (spec.batch_size, spec.seq_len)
+            with _building(self.device, dtype):
+                batch = user(lambda: make_batch(*args), f"make_batch({', '.join(map(str, args))})")
             if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
                 raise ModuleError(f"make_batch must return (inputs, targets), got {type(batch).__name__}")
             self.inputs, self.targets = batch
@@ -180,7 +210,7 @@ class ModuleTrainingStep(TrainingStep):
             shape = (spec.batch_size, spec.seq_len)
             self.inputs = torch.randint(0, vocab, shape, device=self.device)
             self.targets = torch.randint(0, vocab, shape, device=self.device)
-        if self.loss_fn is None and not isinstance(self.targets, torch.Tensor):
+        if self.loss_fn is None and self.input_shape is None and not isinstance(self.targets, torch.Tensor):
             raise ModuleError(f"targets must be a Tensor for the default cross-entropy loss; "
                               f"define loss_fn(output, targets) in {path.name} for other targets")
         self.current_phase = "setup"
@@ -189,9 +219,12 @@ class ModuleTrainingStep(TrainingStep):
         x = self.inputs
         out = self.model(**x) if isinstance(x, dict) else self.model(*x) if isinstance(x, (tuple, list)) else self.model(x)
         on_phase("loss")
-        if self.loss_fn is not None:
-            return self.loss_fn(out, self.targets)
         logits = getattr(out, "logits", None)
         if logits is None:
             logits = out[0] if isinstance(out, (tuple, list)) else out
+        if self.targets is None:  # --input-shape: class ids for the output's last dimension, made once
+            with torch.no_grad():
+                self.targets = torch.randint(0, logits.shape[-1], logits.shape[:-1], device=logits.device)
+        if self.loss_fn is not None:
+            return self.loss_fn(out, self.targets)
         return F.cross_entropy(logits.flatten(0, -2), self.targets.flatten())
