@@ -47,6 +47,10 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     e = DTYPE_BYTES[ispec.param_dtype]
     b, p, n = ispec.batch_size, ispec.prompt_len, ispec.new_tokens
     weights = param_count(cfg) * e
+    if ispec.quantize_weights != "none":  # bitsandbytes' storage of the quantized linears (planner/infer_quant.py)
+        from ..infer_quant import weights_bytes
+
+        weights, n_quantized = weights_bytes(cfg, ispec, e)
     buffers = buffer_bytes(cfg, ispec.param_dtype)
     inputs = family.infer_input_bytes(cfg, ispec)
     base = weights + buffers + inputs
@@ -82,7 +86,11 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     peak_phase = max(phase, key=phase.get)
     _, act, lg = parts[peak_phase]
     kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
-    terms = [Term("weights", "P*e", weights, where="kept"), Term("buffers", "buffers", buffers, where="kept"),
+    wname = "weights" if ispec.quantize_weights == "none" else (
+        f"weights: {n_quantized} linears {ispec.quantize_weights}" + (" (double quant)" if ispec.double_quant else "")
+        + " with absmax / scales and codes, the rest P*e")
+    terms = [Term(wname, "P*e" if ispec.quantize_weights == "none" else "planner/infer_quant.py", weights,
+                  where="kept"), Term("buffers", "buffers", buffers, where="kept"),
              Term("prompt ids and attention mask", "2*8*b*p" if inputs == 16 * b * p else "8*b*p", inputs, where="kept"),
              Term("KV cache at the prefill high point" + (" (StaticCache: every layer at p + n - 1)" if static
                                                            else " (DynamicCache: the prompt)"),
