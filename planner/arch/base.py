@@ -134,6 +134,13 @@ class Family:
         """The cache's small bookkeeping tensors beside K and V (cache_utils.py), alive in `phase`."""
         return 0
 
+    def infer_static_mask_bytes(self, cfg, ispec) -> int:
+        """Bytes per (sequence, cached position) of the additive masks an eager model builds in a StaticCache's
+        decode step (one float mask in the weights' dtype per mask kind, planner/arch/decoder.py mask_count)."""
+        from ..accounting import DTYPE_BYTES
+
+        return DTYPE_BYTES[ispec.param_dtype] * (self.mask_count(cfg) if hasattr(self, "mask_count") else 1)
+
     def infer_decode_ids_bytes(self, cfg, ispec) -> int:
         """generate's grown input_ids and attention_mask at the last step (int64 (b, p + n - 1) and (b, p + n))."""
         return 8 * ispec.batch_size * (2 * ispec.total_len - 1)

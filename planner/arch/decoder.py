@@ -346,8 +346,10 @@ class RMSDecoder(HFCausalLM):
         # and cos / sin (b, 1, d_rope)
         step = 3 * b * c.hidden_size * e + 2 * b * self.rope_dim(c) * e
         # the last forward's attention over the whole cache (one query)
+        # (eager: the model's masks, mask_count of them; a StaticCache's are counted by infer_cache_state_bytes)
+        masks = (self.mask_count(c) * b * kv_len * e if c.attention == "eager" else 0)
         points = {"attention over the cache": ids + prev + step + self.infer_attention(c, ispec, e, 1, kv_len)
-                  + ((self.mask_count(c) - 1) * b * kv_len * e if c.attention == "eager" else 0)}
+                  - (b * kv_len * e if c.attention == "eager" else 0) + (0 if static else masks)}
         if not static:
             # the last layer's torch.cat of its values: the old values (b, kv, p + n - 2, d) beside the new,
             # with the step's q, k and v (q and k after RoPE) alive
@@ -365,7 +367,10 @@ class RMSDecoder(HFCausalLM):
         contiguous (generation/utils.py prepare_inputs_for_generation); a DynamicSlidingWindowLayer's
         `_sliding_window_tensor` (int64) per sliding layer."""
         if ispec.cache == "static":
-            mask = ispec.batch_size * (ispec.total_len - 1) if phase == "decode" and c.attention == "sdpa" else 0
+            mask = 0
+            if phase == "decode":  # the 4-D mask over the cache length, alive through the step (measured)
+                mask = ispec.batch_size * (ispec.total_len - 1) * (1 if c.attention == "sdpa" else
+                                                                   self.infer_static_mask_bytes(c, ispec))
             return 8 * c.num_hidden_layers + mask
         return 8 * self.infer_sliding_layers(c)
 
