@@ -112,6 +112,12 @@ def parse_train(args) -> tuple:
                      optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
                      offload_optimizer=bool(getattr(args, "offload_optimizer", False)),
                      offload_activations=bool(getattr(args, "offload_activations", False)), **finetune_args(args))
+    if spec.offload_activations:  # issue #24 (planner/estimate/offload_act.py): one line for what is not modelled
+        if cli_parallel.parallel_requested(args):
+            raise ConfigError("--offload-activations with --world-size / --parallel is not modelled yet")
+        from .estimate.offload_act import check_offload_activations
+
+        check_offload_activations(cfg, spec)
     if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
         raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
                           "for one process)")

@@ -55,13 +55,13 @@ def check_offload_activations(cfg, spec) -> None:
     if spec.precision not in ("fp32", "bf16-amp", "bf16"):
         raise ConfigError(f"--offload-activations is modelled for fp32, bf16 and bf16-amp, not {spec.precision}")
     family = family_of(cfg)
-    if resolved_loss(family, spec) != "labels":
-        raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default), not "
-                          f"{spec.loss}")
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
     if family.offload_copies(cfg, spec, w) is None:
         raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
                           "for Llama, Mistral and Qwen 2 with SDPA, no mask, SiLU; see planner/arch/decoder.py)")
+    if resolved_loss(family, spec) != "labels":
+        raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
+                          f"model(input_ids, labels=...).loss), not {spec.loss}")
 
 
 def host_terms(cfg, spec) -> list:
@@ -112,8 +112,11 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     loss = base + amp_cache + fwd_alive + rope_held + labels + bsh * w.e_r + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
-    if spec.checkpointing:  # the recomputed block's saved set is on the device; the others' stashed inputs are not
-        points = {k: v - ((L - 1) * bsh * w.e_r if k.startswith("last block") else 0)
+    if spec.checkpointing:
+        # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every stashed
+        # block input is a host copy (the sweep counts L of them at the last block, one at the first; measured: the
+        # recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back: for the CUDA check)
+        points = {k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0) * bsh * w.e_r
                   for k, v in est.backward_points.items()}
     else:  # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
         fp = dataclasses.replace(plain, precision="fp32")
