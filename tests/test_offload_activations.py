@@ -93,3 +93,31 @@ def test_cli_flag_and_one_line_refusals():
                           (("--model", "llama-3.2-1b", "--world-size", "2", "--parallel", "fsdp"), "--parallel")):
         bad = _cli("estimate", "train", *extra, *run)
         assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.mark.usefixtures("data_dir")
+def test_planner_page_toggle():
+    """The page's toggle (on cuda) drives the figures; the host bytes are their own line; a family the estimate does
+    not model gets the planner's one line, not an exception."""
+    from streamlit.testing.v1 import AppTest
+
+    from planner.config import PRESETS
+    from planner.spec import prepare
+    from planner.units import fmt_bytes
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    at.selectbox(key="preset").set_value("llama-3.2-1b").run()
+    at.selectbox(key="device").set_value("cuda").run()
+    at.slider(key="seq").set_value(2048).run()  # activations above the optimizer's step
+    before = next(m.value for m in at.metric if m.label == "Estimated peak")
+    at.toggle(key="offload_act").set_value(True).run()
+    assert not at.exception and not at.error
+    spec = TrainSpec(batch_size=at.slider(key="batch").value, seq_len=at.slider(key="seq").value, device="cuda",
+                     offload_activations=True)
+    est = estimate_training(prepare(PRESETS["llama-3.2-1b"], spec, at.selectbox(key="attention").value), spec)
+    shown = next(m.value for m in at.metric if m.label == "Estimated peak")
+    assert shown == fmt_bytes(est.peak_bytes) and shown != before
+    assert any("Host RAM for the offloaded activations: " + fmt_bytes(est.transients["host_activation_offload"])
+               in c.value for c in at.caption)
+    at.selectbox(key="preset").set_value("gpt2-small").run()
+    assert not at.exception and at.error and "not modelled for gpt2" in at.error[0].value
