@@ -92,10 +92,11 @@ def markdown(quick: bool = False) -> str:
             f"{r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | {r['est_host'] / r['meas_host'] - 1:+.2%} | "
             f"{2 * r['est_host'] / PCIE_GEN4_X16_BYTES_PER_S * 1e6:.1f} us | {worst_phase} "
             f"{r['phase_err'][worst_phase]:+.1%} |")
-    lines += ["", "The forward phase's estimate is its logits point only (a block's own working set inside the "
-              "forward is not modelled; it is below the loss, backward or optimizer peak in every row above, but "
-              "can be the peak elsewhere). The no-checkpointing backward takes the larger of the sweep's points with "
-              "empty saved sets and the embedding's backward; it runs up to ~1.3% high on that phase (SGD rows)."]
+    lines += ["", "The forward phase's estimate takes two points (the logits made; the last block's gated product) and "
+              "no other point inside a block: it is within about -7% / +3% of the measured forward phase here, below "
+              "the loss, backward or optimizer peak in every row. On CUDA the device figure also gets the unpack "
+              "hook's device copies in backward (one node's saved tensors at a time) and the pinned host copies are "
+              "rounded up to powers of two (`host_pinned_rounded`): both for the CUDA check."]
     return "\n".join(lines) + "\n"
 
 
