@@ -32,7 +32,7 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
                    "samples per micro-batch (default: none, and fit reports the largest batch that fits)")
     p.add_argument("--seq-len", type=int, required=seq_required,
                    help="tokens per sample (at most the model's context)" + ("" if seq_required else
-                        "; required but with --module --input-shape (or a one-argument make_batch)"))
+                        "; no default: required but with --module --input-shape (or a one-argument make_batch)"))
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp32 (the default; bf16 with --quantize-base); fp16-amp / bf16-amp (autocast, fp32 master "
                         "weights); bf16 (everything in bf16)")

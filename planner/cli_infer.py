@@ -40,7 +40,9 @@ def add_infer(group, command, kind: str) -> None:
     p.add_argument("--cache", choices=CACHES + BOOK_CACHES, default=None,
                    help="dynamic (generate's default DynamicCache) | static (cache_implementation='static'); "
                         "the book's GPT-2: none (default: the family's first: dynamic, or none)")
-    p.add_argument("--quantize-weights", choices=WEIGHT_QUANT, default="none", help="weight quantization (default: %(default)s; bitsandbytes not built yet)")
+    p.add_argument("--quantize-weights", choices=WEIGHT_QUANT, default="none", help="bitsandbytes weight quantization as BitsAndBytesConfig loads it: int8 (LLM.int8) | nf4 | fp4 "
+                        "(compute dtype = --precision; default: %(default)s)")
+    p.add_argument("--double-quant", action="store_true", help="with nf4 / fp4: bnb_4bit_use_double_quant")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the record as JSON (default: a short text)")
     if kind != "estimate":
@@ -61,7 +63,7 @@ def parse_infer(args: argparse.Namespace):
     cache = args.cache or family_of(cfg).infer_caches(cfg)[0]
     ispec = InferSpec(batch_size=args.batch_size, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                       precision=args.precision, cache=cache, quantize_weights=args.quantize_weights,
-                      device=args.device)
+                      device=args.device, double_quant=args.double_quant)
     check_infer(cfg, ispec)
     return cfg, ispec
 
@@ -75,6 +77,15 @@ def estimate_record(cfg, ispec) -> dict:
 
 def cmd_infer(args: argparse.Namespace) -> int:
     cfg, ispec = parse_infer(args)
+    if args.command != "estimate" and ispec.quantize_weights != "none":
+        from .bnb import bnb_available
+
+        if not bnb_available():
+            raise ConfigError(f"--quantize-weights {ispec.quantize_weights} needs bitsandbytes to {args.command} "
+                              "(pip install bitsandbytes); the estimate alone does not")
+        if args.command == "simulate" and ispec.quantize_weights == "int8":
+            raise ConfigError("simulating --quantize-weights int8 is not supported (bitsandbytes' Int8Params cannot "
+                              "wrap a fake tensor); measure it, or simulate nf4 / fp4")
     if args.command == "estimate":
         rec = estimate_record(cfg, ispec)
         if args.json:

@@ -54,7 +54,7 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                                                                "and optimizer state in host RAM")
     g.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP: gradients as views into the buckets")
     g.add_argument("--tp", type=int, help="fsdp+tp: the tensor-parallel size (world size / TP data-parallel groups); "
-                                          "tp: equal to --world-size")
+                                          "tp: equal to --world-size (no default: fsdp+tp needs it)")
     g.add_argument("--loss-parallel", action="store_true", help="tp, fsdp+tp: the head's output stays sharded on the "
                                                                  "vocabulary (torch's loss_parallel)")
 

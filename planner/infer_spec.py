@@ -20,7 +20,10 @@ INFER_PRECISIONS = ("fp32", "fp16", "bf16")
 # none: the book's GPT-2 (generate_text_simple keeps no cache).
 CACHES = ("dynamic", "static")
 BOOK_CACHES = ("none",)
-WEIGHT_QUANT = ("none",)  # int8 / nf4 / fp4 (bitsandbytes) are not built yet
+# bitsandbytes' weight quantization as transformers applies it on from_pretrained(quantization_config=
+# BitsAndBytesConfig(...)): int8 = load_in_8bit (LLM.int8, Linear8bitLt), nf4 / fp4 = load_in_4bit with
+# bnb_4bit_quant_type (Linear4bit); planner/routines/inference.py loads it, planner/estimate/infer_quant.py counts it
+WEIGHT_QUANT = ("none", "int8", "nf4", "fp4")
 PRECISION_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -33,6 +36,7 @@ class InferSpec:
     cache: str = "dynamic"         # dynamic | static (transformers' models); none (the book's GPT-2)
     quantize_weights: str = "none"
     device: str = "cpu"
+    double_quant: bool = False     # bnb_4bit_use_double_quant (nf4 / fp4 only; BitsAndBytesConfig's default False)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "prompt_len", "new_tokens"):
@@ -47,8 +51,11 @@ class InferSpec:
         if self.cache not in CACHES + BOOK_CACHES:
             raise ConfigError(f"unknown cache {self.cache!r}; choose one of: {', '.join(CACHES + BOOK_CACHES)}")
         if self.quantize_weights not in WEIGHT_QUANT:
-            raise ConfigError(f"--quantize-weights {self.quantize_weights} is not built for inference yet; "
+            raise ConfigError(f"unknown --quantize-weights {self.quantize_weights!r}; "
                               f"choose one of: {', '.join(WEIGHT_QUANT)}")
+        if self.double_quant and self.quantize_weights not in ("nf4", "fp4"):
+            raise ConfigError("--double-quant quantizes the 4-bit weights' absmax (bnb_4bit_use_double_quant): "
+                              "it needs --quantize-weights nf4 or fp4")
         check_device(self.device)
 
     @property
@@ -87,9 +94,15 @@ def check_infer(cfg: ModelConfig, ispec: InferSpec) -> None:
     if ispec.cache not in caches:
         raise ConfigError(f"the {family.arch} model cannot use cache {ispec.cache!r}; it can use: {', '.join(caches)}")
     family.check_infer(cfg, ispec)
+    if ispec.quantize_weights != "none":
+        from .infer_quant import check_quantized_infer
+
+        check_quantized_infer(cfg, ispec)
 
 
 def infer_args(ispec: InferSpec) -> list[str]:
     """The command line's options for this spec (`python -m planner measure|simulate infer ...`)."""
     return ["--batch-size", str(ispec.batch_size), "--prompt-len", str(ispec.prompt_len), "--new-tokens",
-            str(ispec.new_tokens), "--precision", ispec.precision, "--cache", ispec.cache, "--device", ispec.device]
+            str(ispec.new_tokens), "--precision", ispec.precision, "--cache", ispec.cache, "--device", ispec.device] + (
+        ["--quantize-weights", ispec.quantize_weights] if ispec.quantize_weights != "none" else []) + (
+        ["--double-quant"] if ispec.double_quant else [])

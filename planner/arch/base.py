@@ -123,6 +123,28 @@ class Family:
         """What the token selection holds beside the cache (Term objects)."""
         return []
 
+    # bos_token_id and eos_token_id the transformers config class sets by default (LlamaConfig: 1 and 2;
+    # Qwen2Config / Qwen3Config: None); a family whose config sets pad_token_id adds one (infer_token_tensors)
+    infer_bos_eos: ClassVar[int] = 2
+    infer_has_eos: ClassVar[bool] = True  # an EOS id: generate adds MinLength / MinNewTokens logits processors
+
+    def infer_token_tensors(self, cfg) -> int:
+        """The special-token tensors generate holds through the call (generation/utils.py
+        _prepare_special_tokens: one int64 0-d tensor per bos / eos / pad token id set; pad falls back to a view
+        of eos). Measured: 2 for llama / mistral / gpt2-hf, 3 for gemma / gemma2 / phi3, 0 for qwen2 / qwen3."""
+        return self.infer_bos_eos + (getattr(cfg, "pad_token_id", None) is not None)
+
+    def infer_cache_state_bytes(self, cfg, ispec, phase: str) -> int:
+        """The cache's small bookkeeping tensors beside K and V (cache_utils.py), alive in `phase`."""
+        return 0
+
+    def infer_static_mask_bytes(self, cfg, ispec) -> int:
+        """Bytes per (sequence, cached position) of the additive masks an eager model builds in a StaticCache's
+        decode step (one float mask in the weights' dtype per mask kind, planner/arch/decoder.py mask_count)."""
+        from ..accounting import DTYPE_BYTES
+
+        return DTYPE_BYTES[ispec.param_dtype] * (self.mask_count(cfg) if hasattr(self, "mask_count") else 1)
+
     def infer_decode_ids_bytes(self, cfg, ispec) -> int:
         """generate's grown input_ids and attention_mask at the last step (int64 (b, p + n - 1) and (b, p + n))."""
         return 8 * ispec.batch_size * (2 * ispec.total_len - 1)

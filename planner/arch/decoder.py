@@ -380,6 +380,9 @@ class RMSDecoder(HFCausalLM):
             # eager_attention_forward returns, which the decoder layer keeps in `_` through its MLP (measured)
             after = b * s * kv_len * e + b * x.a * s * kv_len * e
             mlp, norm = mlp + after, norm + after
+            # the model's other additive masks (mask_count: Gemma 2 builds a full and a sliding-window mask
+            # before its layers, both alive through every layer; measured)
+            ctx += (self.mask_count(c) - 1) * b * s * kv_len * e
         return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm}
 
     def infer_attention(self, c, ispec, e: int, s: int, kv_len: int) -> int:
@@ -403,16 +406,45 @@ class RMSDecoder(HFCausalLM):
         holds the old and the new keys (then values) of one layer at once: the last layer's old K and V
         (b, kv, p + n - 2, d) on top of the grown cache. A StaticCache writes in place (index_copy_)."""
         b = ispec.batch_size
+        x = self.shape(c)
         static = ispec.cache == "static"
         kv_len = ispec.total_len - 1
-        ids = self.infer_decode_ids_bytes(c, ispec)
-        # the last forward's attention over the whole cache (one query), beside the previous step's scores
-        points = {"attention over the cache": ids + 4 * b * c.vocab_size + b * c.hidden_size * e * 3
-                  + self.infer_attention(c, ispec, e, 1, kv_len)}
+        # inside the last forward generate holds input_ids and the attention mask at p + n - 1 each (the mask
+        # grows after the forward: _update_model_kwargs_for_generation), and the previous step's fp32 logits
+        # copy and, when logits processors run (an EOS id is set), its processed scores apart (measured)
+        ids = 16 * b * kv_len
+        prev = 4 * b * c.vocab_size * (2 if self.infer_has_eos else 1)
+        # the step's hidden states: inputs_embeds, the layer's input and the input norm's output (b, 1, h),
+        # and cos / sin (b, 1, d_rope)
+        step = 3 * b * c.hidden_size * e + 2 * b * self.rope_dim(c) * e
+        # the last forward's attention over the whole cache (one query)
+        # (eager: the model's masks, mask_count of them; a StaticCache's are counted by infer_cache_state_bytes)
+        masks = (self.mask_count(c) * b * kv_len * e if c.attention == "eager" else 0)
+        points = {"attention over the cache": ids + prev + step + self.infer_attention(c, ispec, e, 1, kv_len)
+                  - (b * kv_len * e if c.attention == "eager" else 0) + (0 if static else masks)}
         if not static:
-            points["cache concatenation (one layer's old K and V)"] = (
-                2 * b * c.num_key_value_heads * c.head_dim * (ispec.total_len - 2) * e + ids + 4 * b * c.vocab_size)
+            # the last layer's torch.cat of its values: the old values (b, kv, p + n - 2, d) beside the new,
+            # with the step's q, k and v (q and k after RoPE) alive
+            points["cache concatenation (the last layer's old values)"] = (
+                b * x.kv * x.d * (ispec.total_len - 2) * e + ids + prev + step + b * (x.a + 2 * x.kv) * x.d * e)
         return points
+
+    def infer_sliding_layers(self, c) -> int:
+        """Layers whose DynamicCache layer is a DynamicSlidingWindowLayer (the config's sliding window applies)."""
+        return c.num_hidden_layers if self.sliding_window(c) is not None else 0
+
+    def infer_cache_state_bytes(self, c, ispec, phase: str) -> int:
+        """cache_utils.py, measured: a StaticLayer's `cumulative_length = torch.tensor(0)` (int64) per layer, and
+        in decode with SDPA the bool mask (b, 1, 1, p + n - 1) generate builds for a StaticCache and makes
+        contiguous (generation/utils.py prepare_inputs_for_generation); a DynamicSlidingWindowLayer's
+        `_sliding_window_tensor` (int64) per sliding layer."""
+        if ispec.cache == "static":
+            mask = 0
+            if phase == "decode":  # the 4-D mask over the cache length, alive through the step (measured)
+                mask = ispec.batch_size * (ispec.total_len - 1) * (1 if c.attention == "sdpa" else
+                                                                   self.infer_static_mask_bytes(c, ispec))
+            return 8 * c.num_hidden_layers + mask
+        return 8 * self.infer_sliding_layers(c)
 
     def infer_logits_terms(self, c, ispec, e: int) -> list[Term]:
         """The token selection of the last position (generation/utils.py _sample): the model output's
@@ -421,6 +453,9 @@ class RMSDecoder(HFCausalLM):
         clone of the scores, torch.arange(V) (int64), the EOS mask (bool V) and torch.where's output, after
         MinLengthLogitsProcessor (generate sets min_length too) has returned its own torch.where output."""
         b, V = ispec.batch_size, c.vocab_size
+        if not self.infer_has_eos:  # no EOS id: generate adds no MinLength / MinNewTokens processor (measured)
+            return [Term("logits of the last position", "b*V*e", b * V * e, where="logits"),
+                    Term("fp32 copy of the logits", "4*b*V", 4 * b * V, where="logits")]
         return [Term("logits of the last position", "b*V*e", b * V * e, where="logits"),
                 Term("fp32 copy, MinLength's output, MinNewTokens' clone and torch.where output", "4*4*b*V",
                      16 * b * V, where="logits"),

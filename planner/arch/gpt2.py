@@ -316,5 +316,77 @@ class HFGPT2(HFCausalLM):
                               where="kept"))
         return terms
 
+    # ---- inference (planner/estimate/inference.py) ------------------------------------------------
+    # live b*s*f tensors at the activation's high point under inference_mode (transformers activations.py):
+    # NewGELUActivation (gelu_new) computes 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3)))), and
+    # Python evaluates 0.5 * x first: x, 0.5*x, pow(x, 3) and 0.044715 * pow at once (measured); an aten kernel
+    # (gelu, gelu_pytorch_tanh, relu, silu) holds its input and output
+    INFER_ACT_LIVE = {"gelu_new": 4, "gelu": 2, "gelu_pytorch_tanh": 2, "relu": 2, "silu": 2, "swish": 2}
+
+    def kv_bytes_per_token(self, c: HFGPT2Config, e: int) -> int:
+        """K and V of every layer, n_embd each (GPT2Attention: n_head x head_dim = n_embd)."""
+        return 2 * c.n_layer * c.n_embd * e
+
+    def _act_live(self, c: HFGPT2Config) -> int:
+        n = self.INFER_ACT_LIVE.get(c.activation_function)
+        if n is None:
+            raise NotImplementedError(f"gpt2-hf: activation {c.activation_function} in generate() not measured yet")
+        return n
+
+    def infer_prefill_points(self, c: HFGPT2Config, ispec, e: int) -> dict[str, int]:
+        """The last block of the prompt's forward under inference_mode (measured op by op, GPT2Model / GPT2Block):
+        always alive: inputs_embeds and position_embeds (the model forward's locals) and the block's input.
+        attention: ln_1's output and c_attn's (b, s, 3h) output (q is a view; k, v go to the cache); eager
+        (eager_attention_forward): the additive mask and matmul * scaling beside the matmul, or the sum with the
+        mask beside it, 2*b*a*s*kv_len*e; sdpa: its output.
+        mlp: the attention's c_proj output, the residual sum, ln_2's output and the activation's live b*s*f
+        tensors (INFER_ACT_LIVE); eager: the mask and the attention weights the block keeps (`_`) through it."""
+        b, s, h, a, f = ispec.batch_size, ispec.prompt_len, c.n_embd, c.n_head, c.inner
+        kv_len = ispec.total_len - 1 if ispec.cache == "static" else s
+        bsh = b * s * h
+        ctx = 3 * bsh * e
+        if c.attention == "eager":
+            attn = 4 * bsh * e + b * s * kv_len * e + 2 * b * a * s * kv_len * e
+            after = b * s * kv_len * e + b * a * s * kv_len * e
+        else:
+            attn, after = 5 * bsh * e, 0
+        mlp = 3 * bsh * e + self._act_live(c) * b * s * f * e + after
+        return {"attention": ctx + attn, "mlp": ctx + mlp}
+
+    def infer_decode_points(self, c: HFGPT2Config, ispec, e: int) -> dict[str, int]:
+        """The last decode forward (one token): generate's input_ids and mask at p + n - 1, the previous step's
+        scores (as planner/arch/decoder.py), the step's embeddings, block input, ln_1 and c_attn outputs;
+        attention over the cache (eager: the mask and two score tensors; sdpa: its output) or the last layer's
+        torch.cat of its values (the old values beside the new)."""
+        b, h, a = ispec.batch_size, c.n_embd, c.n_head
+        kv_len = ispec.total_len - 1
+        ids = 16 * b * kv_len
+        prev = 4 * b * c.vocab_size * (2 if self.infer_has_eos else 1)
+        step = 7 * b * h * e
+        # (eager: its mask; a StaticCache's is counted by infer_cache_state_bytes)
+        mask = b * kv_len * e if ispec.cache != "static" else 0
+        att = (mask + 2 * b * a * kv_len * e) if c.attention == "eager" else b * h * e
+        points = {"attention over the cache": ids + prev + step + att}
+        if ispec.cache != "static":
+            points["cache concatenation (the last layer's old values)"] = (
+                b * h * (ispec.total_len - 2) * e + ids + prev + step)
+        return points
+
+    def infer_logits_terms(self, c: HFGPT2Config, ispec, e: int) -> list[Term]:
+        """The token selection, as every transformers decoder's (planner/arch/decoder.py)."""
+        from .decoder import RMSDecoder
+
+        return RMSDecoder.infer_logits_terms(self, c, ispec, e)
+
+    def infer_cache_state_bytes(self, c: HFGPT2Config, ispec, phase: str) -> int:
+        """As planner/arch/decoder.py: StaticLayer.cumulative_length per layer and the static SDPA bool mask."""
+        if ispec.cache == "static":
+            mask = 0
+            if phase == "decode":  # the 4-D mask over the cache length, alive through the step (measured)
+                mask = ispec.batch_size * (ispec.total_len - 1) * (1 if c.attention == "sdpa" else
+                                                                   self.infer_static_mask_bytes(c, ispec))
+            return 8 * c.n_layer + mask
+        return 0
+
 
 FAMILY = HFGPT2()

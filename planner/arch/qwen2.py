@@ -58,6 +58,7 @@ class Qwen2(RMSDecoder):
     config_cls = Qwen2Config
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers Qwen2ForCausalLM"
+    infer_bos_eos, infer_has_eos = 0, False  # Qwen2Config: bos_token_id = eos_token_id = None (generate holds no token tensor)
     lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py)
     tp_supported = True  # Llama's plan; the q/k/v biases shard with their rows (tests/test_tensor_parallel.py)
     q_bias = True   # Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False

@@ -49,6 +49,7 @@ class Qwen3(RMSDecoder):
     config_cls = Qwen3Config
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers Qwen3ForCausalLM"
+    infer_bos_eos, infer_has_eos = 0, False  # Qwen3Config: bos_token_id = eos_token_id = None (generate holds no token tensor)
     qk_norm = True
     lora_supported = subset_supported = True  # fine-tuning terms measured (tests/test_finetune.py, bench finetune)
 

@@ -47,6 +47,10 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     e = DTYPE_BYTES[ispec.param_dtype]
     b, p, n = ispec.batch_size, ispec.prompt_len, ispec.new_tokens
     weights = param_count(cfg) * e
+    if ispec.quantize_weights != "none":  # bitsandbytes' storage of the quantized linears (planner/infer_quant.py)
+        from ..infer_quant import weights_bytes
+
+        weights, n_quantized = weights_bytes(cfg, ispec, e)
     buffers = buffer_bytes(cfg, ispec.param_dtype)
     inputs = family.infer_input_bytes(cfg, ispec)
     base = weights + buffers + inputs
@@ -74,15 +78,28 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     if dec_points:
         dname = max(dec_points, key=dec_points.get)
         decode_options["activations"] = (kv_decode + dec_points[dname], dec_points[dname], 0)
+    # generate's own tensors (generation/utils.py; measured on the live-bytes timeline): position_ids
+    # (attention_mask.cumsum - 1, masked_fill: int64 (b, p)) alive through the call; in prefill the model input's
+    # clone of input_ids (prepare_inputs_for_generation, (b, p)) and unfinished_sequences (torch.ones(b) int64);
+    # in decode the step's clones of input_ids and position_ids (b, 1) and unfinished_sequences' `&` and `+`
+    # results (b each); the special-token tensors (family.infer_token_tensors, 8 B each) throughout
+    tokens = 8 * family.infer_token_tensors(cfg)
+    gen_state = {"prefill": 16 * b * p + 8 * b + tokens, "decode": 8 * b * p + 32 * b + tokens}
+    cache_state = {ph: family.infer_cache_state_bytes(cfg, ispec, ph) for ph in INFER_PHASES}
+    gen_state = {ph: gen_state[ph] + cache_state[ph] for ph in INFER_PHASES}
     phase, parts = {}, {}
     for name, options in (("prefill", prefill_options), ("decode", decode_options)):
         key = max(options, key=lambda k: options[k][0])
-        phase[name] = base + options[key][0]
+        phase[name] = base + options[key][0] + gen_state[name]
         parts[name] = options[key]
     peak_phase = max(phase, key=phase.get)
     _, act, lg = parts[peak_phase]
     kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
-    terms = [Term("weights", "P*e", weights, where="kept"), Term("buffers", "buffers", buffers, where="kept"),
+    wname = "weights" if ispec.quantize_weights == "none" else (
+        f"weights: {n_quantized} linears {ispec.quantize_weights}" + (" (double quant)" if ispec.double_quant else "")
+        + " with absmax / scales and codes, the rest P*e")
+    terms = [Term(wname, "P*e" if ispec.quantize_weights == "none" else "planner/infer_quant.py", weights,
+                  where="kept"), Term("buffers", "buffers", buffers, where="kept"),
              Term("prompt ids and attention mask", "2*8*b*p" if inputs == 16 * b * p else "8*b*p", inputs, where="kept"),
              Term("KV cache at the prefill high point" + (" (StaticCache: every layer at p + n - 1)" if static
                                                            else " (DynamicCache: the prompt)"),
@@ -94,6 +111,14 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     terms += [Term(f"decode high point: {k}", "family (infer_decode_points)", v, where="decode")
               for k, v in dec_points.items()]
     terms += logit_terms
+    terms += [Term("generate's position_ids, input_ids clone, unfinished_sequences, special-token tensors",
+                   "16*b*p + 8*b + 8*tokens", gen_state["prefill"] - cache_state["prefill"], where="prefill"),
+              Term("generate's position_ids, the step's id clones, unfinished_sequences, special-token tensors",
+                   "8*b*p + 32*b + 8*tokens", gen_state["decode"] - cache_state["decode"], where="decode"),
+              Term("the cache's bookkeeping tensors (family: infer_cache_state_bytes)", "family",
+                   cache_state["prefill"], where="prefill"),
+              Term("the cache's bookkeeping tensors (family: infer_cache_state_bytes)", "family",
+                   cache_state["decode"], where="decode")]
     return {
         "kind": "estimate",
         "peak_bytes": phase[peak_phase], "peak_phase": peak_phase, "phase_peak_bytes": phase,

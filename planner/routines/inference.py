@@ -42,7 +42,12 @@ class GenerationRun:
         self.cfg, self.spec = cfg, ispec
         self.device = torch.device(ispec.device)
         self.family = family_of(cfg)
-        self.model = build_model(cfg, self.device, ispec.param_dtype)
+        if ispec.quantize_weights != "none":  # bitsandbytes, as from_pretrained quantizes (routines/infer_quant.py)
+            from .infer_quant import load_quantized_for_inference
+
+            self.model = load_quantized_for_inference(cfg, ispec, self.device)
+        else:
+            self.model = build_model(cfg, self.device, ispec.param_dtype)
         self.model.eval()
         self.input_ids = torch.randint(0, cfg.vocab_size, (ispec.batch_size, ispec.prompt_len), device=self.device)
         self.book = self.family.source == "book"
@@ -82,4 +87,8 @@ class GenerationRun:
     def persistent_tensors(self) -> list[torch.Tensor]:
         """What lives before generate(): weights, buffers and the prompt batch (and its mask)."""
         out = list(self.model.parameters()) + list(self.model.buffers()) + [self.input_ids]
+        if self.spec.quantize_weights != "none":  # bitsandbytes' quantization statistics (not parameters)
+            from .infer_quant import quant_state_tensors
+
+            out += quant_state_tensors(self.model)
         return out + ([self.attention_mask] if self.attention_mask is not None else [])

@@ -93,7 +93,7 @@ def quant_state_tensors(model) -> list[torch.Tensor]:
     return [t for t in out if isinstance(t, torch.Tensor)]
 
 
-def _quantize_fake_model(model, spec: TrainSpec, device: torch.device):
+def _quantize_fake_model(model, spec: TrainSpec, device: torch.device, compute_dtype=torch.bfloat16):
     """The simulated twin of step 2 (planner/measure/simulate.py builds the bf16 model on fake tensors; a fake
     checkpoint cannot be written): what transformers' bitsandbytes quantizer does on from_pretrained, done
     in place. Every nn.Linear but the output head (transformers' get_keys_to_not_convert) becomes a
@@ -109,7 +109,8 @@ def _quantize_fake_model(model, spec: TrainSpec, device: torch.device):
       - double quantization's 256-entry dynamic code (functional.create_dynamic_map, cached in
         functional.name2qmap) is computed with `.tolist()`, a data-dependent read: it is made once outside
         the fake mode (a real 1 KiB tensor; each QuantState keeps its own copy, `code.to(copy=True)`).
-    The model is marked is_loaded_in_4bit, as from_pretrained marks it (peft reads it)."""
+    The model is marked is_loaded_in_4bit, as from_pretrained marks it (peft reads it). compute_dtype is
+    bnb_4bit_compute_dtype (QLoRA's recipe: bf16; inference, planner/routines/infer_quant.py: the weights')."""
     if spec.quantize_base == "int8":
         raise ConfigError("simulating --quantize-base int8 is not supported yet (Int8Params, like Params4bit, "
                           "cannot wrap a fake tensor, and its quantization path is not checked); use nf4 or fp4")
@@ -127,7 +128,7 @@ def _quantize_fake_model(model, spec: TrainSpec, device: torch.device):
                 continue
             with unset_fake_temporarily():  # an empty shell on the meta device (no memory, no fake)
                 new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                        compute_dtype=torch.bfloat16, compress_statistics=spec.double_quant,
+                                        compute_dtype=compute_dtype, compress_statistics=spec.double_quant,
                                         quant_type=spec.quantize_base, device="meta")
             packed, state = bnbf.quantize_4bit(child.weight.data.to(device), blocksize=64,
                                                compress_statistics=spec.double_quant,

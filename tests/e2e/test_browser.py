@@ -168,6 +168,27 @@ def test_upload_a_non_llama_config_json(server, page):
     sync_api.expect(page.get_by_text("Estimated peak").first).to_be_visible()
 
 
+def test_upload_a_config_no_family_file_reads_then_fit_it(server, page):
+    """An OLMo 2 config.json (no formula family): the page offers the fit by simulation, runs it as a background job
+    and then labels every figure as a fitted simulation with the fit's own check (issue #20)."""
+    page.goto(server)
+    settle(page)
+    page.get_by_text("Paste a config").click()
+    settle(page)
+    page.locator("input[type='file']").set_input_files(str(ROOT / "tests/data/configs/olmo2-tiny.json"))
+    settle(page)
+    no_errors(page)
+    sync_api.expect(page.get_by_text("fitted simulation", exact=False).first).to_be_visible()
+    page.get_by_role("button", name="Fit by simulation").click()
+    # a tiny model's fit: a few simulations in child processes (about half a minute on 2 busy cores)
+    sync_api.expect(page.get_by_text("Estimated peak (fitted simulation)").first).to_be_visible(timeout=240_000)
+    settle(page)
+    no_errors(page)
+    sync_api.expect(page.get_by_text("Fit check").first).to_be_visible()
+    sync_api.expect(page.get_by_text("Largest batch that fits").first).to_be_visible()
+    page.screenshot(path=SHOTS / "upload-olmo2-fitted.png", full_page=True)
+
+
 def test_data_parallel_link_shows_per_rank_figures(server, page):
     page.goto(f"{server}/?model=llama-3-8b&parallel=fsdp&world=8&batch=1&seq=4096&budget_gib=80&ckpt=true"
               "&precision=bf16")
