@@ -42,7 +42,8 @@ START = TrainSpec(batch_size=4, seq_len=512)
 SEQ_CAP = 32768  # the slider's top for long-context models (a typed URL may not exceed the model's context)
 OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision", "optimizer": "optimizer",
                "opt_impl": "optimizer_impl", "accum": "grad_accum", "ckpt": "checkpointing",
-               "loss": "loss", "ckpt_policy": "checkpoint_policy", "offload_opt": "offload_optimizer"}
+               "loss": "loss", "ckpt_policy": "checkpoint_policy", "offload_opt": "offload_optimizer",
+               "offload_act": "offload_activations"}
 # Checkpointing policies (planner/checkpointing.py): full, torchtitan's selective op policy, every K-th block
 CKPT_POLICIES = ["full", "selective", "every:2", "every:3", "every:4", "every:8"]
 QUANT_TYPES = ["nf4", "fp4"]  # bitsandbytes' 4-bit types (BitsAndBytesConfig bnb_4bit_quant_type)
@@ -89,6 +90,12 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         if pspec:
             check_parallel_run(spec, pspec)
             check_wrappable(run_cfg, pspec)
+        if spec.offload_activations:  # planner/estimate/offload_act.py decides what is modelled; one line here
+            from planner.estimate.offload_act import check_offload_activations
+
+            if pspec:
+                raise ConfigError("--offload-activations with --world-size / --parallel is not modelled yet")
+            check_offload_activations(run_cfg, spec)
     except ConfigError as exc:
         st.error(str(exc))
         return
@@ -116,6 +123,9 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         lines += [md_escape(note) for note in d.notes]
     else:
         lines += [md_escape(note) for note in est.notes]
+    if "host_activation_offload" in est.transients:  # --offload-activations: the host is a budget of its own
+        lines.append(f"Host RAM for the offloaded activations: {fmt_bytes(est.transients['host_activation_offload'])} "
+                     "(not in the peak above, which is the device figure: for the CUDA check).")
     if p.cuda_context_bytes:
         lines.insert(0, f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and "
                         f"kernels, outside PyTorch's allocator, so not in the estimate) = "
@@ -560,6 +570,12 @@ offload_opt = st.toggle("Optimizer on the host", False, key="offload_opt", bind=
                         disabled=device != "cuda",
                         help="--offload-optimizer: torchao's CPUOffloadOptimizer keeps AdamW's states on the host (the "
                              "host's bytes are their own line); estimated only, not measured here (needs a GPU)")
+offload_act = st.toggle("Activations on the host", False, key="offload_act", bind="query-params",
+                        disabled=device != "cuda",
+                        help="--offload-activations: torch.autograd.graph.save_on_cpu(pin_memory=True) copies every "
+                             "saved tensor to the host in forward (weights the matmuls save included) and back in "
+                             "backward; the host's bytes are their own line. Device figure measured on the CPU "
+                             "mechanism, for the CUDA check")
 tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=targets[target], quantize=quant,
                      double_quant=bool(double_quant))
 par = None if layout == LAYOUTS[0] else {
@@ -571,7 +587,8 @@ par = None if layout == LAYOUTS[0] else {
 run_fields = {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt), "grad_accum": int(accum),
               "optimizer_impl": impl, "device": device, "loss": loss,
               "checkpoint_policy": ckpt_policy if ckpt else "full",
-              "offload_optimizer": bool(offload_opt) and device == "cuda", **tuning}
+              "offload_optimizer": bool(offload_opt) and device == "cuda",
+              "offload_activations": bool(offload_act) and device == "cuda", **tuning}
 if is_fitted(cfg):  # issue #20: no formula family reads this model_type: a fit of simulations answers
     fitted_planner(cfg, run_fields, attention, par)
 else:

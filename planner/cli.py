@@ -170,7 +170,7 @@ def build_parser() -> _Parser:
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "finetune-amp", "longest-context", "record", "export", "losses",
                                     "checkpoint-policies", "inference", "offload", "modules", "fitted", "fitted-speed",
-                                    "inference-quantized"),
+                                    "offload-activations", "inference-quantized"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; finetune-amp: frozen layers and LoRA under fp16-AMP and bf16-AMP (issue #19); longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20); fitted / fitted-speed: any transformers causal LM by config.json, fitted estimate vs measurement and first-answer timings (issue #20)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all; with --out its table "
@@ -208,6 +208,11 @@ def cmd_estimate_train(args) -> int:
     else:
         _print_table(rec, ESTIMATE_KEYS)
         print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+        if "host_activation_offload" in rec.get("transients", {}):  # --offload-activations: the host's own line
+            from .estimate.offload_act import DEVICE_NOTE
+
+            print(f"host (offloaded activations): {fmt_bytes(rec['transients']['host_activation_offload'])}; "
+                  f"the peak above is the {DEVICE_NOTE}")
     return 0
 
 
@@ -282,6 +287,8 @@ def cmd_measure_train(args) -> int:
         rec["estimate"] = est
     else:
         rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}
+        if "host_activation_offload" in est.get("transients", {}):  # --offload-activations
+            rec["estimate"]["host_activation_offload_bytes"] = est["transients"]["host_activation_offload"]
     if outcome.exit_code == 0 and est is not None:
         rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
     else:
@@ -294,6 +301,9 @@ def cmd_measure_train(args) -> int:
                  "; not estimated (no fit kept yet: `estimate train` makes one)" if fitted else
                  "; not estimated (checkpointing policy)"))
         print(f"peak RSS {fmt_bytes(rec['peak_rss_bytes'])}; step time {rec['step_time_s']:.3f} s")
+        if "host_activation_offload_bytes" in rec:  # --offload-activations: the host copies, apart
+            print(f"host (offloaded activations) {fmt_bytes(rec['host_activation_offload_bytes'])} "
+                  f"({rec['host_activation_offload_bytes']:,} B); {rec['device_figure_note']}")
     else:
         print(f"measurement failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)
     return outcome.exit_code
@@ -508,6 +518,10 @@ def cmd_bench(args) -> int:
         from .bench_techniques import main_checkpointing
 
         return main_checkpointing(quick=args.quick, out=args.out)
+    if args.what == "offload-activations":  # issue #24: save_on_cpu measured, simulated, estimated
+        from .bench_offload_act import main as bench_offload_act
+
+        return bench_offload_act(quick=args.quick, out=args.out)
     if args.what == "offload":  # issue #24: --offload-optimizer's estimate (planner/bench_techniques.py)
         from .bench_techniques import main_offload
 

@@ -51,6 +51,10 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--offload-optimizer", action="store_true",
                    help="AdamW's state on the host (torchao CPUOffloadOptimizer): the device peak and the host's bytes "
                         "as two figures; estimate only (--device cuda), not measured here (needs a GPU)")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="the forward under torch.autograd.graph.save_on_cpu(pin_memory=True): every saved tensor "
+                        "(weights a matmul saves included) copied to the host; the device peak and the host's bytes "
+                        "as two figures (on a CPU device the device figure is for the CUDA check)")
     p.add_argument("--loss", type=_loss_arg, default="default", metavar="|".join(LOSSES[:3] + ("chunked-ce[:N]", "cce")),
                    help="default: as the model's users train it (transformers: model(input_ids, labels=...).loss; "
                         "the book's GPT-2: cross-entropy over its logits); cross-entropy: the book's loss over the "
@@ -106,7 +110,14 @@ def parse_train(args) -> tuple:
                      optimizer=args.optimizer, checkpointing=bool(args.checkpointing),
                      checkpoint_policy=args.checkpointing or "full", grad_accum=args.grad_accum,
                      optimizer_impl=args.optimizer_impl, device=args.device, loss=args.loss,
-                     offload_optimizer=bool(getattr(args, "offload_optimizer", False)), **finetune_args(args))
+                     offload_optimizer=bool(getattr(args, "offload_optimizer", False)),
+                     offload_activations=bool(getattr(args, "offload_activations", False)), **finetune_args(args))
+    if spec.offload_activations:  # issue #24 (planner/estimate/offload_act.py): one line for what is not modelled
+        if cli_parallel.parallel_requested(args):
+            raise ConfigError("--offload-activations with --world-size / --parallel is not modelled yet")
+        from .estimate.offload_act import check_offload_activations
+
+        check_offload_activations(cfg, spec)
     if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
         raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
                           "for one process)")

@@ -233,6 +233,9 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
         print(line)
         print(f"persistent {fmt_bytes(rec['persistent_bytes'])}, optimizer state {fmt_bytes(rec['optimizer_bytes'])}; "
               f"phase peaks: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+        if "host_activation_offload_bytes" in rec:  # --offload-activations: the host copies, apart
+            print(f"host (offloaded activations) {fmt_bytes(rec['host_activation_offload_bytes'])} "
+                  f"({rec['host_activation_offload_bytes']:,} B); {rec['device_figure_note']}")
         print(f"{rec['ops']:,} ops simulated in {rec['sim_time_s']:.1f} s; the simulator's peak RSS "
               f"{fmt_bytes(rec['sim_peak_rss_bytes'])}")
     else:

@@ -48,6 +48,11 @@ CHANGES = {
     # Issue #24 (planner/estimate/offload.py): torchao's CPUOffloadOptimizer; its host bytes are put before these words
     "offload-optimizer": (3, "AdamW's states on the host (torchao CPUOffloadOptimizer): every grad is copied to the "
                              "host and the step runs on CPU cores, slower per step (estimated only, not measured here)"),
+    # Issue #24 (planner/estimate/offload_act.py): save_on_cpu; its host bytes and copy time are put before these words
+    "offload-activations": (3, "every saved tensor copied to host RAM in forward and back in backward "
+                               "(torch.autograd.graph.save_on_cpu(pin_memory=True)): no recompute, but the copies "
+                               "cross PCIe twice a step and overlap compute only in part (device figure measured on "
+                               "the CPU mechanism, for the CUDA check)"),
     "bf16-amp": (3, "matmuls in bf16 (8-bit mantissa); fp32 master weights keep updates exact; usually no loss change"),
     "fp16-amp": (4, "matmuls in fp16 with dynamic loss scaling (GradScaler); overflow-skipped steps possible"),
     "sgd-momentum": (5, "a different optimizer: needs its own learning rate; often slower to converge than AdamW"),
@@ -180,6 +185,15 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
             and not spec.offload_optimizer:
         out.append(_Change("offload-optimizer", "optimizer on the host (--offload-optimizer)",
                            dataclasses.replace(spec, offload_optimizer=True), att))
+    if spec.device_type == "cuda" and not getattr(spec, "offload_activations", False):
+        from .estimate.offload_act import check_offload_activations
+
+        try:  # offered where it is modelled (planner/estimate/offload_act.py): the host is a budget of its own
+            new = dataclasses.replace(spec, offload_activations=True)
+            check_offload_activations(cfg, new)
+            out.append(_Change("offload-activations", "activations on the host (--offload-activations)", new, att))
+        except ConfigError:
+            pass
     out += _finetune_changes(cfg, spec)
     s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
@@ -280,6 +294,13 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
 
                 text = (f"lowers the device peak by {fmt_bytes(now - peak)} and needs "
                         f"{fmt_bytes(sum(host_bytes(cfg, c.spec).values()))} of host RAM; " + text)
+            if c.key == "offload-activations" and len(combo) == 1:
+                from .estimate.offload_act import copy_seconds, host_terms
+
+                host = sum(t.bytes for t in host_terms(cfg, c.spec))
+                text = (f"lowers the device peak by {fmt_bytes(now - peak)} and needs {fmt_bytes(host)} of host RAM; "
+                        f"~{copy_seconds(host) * 1e3:.0f} ms of PCIe copies per step at 32 GB/s (PCIe Gen4 x16, "
+                        "NVIDIA's published figure); " + text)
             if c.key in ("selective-checkpointing", "every-k-checkpointing") and len(combo) == 1:
                 from .estimate.ckpt_policy import recompute_share
 

@@ -68,6 +68,9 @@ class TrainSpec:
     # Issue #24 (planner/estimate/offload.py): the optimizer state on the host, torchao's CPUOffloadOptimizer
     # (estimated only: it runs on CUDA / XPU)
     offload_optimizer: bool = False
+    # Issue #24 (planner/estimate/offload_act.py): the forward under torch.autograd.graph.save_on_cpu(pin_memory=True):
+    # every tensor autograd saves is copied to the host; the device figure and the host's bytes are two figures
+    offload_activations: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len", "grad_accum"):
@@ -175,4 +178,5 @@ def run_args(spec: TrainSpec) -> list[str]:
     args += ["--quantize-base", spec.quantize_base] if spec.quantize_base != "none" else []
     args += ["--double-quant"] if spec.double_quant else []
     args += ["--offload-optimizer"] if getattr(spec, "offload_optimizer", False) else []
+    args += ["--offload-activations"] if getattr(spec, "offload_activations", False) else []
     return args

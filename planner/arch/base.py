@@ -218,6 +218,13 @@ class Family:
         modelled for this family."""
         return None
 
+    def offload_copies(self, cfg, spec, w) -> list | None:
+        """--offload-activations (planner/estimate/offload_act.py): every tensor autograd saves in one forward and
+        loss, as Terms of the bytes torch.autograd.graph.save_on_cpu's pack hook copies to the host: one copy per
+        saved variable (a tensor two nodes save is copied twice; a matmul's weight counts), the view's own numel.
+        None: not modelled for this family."""
+        return None
+
     def head_point(self, cfg, spec, w, ctx) -> int:
         """Live bytes at the backward's high point after the loss and before the blocks (0: none)."""
         return 0

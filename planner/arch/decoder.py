@@ -76,6 +76,9 @@ class RMSDecoder(HFCausalLM):
     # Phi-3's fused projections are not modelled yet.
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
+    # --offload-activations' host copies (offload_copies below) are measured for the plain Llama-shaped decoders
+    # (Llama, Mistral, Qwen 2 set it): transformers' RMSNorm, RoPE, SDPA without a mask, SiLU-gated MLP
+    offload_plain: ClassVar[bool] = False
 
     # ---- options read from the config ------------------------------------------------------------
     def biases(self, c) -> tuple[bool, bool, bool]:
@@ -208,6 +211,52 @@ class RMSDecoder(HFCausalLM):
         up = ([linear_op("gate_up_proj", n, x.h, 2 * x.f, bias, w)] if self.fused_gate_up else
               [linear_op("gate_proj", n, x.h, x.f, bias, w), linear_op("up_proj", n, x.h, x.f, bias, w)])
         return up + [linear_op("down_proj", n, x.f, x.h, bias, w)]
+
+    def offload_copies(self, c, spec, w) -> list[Term] | None:
+        """What save_on_cpu copies to the host, saved variable by saved variable (measured: a saved_tensors_hooks
+        inventory of transformers 5.23's Llama / Qwen 2 under torch 2.13, fp32, bf16 and bf16-AMP; the sum equals
+        the host bytes the tracker counts, to the byte). Per block: each RMSNorm (x.float(), pow, mean, rsqrt,
+        mul, weight * normed) saves its fp32 input twice (pow, mul), rsqrt's b*s output twice (rsqrt, mul), the
+        normed x (e_r) and its weight; every Linear (mm or addmm: a bias is not saved) saves its input (e_m) and
+        its weight (e_m: the autocast copy under AMP, else the parameter's t() view); RoPE's q*cos, k*cos,
+        rotate_half(q)*sin, rotate_half(k)*sin save cos and sin ((1, 1, s, d) in the residual dtype) four times;
+        SDPA saves q, k, v (un-repeated: enable_gqa), its output (e_m) and an fp32 (b, a, s) logsumexp; SiLU saves
+        its input, the gated product both operands. Outside: the embedding's int64 ids, the final norm, the head's
+        input and weight, and the loss: log_softmax's output saved by itself and by nll_loss (two copies of b*s*V
+        e_ce), its int64 target and 0-d total_weight. Under checkpointing the blocks' own saves go to checkpoint's
+        hooks (innermost), and each block's input (b*s*h*e_r) is what save_on_cpu copies."""
+        if (not self.offload_plain or self.qk_norm or self.fused_qkv or self.fused_gate_up or self.masked(c, spec)
+                or c.attention != "sdpa" or c.hidden_act != "silu" or self.rope_dim(c) != c.head_dim):
+            return None
+        b, s, h, V = spec.batch_size, spec.seq_len, c.hidden_size, c.vocab_size
+        x = self.shape(c)
+        e_p = 2 if spec.precision == "bf16" else 4  # the parameters' dtype (norm weights are saved as they are)
+
+        def norm(label, per_layer=True, where="block"):
+            return Term(f"host: RMSNorm ({label}): fp32 input x2, rsqrt x2, normed x, weight",
+                        "b*s*h*(8 + e_r) + 8*b*s + h*e_p", b * s * h * (8 + w.e_r) + 8 * b * s + h * e_p, per_layer,
+                        where)
+        q, kv = x.a * x.d, x.kv * x.d
+        blk = [norm("input_layernorm"), norm("post_attention_layernorm"),
+               Term("host: q/k/v projections: input x3 and weights", "3*b*s*h*e_m + (a*d + 2*kv*d)*h*e_m",
+                    3 * b * s * h * w.e_m + (q + 2 * kv) * h * w.e_m, True),
+               Term("host: RoPE cos and sin, saved by 4 muls", "4*s*d*e_r", 4 * s * x.d * w.e_r, True),
+               Term("host: SDPA q, k, v, output and fp32 logsumexp", "b*s*(2*a*d + 2*kv*d)*e_m + 4*b*a*s",
+                    b * s * (2 * q + 2 * kv) * w.e_m + 4 * b * x.a * s, True),
+               Term("host: o_proj input and weight", "b*s*a*d*e_m + a*d*h*e_m", b * s * q * w.e_m + q * h * w.e_m,
+                    True),
+               Term("host: MLP: gate/up inputs and weights, silu input, gated product's operands, down input and "
+                    "weight", "2*b*s*h*e_m + 4*b*s*f*e_m + 3*h*f*e_m",
+                    2 * b * s * h * w.e_m + 4 * b * s * x.f * w.e_m + 3 * h * x.f * w.e_m, True, "mlp")]
+        if spec.checkpointing:  # the checkpointed block: only its input reaches save_on_cpu's hook
+            blk = [Term("host: checkpointed block input", "b*s*h*e_r", b * s * h * w.e_r, True)]
+        out = [Term("host: embedding ids (int64)", "8*b*s", 8 * b * s, where="embed"),
+               norm("final norm", per_layer=False, where="head"),
+               Term("host: lm_head input and weight", "b*s*h*e_m + V*h*e_m", b * s * h * w.e_m + V * h * w.e_m,
+                    where="head"),
+               Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
+                    2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
+        return blk + out  # per_layer terms are one block's: the model holds L of them
 
     def mask_terms(self, c, spec, w) -> list[Term]:
         """SDPA given a mask (a sliding window no longer than the sequence): the CPU flash kernel converts

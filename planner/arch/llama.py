@@ -79,6 +79,7 @@ class LlamaConfig:
 
 class Llama(RMSDecoder):
     arch = "llama"
+    offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("llama",)
     model_type = "llama"
     config_cls = LlamaConfig

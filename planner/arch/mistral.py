@@ -43,6 +43,7 @@ class MistralConfig(DecoderConfigMixin):
 
 class Mistral(RMSDecoder):
     arch = "mistral"
+    offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("mistral",)
     model_type = "mistral"
     config_cls = MistralConfig

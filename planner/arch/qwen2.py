@@ -52,6 +52,7 @@ class Qwen2Config(DecoderConfigMixin):
 
 class Qwen2(RMSDecoder):
     arch = "qwen2"
+    offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("qwen2",)
     model_type = "qwen2"
     config_cls = Qwen2Config

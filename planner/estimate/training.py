@@ -250,6 +250,11 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         from .offload import estimate_offload_optimizer
 
         return estimate_offload_optimizer(cfg, spec, estimate_training)
+    if getattr(spec, "offload_activations", False):  # saved tensors on the host: planner/estimate/offload_act.py
+        from .offload_act import estimate_offload_activations
+
+        return estimate_offload_activations(cfg, spec, estimate_training, _backward_sweep, autocast_weight_bytes,
+                                            autocast_bias_bytes)
     policy = getattr(spec, "checkpoint_policy", "full")
     if spec.checkpointing and policy != "full":  # every:K, selective: planner/estimate/ckpt_policy.py
         from .ckpt_policy import estimate_policy

@@ -97,7 +97,7 @@ from ..spec import TrainSpec
 from . import procmem
 from .cpu_kernels import CpuKernelDtypes  # the CPU normalisation kernels' stats dtypes (issue #20)
 from .tracker import LiveBytesTracker
-from .training import PHASES, _PhaseRecorder, downsample, finish_log, start_log, stop_log
+from .training import PHASES, _PhaseRecorder, downsample, finish_log, host_figures, start_log, stop_log
 
 _TRAINING_FILE = str(Path(_training_routine.__file__).resolve())
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -333,11 +333,13 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         recorder = _PhaseRecorder(tracker, step.device)
         log = start_log(tracker, step)
         tracker.recording = True
+        step.pack_scope = tracker.host_scope  # --offload-activations: the host copies counted apart
         try:
             with answers, CpuKernelDtypes(), tracker, real_run_branches(), cpu_grouped_mm_meta(spec.device):
                 step.run(on_phase=recorder)
         finally:
             stop_log(tracker, log)  # the global module hooks go, whatever happened
+            step.pack_scope = None
         tracker.recording = False
         optimizer_bytes = step.optimizer_state_bytes()
         param_count = sum(p.numel() for p in step.model.parameters())
@@ -360,6 +362,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         "sim_time_s": time.perf_counter() - t_start,
         "sim_peak_rss_bytes": procmem.read_status().get("VmHWM", 0),
     }
+    result.update(host_figures(tracker, spec))
     if trace:
         result["trace"] = {"ops": tracker.op_names, "phases": tracker.op_phases, "bytes": tracker.op_bytes}
     result.update(finish_log(log, exports, emit))

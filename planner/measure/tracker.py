@@ -30,10 +30,19 @@ class LiveBytesTracker(TorchDispatchMode):
         self.t0 = time.perf_counter()
         self.recording = False
         self.log = None  # planner.measure.events.EventLog when attached (off by default: no cost)
+        # --offload-activations (planner/estimate/offload_act.py): storages made inside save_on_cpu's pack hook are
+        # the host's copies, counted apart (host_current / host_peak); `current` / `peak` are then the device figure
+        self.host_depth = 0
+        self.host_keys: set[int] = set()
+        self.host_current = 0
+        self.host_peak = 0
 
     def _forget(self, key: int) -> None:
         entry = self.live.pop(key, None)
-        if entry is not None:
+        if entry is not None and key in self.host_keys:
+            self.host_keys.discard(key)
+            self.host_current -= entry[1]
+        elif entry is not None:
             self.current -= entry[1]
             if self.log is not None:
                 self.log.free(key)
@@ -43,7 +52,13 @@ class LiveBytesTracker(TorchDispatchMode):
             if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
                 storage = obj.untyped_storage()
                 key = id(storage)
-                if key not in self.live:
+                if key not in self.live and self.host_depth:  # a host copy (save_on_cpu's pack hook)
+                    nbytes = storage.nbytes()
+                    self.live[key] = (weakref.ref(storage, lambda _r, k=key: self._forget(k)), nbytes)
+                    self.host_keys.add(key)
+                    self.host_current += nbytes
+                    self.host_peak = max(self.host_peak, self.host_current)
+                elif key not in self.live:
                     nbytes = storage.nbytes()
                     self.live[key] = (weakref.ref(storage, lambda _r, k=key: self._forget(k)), nbytes)
                     self.current += nbytes
@@ -52,6 +67,18 @@ class LiveBytesTracker(TorchDispatchMode):
         if self.current > self.peak:
             self.peak = self.current
             self.peak_phase = self.phase
+
+    def host_scope(self):
+        """A context for save_on_cpu's pack hook: what it allocates is the host's (planner/routines/training.py)."""
+        tracker = self
+
+        class _Scope:
+            def __enter__(self):
+                tracker.host_depth += 1
+
+            def __exit__(self, *exc):
+                tracker.host_depth -= 1
+        return _Scope()
 
     def track_module(self, module: torch.nn.Module) -> None:
         self.track(list(module.parameters()), list(module.buffers()))

@@ -121,6 +121,7 @@ def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], ma
     recorder = _PhaseRecorder(tracker, device)
     log = start_log(tracker, step)
     tracker.recording = True
+    step.pack_scope = tracker.host_scope  # --offload-activations: the host copies counted apart
     t0 = time.perf_counter()
     try:
         with tracker:
@@ -128,6 +129,7 @@ def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], ma
             _sync(device)
     finally:
         stop_log(tracker, log)  # the global module hooks go, whatever happened
+        step.pack_scope = None
     tracked_time = time.perf_counter() - t0
     tracker.recording = False
     peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
@@ -146,9 +148,20 @@ def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], ma
     result["peak_bytes"] = result["peak_allocated_bytes"] if device.type == "cuda" else result["tracked_peak_bytes"]
     if device.type == "cuda":
         result["peak_phase_source"] = "tracked step (timeline), peak from max_memory_allocated"
+    result.update(host_figures(tracker, spec))
     result.update(finish_log(log, exports, emit))
     emit({"event": "progress", "stage": "done", "fraction": 1.0})
     return result
+
+
+def host_figures(tracker: LiveBytesTracker, spec) -> dict:
+    """--offload-activations: the host copies save_on_cpu's pack hook made (their peak), apart from the device
+    figure (`peak_bytes`: everything else). On a CPU device the 'device' is the same RAM: the device figure is the
+    mechanism measured here, for the CUDA check (on CUDA the unpack hook's device copies in backward add to it)."""
+    if not getattr(spec, "offload_activations", False):
+        return {}
+    return {"host_activation_offload_bytes": tracker.host_peak,
+            "device_figure_note": "device figure: for the CUDA check (measured on " + str(spec.device) + ")"}
 
 
 def start_log(tracker: LiveBytesTracker, step):

@@ -157,6 +157,28 @@ class TrainingStep:
         self.inputs = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
         self.targets = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
         self.current_phase = "setup"
+        # --offload-activations: a context the tracker puts around save_on_cpu's pack hook (planner/measure/tracker.py
+        # host_scope) so the host copies are counted apart; None: the hook runs as torch wrote it
+        self.pack_scope = None
+
+    def offload_context(self):
+        """The forward as users write it: `with torch.autograd.graph.save_on_cpu(pin_memory=True):` (torch/autograd/
+        graph.py). Its pack hook makes a fresh host tensor `torch.empty(size, dtype, pin_memory=is_pinnable)` and
+        `copy_`s every saved tensor into it (pin_memory=False would call `tensor.cpu()`, which on a CPU tensor
+        returns the tensor itself: no copy); its unpack hook returns `packed.to(device)`: on a CPU device the host
+        copy itself, on CUDA a fresh device copy for the node's backward."""
+        if not getattr(self.spec, "offload_activations", False):
+            return nullcontext()
+        ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
+        scope = self.pack_scope
+        if scope is not None:
+            pack = ctx.pack_hook
+
+            def tagged_pack(tensor):
+                with scope():
+                    return pack(tensor)
+            ctx.pack_hook = tagged_pack
+        return ctx
 
     def autocast(self):
         if self.spec.autocast_dtype is None:
@@ -177,7 +199,7 @@ class TrainingStep:
             user_on_phase(phase)
         for _ in range(accum):
             on_phase("forward")
-            with self.autocast():
+            with self.offload_context(), self.autocast():
                 loss = self.compute_loss(on_phase)
             on_phase("backward")
             loss = loss / accum if accum > 1 else loss

@@ -1,0 +1,158 @@
+"""`--offload-activations`: the forward and loss under `torch.autograd.graph.save_on_cpu(pin_memory=True)` (issue #24;
+no torch). Two figures, two budgets:
+
+  host    every tensor autograd saves is copied to a fresh host tensor by save_on_cpu's pack hook
+          (torch/autograd/graph.py: `torch.empty(tensor.size(), ..., pin_memory=is_pinnable)` + `copy_`), one copy per
+          saved variable: a tensor two nodes save is copied twice and a matmul's weight (its t() view, or autocast's
+          low-precision copy) is copied too, so the host holds more than the deduplicated activations. The family
+          lists the copies (planner/arch/<family>.py `offload_copies`); their sum is the host's peak (all alive at
+          the end of the loss). On CUDA pinned memory comes from PyTorch's CachingHostAllocator, which rounds each
+          request up to a power of two (aten/src/ATen/core/CachingHostAllocator.h): `host_pinned_rounded` says how
+          much that adds; the CPU mechanism measured here has no pinning (is_pinnable needs CUDA).
+  device  the step without the saved activations: what the device still holds is the persistent state, autocast's
+          cached weight copies (alive until the autocast region exits), the tensors alive but not saved
+          (transformers' KV cache, the last hidden state and the labels while the loss runs inside the model), and
+          the working set of the moment: the logits, their fp32 copy and the log-softmax output in the loss; the
+          two b*s*V gradients at the start of backward, then the grads and one block's gradients.
+
+On a CPU device the pack hook still copies (pin_memory=True; with pin_memory=False `tensor.cpu()` returns the CPU
+tensor itself and nothing moves) and the unpack hook's `packed.to("cpu")` returns the host copy itself, so backward
+reads the copies in place. On CUDA the unpack hook makes a device copy of each saved tensor for its node's backward
+(a transient of one node's saved inputs that the CPU run cannot show): the device figure is for the CUDA check.
+Checkpointing: checkpoint's own hooks are innermost in a checkpointed block, so save_on_cpu sees only each block's
+input (and the tensors outside the blocks); the recompute in backward runs outside save_on_cpu and stays on the
+device.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..accounting import DTYPE_BYTES
+from ..arch import family_of
+from ..arch.base import resolved_loss
+from ..arch.terms import Widths
+from ..validation import ConfigError
+
+DEVICE_NOTE = "device figure: for the CUDA check"
+# PCIe x16 bandwidth per direction, NVIDIA's published figures: Gen4 x16 32 GB/s and Gen5 x16 64 GB/s (H100 PCIe
+# product brief: "PCIe Gen5 128 GB/s" bidirectional; A100: "PCIe Gen4 64 GB/s" bidirectional). The copy time
+# below uses Gen4's 32 GB/s each way, the common host link.
+PCIE_GEN4_X16_BYTES_PER_S = 32e9
+
+
+def check_offload_activations(cfg, spec) -> None:
+    """One line for the combinations not modelled."""
+    if spec.finetuning:
+        raise ConfigError("--offload-activations with fine-tuning (LoRA, a trainable subset, QLoRA) is not modelled "
+                          "yet")
+    if getattr(spec, "offload_optimizer", False):
+        raise ConfigError("--offload-activations with --offload-optimizer is not modelled yet")
+    if spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full":
+        raise ConfigError("--offload-activations is modelled with full checkpointing or none, not "
+                          f"{spec.checkpoint_policy}")
+    if spec.grad_accum > 1:
+        raise ConfigError("--offload-activations with --grad-accum > 1 is not modelled yet")
+    if spec.precision not in ("fp32", "bf16-amp", "bf16"):
+        raise ConfigError(f"--offload-activations is modelled for fp32, bf16 and bf16-amp, not {spec.precision}")
+    family = family_of(cfg)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    if family.offload_copies(cfg, spec, w) is None:
+        raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
+                          "for Llama, Mistral and Qwen 2 with SDPA, no mask, SiLU; see planner/arch/decoder.py)")
+    if resolved_loss(family, spec) != "labels":
+        raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
+                          f"model(input_ids, labels=...).loss), not {spec.loss}")
+
+
+def host_terms(cfg, spec) -> list:
+    """The family's copies, each Term's bytes times L when it is one block's."""
+    family = family_of(cfg)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    L = cfg.layers
+    return [dataclasses.replace(t, bytes=t.bytes * (L if t.per_layer else 1), per_layer=False)
+            for t in family.offload_copies(cfg, spec, w)]
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def copy_seconds(host: int, bytes_per_s: float = PCIE_GEN4_X16_BYTES_PER_S) -> float:
+    """Each byte crosses twice a step (device to host in forward, back in backward): 2 * host / bandwidth."""
+    return 2 * host / bytes_per_s
+
+
+def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, autocast_weight_bytes,
+                                 autocast_bias_bytes):
+    """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
+    check_offload_activations(cfg, spec)
+    plain = dataclasses.replace(spec, offload_activations=False)
+    est = estimate_training(cfg, plain)
+    family = family_of(cfg)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    b, s, h, V, L = spec.batch_size, spec.seq_len, cfg.hidden, cfg.vocab_size, cfg.layers
+    bsV, bsh = b * s * V, b * s * h
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    tr = est.transients
+    base = est.params_bytes + est.buffers_bytes + est.inputs_bytes + est.optimizer_bytes + tr.get("gradscaler", 0)
+    cuda = tr.get("allocator_rounding", 0) + tr.get("cublas_workspace", 0)  # 0 on the CPU
+    # autocast's cache holds every matmul weight's low-precision copy until autocast exits (after the loss)
+    amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
+    # Alive but not saved, so on the device whatever the hooks do (planner/arch/parts.py forward_only): transformers'
+    # DynamicCache K/V (2*L*b*kv*s*d*e_r; off under checkpointing) and the final norm's output (b*s*h*e_r, added below);
+    # without offloading the cache shares its storage with the saved k, v, which now are host copies
+    fwd_alive = 0 if spec.checkpointing else 2 * L * b * cfg.num_key_value_heads * s * cfg.head_dim * w.e_r
+    # Checkpointing keeps each block's inputs referenced: the RoPE cos and sin every block is given (measured)
+    rope_held = 2 * s * cfg.head_dim * w.e_r if spec.checkpointing else 0
+    labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
+    ce_out = bsV * w.e_ce + w.e_ce + 8 * b * s  # log_softmax output, total_weight, shifted labels (alive in the loss)
+    logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
+    # the last hidden state (b*s*h*e_r) stays referenced while the loss runs inside the model's forward
+    # the forward's high points: the logits made (the final hidden alive), and the last block's gated product
+    # (down_proj(act(gate(x)) * up(x)): act's output, up's output and their product, b*s*f*e_m each, beside the
+    # residual and the normed x; the gate's output is already freed, its saved copy on the host). Other points inside
+    # a block are not modelled (the measured forward is up to ~18% above this; it is not the peak in the grid)
+    mlp_point = 3 * b * s * cfg.intermediate_size * w.e_m + 2 * bsh * w.e_r
+    forward = base + amp_cache + fwd_alive + rope_held + max(bsh * w.e_r + bsV * w.e_m, mlp_point)
+    loss = base + amp_cache + fwd_alive + rope_held + labels + bsh * w.e_r + logits + ce_out
+    # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
+    ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
+    if spec.checkpointing:
+        # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every stashed
+        # block input is a host copy (the sweep counts L of them at the last block, one at the first; measured: the
+        # recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back: for the CUDA check)
+        points = {k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0) * bsh * w.e_r
+                  for k, v in est.backward_points.items()}
+    else:  # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
+        fp = dataclasses.replace(plain, precision="fp32")
+        wf = Widths.of(fp, loss_upcast=family.loss_upcast(cfg, fp))
+        blk = [dataclasses.replace(t, bytes=0) for t in family.block_terms(cfg, fp, wf)]
+        out = [dataclasses.replace(t, bytes=0) for t in family.outside_terms(cfg, fp, wf)]
+        points = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0)
+        # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
+        # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
+        points = {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in points.items()}
+    # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
+    grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
+    backward = base + max(ce_start, grads_end, max(points.values()))
+    phase = {"forward": forward + cuda, "loss": loss + cuda, "backward": backward + cuda,
+             "optimizer": est.phase_peak_bytes["optimizer"], "zero_grad": est.phase_peak_bytes["zero_grad"]}
+    peak_phase = max(phase, key=phase.get)
+    hterms = host_terms(cfg, spec)
+    host = sum(t.bytes for t in hterms)
+    pinned = sum(pow2_ceil(t.bytes) for t in hterms) if spec.device_type == "cuda" else 0
+    secs = copy_seconds(host)
+    notes = est.notes + [
+        f"activations offloaded (torch.autograd.graph.save_on_cpu(pin_memory=True)): {host:,} B of saved-tensor "
+        f"copies live on the host (one per saved variable, weights saved by the matmuls included); {DEVICE_NOTE} "
+        "(on CUDA the unpack hook's device copy of each node's saved tensors adds a transient in backward). "
+        f"Cost: every copied byte crosses PCIe twice a step, ~{secs * 1e3:.1f} ms at 32 GB/s (PCIe Gen4 x16, "
+        "NVIDIA's published figure), overlapped with compute only in part"]
+    terms = est.terms + [{"name": t.name + " (host)", "formula": t.formula, "bytes": t.bytes, "per_layer": False,
+                          "where": "host", "part": ""} for t in hterms]
+    transients = {**tr, "host_activation_offload": host}
+    if pinned:
+        transients["host_pinned_rounded"] = pinned
+    return dataclasses.replace(est, peak_bytes=phase[peak_phase], peak_phase=peak_phase, phase_peak_bytes=phase,
+                               activations_bytes=0, notes=notes, terms=terms, transients=transients,
+                               backward_points={k: v for k, v in points.items()})
