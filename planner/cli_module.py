@@ -57,6 +57,9 @@ def parse_module_run(args) -> tuple:
     if getattr(args, "loss", "default") != "default":
         raise ConfigError("--loss applies to presets and configs; with --module, define loss_fn(output, targets) "
                           "in your file")
+    if getattr(args, "offload_activations", False) or getattr(args, "offload_optimizer", False):
+        raise ConfigError("--offload-activations and --offload-optimizer apply to presets and configs (their terms "
+                          "are a family's); with --module, wrap your step in torch.autograd.graph.save_on_cpu yourself")
     path, func = parse_module_ref(args.module)
     shape = parse_input_shape(getattr(args, "input_shape", None))
     from .module_ref import make_batch_arity

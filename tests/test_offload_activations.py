@@ -121,3 +121,13 @@ def test_planner_page_toggle():
                in c.value for c in at.caption)
     at.selectbox(key="preset").set_value("gpt2-small").run()
     assert not at.exception and at.error and "not modelled for gpt2" in at.error[0].value
+
+
+def test_module_runs_refuse_the_offload_flags_in_one_line(capsys):
+    """A user's module has no family terms: the offload flags are refused, never silently ignored."""
+    from planner import cli
+
+    for flag in ("--offload-activations", "--offload-optimizer"):
+        code = cli.main(["simulate", "train", "--module", "examples/mlp.py:make_model", "--batch-size", "2", flag])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "--module" in err, err
