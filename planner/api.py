@@ -21,6 +21,17 @@ from .units import fmt_bytes
 RAM_GUARD_FRACTION = 0.8
 
 
+def check_ram_guard(need_bytes: int, what: str) -> None:
+    """The CLI's guard before a CPU run: ConfigError (one line, exit 2) when `what` (e.g. "the estimated peak") of
+    `need_bytes` exceeds RAM_GUARD_FRACTION of the RAM available now."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if need_bytes > RAM_GUARD_FRACTION * available:
+        raise ConfigError(f"refused: {what} {fmt_bytes(need_bytes)} exceeds {RAM_GUARD_FRACTION:.0%} of the "
+                          f"{fmt_bytes(available)} of RAM available now")
+
+
 @dataclass
 class StepRun:
     cfg: ModelConfig                 # the model as the run uses it (attention override applied, validated)

@@ -43,7 +43,7 @@ import threading
 from dataclasses import asdict, replace
 
 from . import cli_parallel
-from .api import RAM_GUARD_FRACTION  # the guard the Training step page applies too
+from .api import check_ram_guard  # the guard the Training step page applies too (RAM_GUARD_FRACTION)
 from .bnb import require_bitsandbytes
 from .cli_args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_run, _estimate_record, _print_table,
                        default_precision, parse_train, policy_estimated, progress)
@@ -253,12 +253,7 @@ def cmd_measure_train(args) -> int:
         est = _estimate_record(cfg, spec if estimated else replace(spec, checkpointing=False, checkpoint_policy="full"))
         guard = est["peak_bytes"]
     if spec.device_type == "cpu":
-        import psutil
-
-        available = psutil.virtual_memory().available
-        if guard > RAM_GUARD_FRACTION * available:
-            raise ConfigError(f"refused: the {'simulated' if fitted else 'estimated'} peak {fmt_bytes(guard)} exceeds "
-                              f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
+        check_ram_guard(guard, f"the {'simulated' if fitted else 'estimated'} peak")
     payload = {"config": config_to_dict(cfg), "spec": asdict(spec)}
     if exports:
         payload["exports"] = exports
@@ -378,13 +373,8 @@ def cmd_measure_load(args) -> int:
         info = checkpoint_size(folders[methods[0]])
     else:
         if args.device.startswith("cpu"):
-            import psutil
-
-            need = max(estimate_loading(cfg, m, args.device).peak_cpu_bytes for m in methods)
-            available = psutil.virtual_memory().available
-            if need > RAM_GUARD_FRACTION * available:
-                raise ConfigError(f"refused: loading needs up to {fmt_bytes(need)}, more than "
-                                  f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
+            check_ram_guard(max(estimate_loading(cfg, m, args.device).peak_cpu_bytes for m in methods),
+                            "loading's largest CPU peak")
         plan = check_cache_disk(cfg, cache)
         step("checkpoints cached" if plan["cached"] else f"writing checkpoints ({fmt_bytes(plan['total_bytes'])} on disk)")
         try:

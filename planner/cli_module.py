@@ -135,9 +135,7 @@ def cmd_estimate_module(args) -> int:
 
 
 def cmd_measure_module(args) -> int:
-    import psutil
-
-    from .api import RAM_GUARD_FRACTION
+    from .api import check_ram_guard
     from .cli_paths import export_paths
     from .module_ref import module_label
     from .runner import run_worker
@@ -158,10 +156,7 @@ def cmd_measure_module(args) -> int:
     est = {"basis": "simulation", **{k: sim.record[k] for k in ("peak_bytes", "peak_phase", "phase_peak_bytes",
                                                                 "persistent_bytes", "optimizer_bytes")}}
     if spec.device_type == "cpu":
-        available = psutil.virtual_memory().available
-        if est["peak_bytes"] > RAM_GUARD_FRACTION * available:
-            raise ConfigError(f"refused: the simulated peak {fmt_bytes(est['peak_bytes'])} exceeds "
-                              f"{RAM_GUARD_FRACTION:.0%} of the {fmt_bytes(available)} of RAM available now")
+        check_ram_guard(est["peak_bytes"], "the simulated peak")
     payload = {"spec": asdict(spec), "module": list(module)}
     if exports:
         payload["exports"] = exports

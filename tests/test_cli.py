@@ -253,3 +253,16 @@ def test_bench_family_refused_where_it_does_not_apply_in_one_line(argv, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "family" in err[0], err
+
+
+def test_the_ram_guard_refuses_a_cpu_run_in_one_line():
+    """One guard for measure train, measure train --module and measure load (planner.api.check_ram_guard)."""
+    import psutil
+
+    from planner.api import check_ram_guard
+    from planner.config import ConfigError
+
+    available = psutil.virtual_memory().available
+    check_ram_guard(available // 4, "the estimated peak")  # fits: no error
+    with pytest.raises(ConfigError, match=r"^refused: the estimated peak .+ exceeds 80% of the .+ of RAM available now$"):
+        check_ram_guard(2 * available, "the estimated peak")
