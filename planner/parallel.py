@@ -141,10 +141,6 @@ def check_parallel_run(spec, pspec: ParallelSpec) -> None:
         raise ConfigError(f"--optimizer {spec.optimizer} with --parallel is not modelled yet (bitsandbytes' 8-bit / "
                           "paged states per rank, and on FSDP's flat shards, are not in the per-rank estimate)")
     if pspec.parallel in TP_MODES:
-        if pspec.sequence_parallel and spec.seq_len % pspec.tp_degree:
-            # Shard(1) splits the sequence as torch.chunk does; the formula (sp_phase_delta) takes even shards
-            raise ConfigError(f"--sequence-parallel shards the sequence over {pspec.tp_degree} ranks: --seq-len "
-                              f"{spec.seq_len} must divide by {pspec.tp_degree}")
         if (pspec.mp_param_dtype or pspec.mp_reduce_dtype) and spec.precision != "fp32":
             raise ConfigError(f"a MixedPrecisionPolicy (--mp-param-dtype/--mp-reduce-dtype) needs --precision fp32 "
                               f"(FSDP casts the fp32 weights itself); got --precision {spec.precision}")
@@ -211,3 +207,9 @@ def check_wrappable(cfg: ModelConfig, pspec: ParallelSpec) -> None:
         return
     if pspec.parallel == "fsdp" and not block_prefixes(cfg):
         raise ConfigError("cannot apply FSDP: the model has no repeated blocks (e.g. model.layers.N) to fully_shard")
+
+
+def sequence_parallel_applies(layout: str | None) -> bool:
+    """Whether the app offers --sequence-parallel for a layout: torchtitan's SequenceParallel is modelled with
+    --parallel tp only (with fsdp+tp ParallelSpec refuses it: its per-rank formula is not written)."""
+    return layout == "tp"

@@ -136,5 +136,7 @@ def test_sequence_parallel_flags_are_checked():
         ParallelSpec(2, "ddp", sequence_parallel=True)
     with pytest.raises(ConfigError, match="not modelled yet"):
         ParallelSpec(4, "fsdp+tp", tp=2, sequence_parallel=True)
-    with pytest.raises(ConfigError, match="must divide by 4"):
-        estimate_distributed(LLAMA, TrainSpec(2, 18, "fp32", "adamw"), ParallelSpec(4, "tp", sequence_parallel=True))
+    # an uneven sequence: rank 0 holds torch.chunk's ceil(s/tp) positions, no fewer than an even split's
+    uneven = estimate_distributed(LLAMA, TrainSpec(2, 18, "fp32", "adamw"), ParallelSpec(4, "tp", sequence_parallel=True))
+    even = estimate_distributed(LLAMA, TrainSpec(2, 16, "fp32", "adamw"), ParallelSpec(4, "tp", sequence_parallel=True))
+    assert uneven.phase_peak_bytes["forward"] > even.phase_peak_bytes["forward"]

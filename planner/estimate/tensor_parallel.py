@@ -200,18 +200,26 @@ def sp_phase_delta(cfg: ModelConfig, spec, pspec) -> dict[str, int]:
         the head's all-gathered input.
     Measured on 2 gloo ranks and the fake process group (Llama V320 h64 L2, b2 s16 fp32 AdamW, TP 2): forward
     and loss 37,184 B lower, backward 41,276 B lower (this formula: 37,184 and 41,280), optimizer unchanged."""
+    import dataclasses
+
     from ..arch.terms import Widths
     from .training import block_terms, outside_terms
 
     tp = pspec.tp_degree
     b, s, h, L = spec.batch_size, spec.seq_len, cfg.hidden_size, cfg.num_hidden_layers
+    s_r = chunk(s, tp)  # rank 0's (the largest) sequence shard: Shard(1) splits as torch.chunk does
     w = Widths.of(spec)
     lcfg = local_config(cfg, pspec)  # the norms see the whole hidden width: their terms are the local model's
-    norm_blk = sum(t.bytes for t in block_terms(lcfg, spec, w) if t.part.startswith("norm"))
-    norm_final = sum(t.bytes for t in outside_terms(lcfg, spec, w) if t.name.startswith("RMSNorm"))
-    stash = b * s * h * w.e_r if spec.checkpointing else norm_blk
-    saved = L * stash - L * stash // tp + norm_final - norm_final // tp
-    out = b * (s // tp) * h * w.e_r
+
+    def norms(sp) -> tuple[int, int, int]:
+        blk = sum(t.bytes for t in block_terms(lcfg, sp, w) if t.part.startswith("norm"))
+        fin = sum(t.bytes for t in outside_terms(lcfg, sp, w) if t.name.startswith("RMSNorm"))
+        return (b * sp.seq_len * h * w.e_r if spec.checkpointing else blk), fin, blk
+
+    stash, fin, _ = norms(spec)
+    stash_r, fin_r, _ = norms(dataclasses.replace(spec, seq_len=s_r))
+    saved = L * (stash - stash_r) + fin - fin_r
+    out = b * s_r * h * w.e_r
     # Measured, not yet traced to its op: under autocast the loss phase holds one b*s*h fp32 tensor less again
     # (simulated TP ranks, Llama b2 s16 TP 4 and Qwen2 b2 s24 TP 4 and b4 s64 TP 2, bf16-AMP: 4*b*s*h - 4 B each;
     # none in fp32).
