@@ -23,7 +23,8 @@ from planner.plan import longest_context, plan
 from planner.infer_spec import INFER_PRECISIONS, InferSpec, infer_args
 from planner.jobs import Job, JobBusy
 from planner.reference import UNSLOTH_LLAMA31_8B
-from planner.serving import VLLM_GPU_MEMORY_UTILIZATION, cache_choices, plan_inference
+from planner.serving import (CACHE_HELP, VLLM_GPU_MEMORY_UTILIZATION, WEIGHT_QUANT_HELP, cache_choices, plan_inference,
+                             simulate_refusal, weight_quant_choices)
 from planner.spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
 from planner.store import RunStore
 from planner.units import fmt_bytes
@@ -246,6 +247,9 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     m2.metric("Budget for tensors" if p.cuda_context_bytes else "Budget", fmt_bytes(p.tensor_budget_bytes))
     m3.metric("Peak phase", est["peak_phase"])
     lines = [f"The peak falls in {INFER_PHASE_WHY[est['peak_phase']]}."] + [md_escape(n) for n in est.get("notes", [])]
+    if ispec.quantize_weights != "none":  # the weights term names what bitsandbytes holds
+        lines.append(md_escape(f"Weights {fmt_bytes(est['components']['weights'])}: {est['terms'][0]['name'].removeprefix('weights: ')} "
+                               f"(bitsandbytes via BitsAndBytesConfig, computing in {ispec.precision})."))
     if p.cuda_context_bytes:
         lines.insert(0, f"Budget {fmt_bytes(p.budget_bytes)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} = "
                         f"{fmt_bytes(p.tensor_budget_bytes)} for tensors.")
@@ -279,8 +283,10 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     b1.button("Measure this generation", disabled=busy or not here, on_click=start_generation, args=("measure",),
               key="infer_measure", help="runs generate() for real in a child process on this machine"
               + ("" if here else f" (not offered: it needs a CPU run within {fmt_bytes(room)} of this machine's RAM)"))
-    b2.button("Simulate", disabled=busy, on_click=start_generation, args=("simulate",), key="infer_simulate",
-              help="the same generate() on fake tensors: exact live bytes at any size, no memory used")
+    no_sim = simulate_refusal(ispec)  # int8 weights: bitsandbytes cannot wrap a fake tensor
+    b2.button("Simulate", disabled=busy or bool(no_sim), on_click=start_generation, args=("simulate",),
+              key="infer_simulate", help="the same generate() on fake tensors: exact live bytes at any size, no memory "
+                                         "used" + (f" (not offered: {no_sim})" if no_sim else ""))
     terms_box = st.expander("Every term and its formula, and each phase's peak", key="infer_terms_open", on_change="rerun")
     if terms_box.open:
         terms_box.dataframe(pd.DataFrame(est["terms"])[["name", "formula", "bytes"]], hide_index=True, width="stretch")
@@ -354,13 +360,27 @@ def inference_mode(cfg, gpu) -> None:
     i1, i2, i3, i4 = st.columns([2, 1.2, 1.2, 1.2])
     precision = i1.segmented_control("Weights", INFER_PRECISIONS, default=START_INFER.precision, required=True,
                                      key="infer_precision", bind="query-params", width="stretch")
-    cache = i2.selectbox("KV cache", caches, key="cache", bind="query-params",
-                         help="dynamic: transformers' DynamicCache (grows by concatenation); static: StaticCache "
-                              "(prompt + new tokens allocated at the first step)")
+    cache = i2.selectbox("KV cache", caches, key="cache", bind="query-params",  # the family's list (planner)
+                         help="; ".join(f"{c}: {CACHE_HELP.get(c, 'transformers cache class')}" for c in caches))
     device = i3.selectbox("Device", ["cuda", "cpu"] if gpu else ["cpu", "cuda"], key="infer_device", bind="query-params")
     attention = i4.selectbox("Attention", ATTENTION_KINDS, ATTENTION_KINDS.index(cfg.attention), key="infer_attention",
                              bind="query-params", help=f"This model's own: {cfg.attention}")
-    inference_planner(cfg, {"precision": precision, "cache": cache, "device": device}, attention)
+    quants = weight_quant_choices(cfg, device)  # what this model on this device can take (planner.serving)
+    if state.get("infer_quant") not in quants:  # another model's or device's choice
+        state["infer_quant"] = quants[0]
+    w1, w2, _ = st.columns([2, 1.2, 2.4])
+    quant = w1.segmented_control("Weight quantization", quants, default=quants[0], required=True, key="infer_quant",
+                                 bind="query-params", width="stretch",
+                                 help="bitsandbytes, as transformers' BitsAndBytesConfig loads the model (every linear "
+                                      "but the head; compute in the precision above). "
+                                      + "; ".join(f"{q}: {WEIGHT_QUANT_HELP[q]}" for q in quants)
+                                      + ("" if len(quants) > 1 else ". Not offered for this model: "
+                                         "it is not a transformers model, or its linears miss the device's 4-bit kernel"))
+    four_bit = quant in ("nf4", "fp4")
+    double_quant = w2.toggle("Double quant.", False, key="infer_double_quant", bind="query-params", disabled=not four_bit,
+                             help="bnb_4bit_use_double_quant: the 4-bit weights' absmax itself in 8 bits")
+    inference_planner(cfg, {"precision": precision, "cache": cache, "device": device, "quantize_weights": quant,
+                            "double_quant": bool(double_quant) and four_bit}, attention)
     if "infer_job" in state or "infer_result" in state:  # polled every second while a job runs
         st.fragment(run_every=1.0 if "infer_job" in state else None)(generation_panel)()
 

@@ -12,7 +12,7 @@ from planner.store import RunStore, completed, run_files, runs_csv, runs_table, 
 cfg = frame("Runs")
 st.title("Runs")
 store = RunStore()
-kind = st.segmented_control("Kind", ["all", "train", "load"], default="all", key="runs_kind")
+kind = st.segmented_control("Kind", ["all", "train", "load", "infer"], default="all", key="runs_kind")
 runs = store.list(None if kind in (None, "all") else kind)
 models = sorted({r["model"] for r in runs})
 chosen = st.multiselect("Models", models, default=models, key="runs_models")

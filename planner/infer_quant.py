@@ -87,9 +87,23 @@ def check_quantized_infer(cfg, ispec) -> None:
 
 def weights_bytes(cfg, ispec, e: int) -> tuple[int, int]:
     """(bytes of every weight with the quantized linears as bitsandbytes holds them, the quantized linears'
-    count); the rest, biases included, in the run's dtype (e bytes)."""
+    count); the rest, biases included, in the run's dtype (e bytes). They depend on the model and the
+    quantization only, not on the batch or the lengths: memoised (a slider move or a search asks again)."""
+    key = (cfg, ispec.quantize_weights, ispec.double_quant, repacked(ispec), ispec.device_type, e)
+    try:
+        return _weights_bytes(*key)
+    except TypeError:  # a config with a dict field (rope_scaling) is not hashable: counted each time
+        return _weights_bytes.__wrapped__(*key)
+
+
+@lru_cache(maxsize=64)
+def _weights_bytes(cfg, quantize: str, double_quant: bool, is_repacked: bool, device_type: str,
+                   e: int) -> tuple[int, int]:
+    from types import SimpleNamespace
+
     from .accounting import param_count
 
+    ispec = SimpleNamespace(quantize_weights=quantize, double_quant=double_quant, device_type=device_type)
     qlin = quantized_linears(cfg)
     total = param_count(cfg) * e
     for lin in qlin:

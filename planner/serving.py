@@ -29,6 +29,50 @@ def cache_choices(cfg: ModelConfig) -> tuple[str, ...]:
     return family_of(cfg).infer_caches(cfg)
 
 
+# What each cache class is, in a line (the page's help); a cache a family lists without a line here is still
+# offered (its name alone): a new cache class appears on the page by being added to the family's infer_caches.
+CACHE_HELP = {
+    "dynamic": "transformers' DynamicCache, generate's default: grows by torch.cat, a layer holding its old and new "
+               "K/V for a moment",
+    "static": "StaticCache (cache_implementation='static'): prompt + new tokens allocated at the first update",
+    "none": "no cache: the book's generate_text_simple recomputes the whole context for every token",
+}
+# Weight quantization (planner/infer_spec.py WEIGHT_QUANT) in a line each: bitsandbytes as transformers'
+# BitsAndBytesConfig loads it (planner/infer_quant.py counts the bytes)
+WEIGHT_QUANT_HELP = {
+    "none": "the weights in the precision above",
+    "int8": "LLM.int8 (load_in_8bit): Linear8bitLt, 1 B per weight and an fp32 scale per row; measured and "
+            "estimated, not simulated (bitsandbytes' Int8Params cannot wrap a fake tensor)",
+    "nf4": "load_in_4bit, NormalFloat 4 (QLoRA's): half a byte per weight and an fp32 absmax per 64",
+    "fp4": "load_in_4bit, bnb_4bit_quant_type='fp4': half a byte per weight and an fp32 absmax per 64",
+}
+
+
+def weight_quant_choices(cfg: ModelConfig, device: str) -> tuple[str, ...]:
+    """The weight quantizations a run of this model on this device can take, "none" first: each one
+    planner/infer_quant.py check_quantized_infer accepts (not a transformers model, or a CPU 4-bit kernel whose
+    block sizes the model's linears do not meet: left out)."""
+    from .infer_quant import check_quantized_infer
+    from .infer_spec import WEIGHT_QUANT
+
+    out = ["none"]
+    for q in WEIGHT_QUANT[1:]:
+        try:
+            check_quantized_infer(cfg, InferSpec(1, 1, 1, quantize_weights=q, device=device))
+        except ConfigError:
+            continue
+        out.append(q)
+    return tuple(out)
+
+
+def simulate_refusal(ispec: InferSpec) -> str | None:
+    """Why `simulate infer` cannot run this spec (the CLI's refusal, planner/cli_infer.py), or None."""
+    if ispec.quantize_weights == "int8":
+        return ("simulating int8 weights is not supported (bitsandbytes' Int8Params cannot wrap a fake tensor); "
+                "measure it, or simulate nf4 / fp4")
+    return None
+
+
 def estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     from .estimate.inference import estimate_inference
 
@@ -116,6 +160,9 @@ CHANGES = [
      "near fp16 quality at 8 bits, slower matmuls (Dettmers et al. 2022, LLM.int8())"),
     ("quantize_weights", "nf4", "4-bit NF4 weights",
      "small quality loss, ~4x fewer weight bytes than fp16 (Dettmers et al. 2023, QLoRA's NF4)"),
+    ("double_quant", True, "double quantization of the 4-bit scales",
+     "no measurable quality loss; the absmax in 8 bits, ~0.37 bit per weight less (Dettmers et al. 2023, QLoRA "
+     "section 3: 0.5 -> 0.127 bit per parameter)"),
 ]
 
 

@@ -359,3 +359,30 @@ def test_inference_mode_by_deep_link(server, page):
     sync_api.expect(page.get_by_text(fmt_bytes(p.peak_bytes)).first).to_be_visible()
     sync_api.expect(page.get_by_text(f"{p.kv_tokens:,}").first).to_be_visible()
     page.screenshot(path=SHOTS / "planner-inference.png", full_page=True)
+
+
+def test_inference_mode_choose_nf4_weights(server, page):
+    """In inference mode, clicking nf4 in the weight quantization control changes the estimate of generate()
+    to the planner's for nf4 weights (planner.serving), and the weights line names bitsandbytes' storage."""
+    from planner.config import PRESETS
+    from planner.infer_spec import InferSpec
+    from planner.serving import plan_inference
+    from planner.units import fmt_bytes
+
+    page.goto(f"{server}/?model=llama-3.2-1b&goal=inference&infer_precision=bf16&infer_batch=4&prompt=2048"
+              "&new_tokens=128&infer_budget_gib=24&infer_device=cuda")
+    settle(page)
+    no_errors(page)
+    cfg, budget = PRESETS["llama-3.2-1b"], 24 * 2**30
+    plain = plan_inference(cfg, InferSpec(4, 2048, 128, precision="bf16", device="cuda"), budget)
+    nf4 = plan_inference(cfg, InferSpec(4, 2048, 128, precision="bf16", device="cuda", quantize_weights="nf4"), budget)
+    peak = page.get_by_test_id("stMetric").filter(has_text="Estimated peak of generate()")
+    sync_api.expect(peak).to_contain_text(fmt_bytes(plain.peak_bytes))
+    page.locator(".st-key-infer_quant").get_by_role("radio", name="nf4", exact=True).click()
+    settle(page)
+    no_errors(page)
+    sync_api.expect(peak).to_contain_text(fmt_bytes(nf4.peak_bytes))
+    assert nf4.peak_bytes < plain.peak_bytes
+    sync_api.expect(page.get_by_text("linears nf4").first).to_be_visible()
+    assert "infer_quant=nf4" in page.url
+    page.screenshot(path=SHOTS / "planner-inference-nf4.png", full_page=True)
