@@ -466,6 +466,9 @@ def speed_report() -> str:
             estimate_training(PRESETS[name], TrainSpec(batch_size=b, seq_len=1024, precision="bf16-amp"))
         lines.append(f"| estimate_training({name}), new batch each call | {(time.perf_counter() - t0) / n * 1e3:.3f} ms |")
     lines += planner_page_rows()
+    from .bench_infer_speed import inference_speed_rows  # issue #21: estimate infer and the inference mode
+
+    lines += inference_speed_rows()
     for label, cfg, spec in [
         ("tiny gpt2 (h64, L2, b2 s64)", _gpt(vocab_size=1000, emb_dim=64, context_length=128), TrainSpec(2, 64)),
         ("gpt2 h256 L4 V50257 b4 s256", _gpt(emb_dim=256, n_layers=4), TrainSpec(4, 256)),

@@ -96,3 +96,23 @@ def test_simulate_carries_the_quantization_and_runs_keeps_it():
     run = RunStore().list("infer")[0]
     assert run["settings"]["quantize_weights"] == "nf4" and run["record"]["kind"] == "simulate"
     assert run["measured_bytes"] == rec["peak_bytes"]
+
+
+def test_memoised_quantized_weight_bytes_are_the_count_itself():
+    """planner/infer_quant.py memoises the quantized weights' bytes (a slider move asks again): the memoised
+    figure is the uncached count, for a hashable preset and for a config with a dict field (not hashable)."""
+    import dataclasses
+
+    from planner.config import config_from_dict
+    from planner.infer_quant import _weights_bytes, weights_bytes
+
+    hf = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 256, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    for cfg in (PRESETS["llama-3.2-1b"], config_from_dict(hf)):
+        for q, dq in (("int8", False), ("nf4", True), ("fp4", False)):
+            ispec = InferSpec(1, 8, 8, precision="bf16", quantize_weights=q, double_quant=dq, device="cuda")
+            got = weights_bytes(cfg, ispec, 2)
+            assert got == _weights_bytes.__wrapped__(cfg, q, dq, False, "cuda", 2)
+            assert got == weights_bytes(cfg, dataclasses.replace(ispec, batch_size=7, prompt_len=3), 2)
+            assert got[1] == 7 * cfg.layers  # q, k, v, o, gate, up, down: every linear but the head

@@ -1,4 +1,5 @@
-"""The Planner page's rerun time in a real browser: `python tests/e2e/bench_page.py [--moves N] [--model NAME]`.
+"""The Planner page's rerun time in a real browser: `python tests/e2e/bench_page.py [--moves N] [--model NAME]
+[--goal training|inference]`.
 
 Starts the app on a free port, opens it in Debian's chromium, moves the batch slider one step at a time and
 times each move from the key press until the script has finished and the page has painted the new estimate
@@ -69,6 +70,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--moves", type=int, default=20)
     ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--goal", choices=("training", "inference"), default="training",
+                    help="inference: the batch of the inference mode, one step up (its + button) per move")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -81,17 +84,23 @@ def main() -> int:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 sockets = []
                 page.on("websocket", lambda ws: sockets.append(ws))
-                page.goto(f"{url}/?model={args.model}&batch=1")
+                page.goto(f"{url}/?model={args.model}&batch=1" if args.goal == "training" else
+                          f"{url}/?model={args.model}&goal=inference&infer_precision=bf16&infer_batch=1")
                 page.wait_for_selector(IDLE, timeout=60_000)
                 page.wait_for_timeout(2000)
                 slider = page.get_by_role("slider").first
+                step_up = page.locator(".st-key-infer_batch [data-testid='stNumberInputStepUp']")
                 times, server_cpu, browser_cpu = [], 0.0, 0.0
                 for i in range(args.moves + 2):
-                    slider.focus()
+                    if args.goal == "training":
+                        slider.focus()
                     s0, b0 = children_cpu_s(proc.pid)
                     t0 = time.perf_counter()
                     with sockets[-1].expect_event("framereceived", predicate=is_script_finished, timeout=30_000):
-                        slider.press("ArrowRight")
+                        if args.goal == "training":
+                            slider.press("ArrowRight")
+                        else:
+                            step_up.click()
                     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
                     if i >= 2:  # the first moves warm caches
                         times.append(time.perf_counter() - t0)
@@ -102,7 +111,7 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(10)
-    print(f"Planner page, {args.model}, {len(times)} slider moves in chromium: median {statistics.median(times) * 1e3:.0f} ms, "
+    print(f"Planner page ({args.goal}), {args.model}, {len(times)} moves in chromium: median {statistics.median(times) * 1e3:.0f} ms, "
           f"max {max(times) * 1e3:.0f} ms (key press to the rerun's last message received and the page painted); CPU per move: server "
           f"{server_cpu / len(times) * 1e3:.0f} ms, browser {browser_cpu / len(times) * 1e3:.0f} ms "
           f"(load average {os.getloadavg()[0]:.1f})")
