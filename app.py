@@ -259,12 +259,15 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     f1, f2, f3 = st.columns(3)
     f1.metric(f"Largest batch at {ispec.total_len:,} tokens", p.max_batch, help=md_escape(p.max_batch_reason))
     f2.metric(f"Longest context at batch {ispec.batch_size}", f"{p.max_context:,}", help=md_escape(p.max_context_reason))
-    f3.metric("KV cache tokens that fit", f"{p.kv_tokens:,}",
-              help=f"beside the weights and this run's working set; vLLM's rule ({VLLM_GPU_MEMORY_UTILIZATION:.0%} of "
-                   f"the budget, gpu_memory_utilization): {p.kv_tokens_vllm:,} tokens")
-    st.caption(f"KV cache: {fmt_bytes(est['kv_cache_bytes_per_token'])} per token and sequence. vLLM's own figure "
-               f"for this budget would be about {p.kv_tokens_vllm:,} tokens (its rule, not a measurement of ours: it "
-               f"plans the cache in {VLLM_GPU_MEMORY_UTILIZATION:.0%} of the device).")
+    if not est["kv_cache_bytes_per_token"]:  # the book's generate_text_simple keeps no cache
+        f3.metric("KV cache tokens that fit", "no cache", help="this generation recomputes the whole context per token")
+    else:
+        f3.metric("KV cache tokens that fit", f"{p.kv_tokens:,}",
+                  help=f"beside the weights and this run's working set; vLLM's rule ({VLLM_GPU_MEMORY_UTILIZATION:.0%} "
+                       f"of the budget, gpu_memory_utilization): {p.kv_tokens_vllm:,} tokens")
+        st.caption(f"KV cache: {fmt_bytes(est['kv_cache_bytes_per_token'])} per token and sequence. vLLM's own figure "
+                   f"for this budget would be about {p.kv_tokens_vllm:,} tokens (its rule, not a measurement of ours: "
+                   f"it plans the cache in {VLLM_GPU_MEMORY_UTILIZATION:.0%} of the device).")
     if p.advice:
         st.dataframe(pd.DataFrame([{"change": c.label, "peak": fmt_bytes(c.peak_bytes), "fits": "yes" if c.fits else "no",
                                     "cost": c.cost} for c in p.advice]), hide_index=True, width="stretch")

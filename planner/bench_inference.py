@@ -28,6 +28,9 @@ FULL_SIZE_ROWS = [
     ("qwen2.5-7b", InferSpec(4, 8192, 16, precision="bf16")),
     ("qwen3-8b", InferSpec(4, 8192, 16, precision="bf16")),
     ("llama-3.2-1b", InferSpec(16, 8192, 16, precision="bf16")),
+    # the book's GPT-2, generate_text_simple: the whole context recomputed per token (its own attention, eager)
+    ("gpt2-small", InferSpec(4, 1000, 24, precision="bf16", cache="none")),
+    ("gpt2-xl", InferSpec(1, 1000, 24, precision="bf16", cache="none")),
 ]
 
 

@@ -113,6 +113,8 @@ def kv_tokens(est: dict, budget: int) -> tuple[int, int]:
     after the peak's non-cache part) / (one token's K and V over every layer). Beside it, vLLM's rule: the same
     over gpu_memory_utilization of the budget (theirs)."""
     per_token = est["kv_cache_bytes_per_token"]
+    if not per_token:  # a generation that keeps no cache (the book's generate_text_simple)
+        return 0, 0
     working = est["peak_bytes"] - est["components"]["kv_cache"]
     ours = max(0, budget - working) // per_token
     theirs = max(0, int(VLLM_GPU_MEMORY_UTILIZATION * budget) - working) // per_token

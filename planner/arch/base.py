@@ -102,6 +102,11 @@ class Family:
     def check_infer(self, cfg, ispec) -> None:
         """Refuse an inference run this family cannot estimate or run (ConfigError, one line)."""
 
+    def infer_estimate(self, cfg, ispec) -> dict | None:
+        """A family whose generation is not transformers' generate() (the book's generate_text_simple) gives its
+        own estimate record here; None: planner/estimate/inference.py models generate() from the hooks below."""
+        return None
+
     def infer_input_bytes(self, cfg, ispec) -> int:
         """The prompt batch generate() is given: input_ids and attention_mask, int64 (b, p) each."""
         return 2 * 8 * ispec.batch_size * ispec.prompt_len

@@ -102,6 +102,12 @@ class BookGPT2(Family):
         """The book's generate_text_simple keeps no cache: it recomputes the whole context per token."""
         return ("none",)
 
+    def infer_estimate(self, cfg, ispec) -> dict:
+        """generate_text_simple's peak: the whole context recomputed per token (planner/estimate/inference_book.py)."""
+        from ..estimate.inference_book import estimate_book_inference
+
+        return estimate_book_inference(cfg, ispec)
+
     def inventory(self, c: GPT2Config) -> list[TensorSpec]:
         h, ctx = c.emb_dim, c.context_length
         specs = [TensorSpec("tok_emb.weight", (c.vocab_size, h), "param", role="embed"),

@@ -27,7 +27,8 @@ def estimated_families() -> list[str]:
     from ..arch import families
     from ..arch.base import Family
 
-    return [arch for arch, fam in families().items() if type(fam).kv_bytes_per_token is not Family.kv_bytes_per_token]
+    return [arch for arch, fam in families().items() if type(fam).kv_bytes_per_token is not Family.kv_bytes_per_token
+            or type(fam).infer_estimate is not Family.infer_estimate]
 
 
 def estimate_inference(cfg: ModelConfig, ispec: InferSpec) -> dict:
@@ -44,6 +45,9 @@ def estimate_inference(cfg: ModelConfig, ispec: InferSpec) -> dict:
 
 def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     family = family_of(cfg)
+    own = family.infer_estimate(cfg, ispec)  # a generation that is not generate()'s (the book's): its family's record
+    if own is not None:
+        return own
     e = DTYPE_BYTES[ispec.param_dtype]
     b, p, n = ispec.batch_size, ispec.prompt_len, ispec.new_tokens
     weights = param_count(cfg) * e
