@@ -111,7 +111,8 @@ def linears(inventory) -> list[Linear]:
     for t in inventory:
         if t.kind == "param" and t.autocast and not t.is_bias and t.name.endswith(".weight"):
             module = t.name[:-len(".weight")]
-            out.append(Linear(module, t.shape[1], t.shape[0], t.block, t.role, module in biases))
+            n_in, n_out = t.shape if t.conv1d else (t.shape[1], t.shape[0])  # Conv1D: (in, out)
+            out.append(Linear(module, n_in, n_out, t.block, t.role, module in biases))
     return out
 
 

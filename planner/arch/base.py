@@ -34,7 +34,7 @@ def linear(name: str, n_in: int, n_out: int, bias: bool, block: int | None, role
     """An nn.Linear (weight (out, in)) or transformers' Conv1D (weight (in, out)); autocast casts both
     (linear / addmm are on the lower-precision list)."""
     shape = (n_in, n_out) if conv1d else (n_out, n_in)
-    specs = [TensorSpec(f"{name}.weight", shape, "param", autocast=True, block=block, role=role)]
+    specs = [TensorSpec(f"{name}.weight", shape, "param", autocast=True, block=block, role=role, conv1d=conv1d)]
     if bias:
         specs.append(TensorSpec(f"{name}.bias", (n_out,), "param", autocast=True, block=block, role=role,
                                 is_bias=True))

@@ -25,6 +25,7 @@ class TensorSpec:
     role: str = ""            # what it does (planner/arch/base.py lists the roles); the estimator reads roles
     trainable: bool = True    # requires grad (gets a .grad and optimizer state)
     is_bias: bool = False     # a bias (autocast casts it, but no matmul saves it)
+    conv1d: bool = False      # transformers' Conv1D weight: shape (in, out), not nn.Linear's (out, in)
 
     @property
     def numel(self) -> int:

@@ -96,7 +96,8 @@ def quant_state_tensors(model) -> list[torch.Tensor]:
 def _quantize_fake_model(model, spec: TrainSpec, device: torch.device, compute_dtype=torch.bfloat16):
     """The simulated twin of step 2 (planner/measure/simulate.py builds the bf16 model on fake tensors; a fake
     checkpoint cannot be written): what transformers' bitsandbytes quantizer does on from_pretrained, done
-    in place. Every nn.Linear but the output head (transformers' get_keys_to_not_convert) becomes a
+    in place. Every nn.Linear (and transformers' Conv1D, GPT-2's, transposed to (out, in) as transformers'
+    quantizer does) but the output head (transformers' get_keys_to_not_convert) becomes a
     bitsandbytes Linear4bit(in, out, bias, compute_dtype=bf16, compress_statistics=double_quant, quant_type),
     its bf16 weight quantized by bitsandbytes' own functional.quantize_4bit (its quantize_4bit /
     quantize_blockwise ops have fake kernels, bitsandbytes/_ops.py register_fake): the packed weight and a
@@ -121,16 +122,24 @@ def _quantize_fake_model(model, spec: TrainSpec, device: torch.device, compute_d
     if spec.double_quant and "dynamic" not in bnbf.name2qmap:
         with unset_fake_temporarily():
             bnbf.name2qmap["dynamic"] = bnbf.create_dynamic_map().to(device)
+    from transformers.pytorch_utils import Conv1D
+
     head = model.get_output_embeddings()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not torch.nn.Linear or child is head:
+            conv1d = isinstance(child, Conv1D)
+            if (type(child) is not torch.nn.Linear and not conv1d) or child is head:
                 continue
+            # transformers' replace_with_bnb_linear (integrations/bitsandbytes.py) takes GPT-2's Conv1D too: its
+            # weight is (in, out), so in, out = weight.shape, and the quantizer transposes it to (out, in) first
+            n_in, n_out = child.weight.shape if conv1d else (child.in_features, child.out_features)
             with unset_fake_temporarily():  # an empty shell on the meta device (no memory, no fake)
-                new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                new = bnb.nn.Linear4bit(n_in, n_out, bias=child.bias is not None,
                                         compute_dtype=compute_dtype, compress_statistics=spec.double_quant,
                                         quant_type=spec.quantize_base, device="meta")
-            packed, state = bnbf.quantize_4bit(child.weight.data.to(device), blocksize=64,
+            new.source_cls = type(child)  # as transformers marks it (it decides the transpose on load)
+            w = child.weight.data.T if conv1d else child.weight.data
+            packed, state = bnbf.quantize_4bit(w.to(device), blocksize=64,
                                                compress_statistics=spec.double_quant,
                                                quant_type=spec.quantize_base, quant_storage=torch.uint8)
             weight = torch.nn.Parameter(packed, requires_grad=False)
