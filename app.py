@@ -248,8 +248,9 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     m3.metric("Peak phase", est["peak_phase"])
     lines = [f"The peak falls in {INFER_PHASE_WHY[est['peak_phase']]}."] + [md_escape(n) for n in est.get("notes", [])]
     if ispec.quantize_weights != "none":  # the weights term names what bitsandbytes holds
-        lines.append(md_escape(f"Weights {fmt_bytes(est['components']['weights'])}: {est['terms'][0]['name'].removeprefix('weights: ')} "
-                               f"(bitsandbytes via BitsAndBytesConfig, computing in {ispec.precision})."))
+        held = est["terms"][0]["name"].removeprefix("weights: ")
+        lines.append(md_escape(f"Weights {fmt_bytes(est['components']['weights'])}: {held} (bitsandbytes via "
+                               f"BitsAndBytesConfig, computing in {ispec.precision})."))
     if p.cuda_context_bytes:
         lines.insert(0, f"Budget {fmt_bytes(p.budget_bytes)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} = "
                         f"{fmt_bytes(p.tensor_budget_bytes)} for tensors.")
