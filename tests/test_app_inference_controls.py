@@ -97,6 +97,13 @@ def test_simulate_carries_the_quantization_and_runs_keeps_it():
     assert run["settings"]["quantize_weights"] == "nf4" and run["record"]["kind"] == "simulate"
     assert run["measured_bytes"] == rec["peak_bytes"]
 
+    # the Runs page lists it under its kind, with the quantization in its settings
+    at.switch_page("pages/3_runs.py").run()
+    at.segmented_control(key="runs_kind").set_value("infer").run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert list(table["kind"]) == ["infer"] and "quantize_weights=nf4" in table["settings"][0]
+
 
 def test_memoised_quantized_weight_bytes_are_the_count_itself():
     """planner/infer_quant.py memoises the quantized weights' bytes (a slider move asks again): the memoised
@@ -116,9 +123,3 @@ def test_memoised_quantized_weight_bytes_are_the_count_itself():
             assert got == _weights_bytes.__wrapped__(cfg, q, dq, False, "cuda", 2)
             assert got == weights_bytes(cfg, dataclasses.replace(ispec, batch_size=7, prompt_len=3), 2)
             assert got[1] == 7 * cfg.layers  # q, k, v, o, gate, up, down: every linear but the head
-    # the Runs page lists it under its kind, with the quantization in its settings
-    at.switch_page("pages/3_runs.py").run()
-    at.segmented_control(key="runs_kind").set_value("infer").run()
-    assert not at.exception, at.exception
-    table = at.dataframe[0].value
-    assert list(table["kind"]) == ["infer"] and "quantize_weights=nf4" in table["settings"][0]
