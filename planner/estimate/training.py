@@ -23,6 +23,7 @@ from .losses import fused_loss
 from .activations import Term, Widths, block_terms, outside_terms
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
 from .categories import estimate_categories
+from .step import Step, record as step_record
 
 
 def optimizer_state_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
@@ -349,25 +350,21 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
-    phase = {
-        "forward": base + accum_grads + a_before_loss + logits + fwd_bytes,
-        "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
-        + fused_loss_point,
-        # nll_loss's backward has run (and released its saved target) when log_softmax's backward
-        # allocates its output: the shifted labels are gone at that high point.
-        "backward": base + max(accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point, sweep, grads,
-                               tied_embedding_accumulation(cfg, spec)),
-        "optimizer": base + grads + opt_tmp,
-        "zero_grad": base + grads,
-    }
     cuda_lines = {}
     if spec.device_type == "cuda":
         # [GPU-verify] terms from PyTorch source, not yet checked against max_memory_allocated.
         cuda_lines = {"allocator_rounding": cuda_rounding_bytes(cfg, spec), "cublas_workspace": CUBLAS_WORKSPACE_BYTES,
                       "cuda_context_not_counted": CUDA_CONTEXT_BYTES}
-        for k in phase:
-            phase[k] += cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES
-    peak_phase = max(phase, key=phase.get)
+    # The phases (planner/estimate/step.py), above the base:
+    step = Step(
+        base=base, grads=grads, optimizer_tmp=opt_tmp,
+        forward=accum_grads + a_before_loss + logits + fwd_bytes,
+        loss=accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss + fused_loss_point,
+        # nll_loss's backward has run (and released its saved target) when log_softmax's backward
+        # allocates its output: the shifted labels are gone at that high point.
+        backward=[accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point, sweep, grads,
+                  tied_embedding_accumulation(cfg, spec)],
+        every_phase=cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES if cuda_lines else 0)
 
     terms = blk + out + fwd
     notes = []
@@ -398,10 +395,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
     bnb_lines = bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
-    est = TrainEstimate(
-        params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
-        optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
-        peak_phase=peak_phase, phase_peak_bytes=phase,
+    est = step_record(
+        step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines, **bnb_lines},
         terms=terms, notes=notes, backward_points=backward_points)
