@@ -24,7 +24,8 @@ from ..arch.base import resolved_loss
 from ..config import ACTIVATION_SAVED, ConfigError
 from ..finetune import adapted_linears, trainable_names
 from .activations import Term, Widths
-from .record import SweepContext, TrainEstimate
+from .record import SweepContext
+from .step import Step, record as step_record
 
 ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32, bf16 and fp16 bases
 
@@ -714,14 +715,11 @@ def estimate_finetune(cfg, spec):
                         and not t.is_bias), default=0) * w.e_m if w.amp else 0
     if per_block and any("weight autocast copy" in t.name for t in per_block[-1]):
         largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
-    phase = {
-        "forward": base + accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
-        "loss": base + accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
-        "backward": base + max(accum + activations - shifted_labels + ce_grads, grads, sweep),
-        "optimizer": base + grads + opt_tmp,
-        "zero_grad": base + grads,
-    }
-    peak_phase = max(phase, key=phase.get)
+    step = Step(  # the phases (planner/estimate/step.py), above the base
+        base=base, grads=grads, optimizer_tmp=opt_tmp,
+        forward=accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
+        loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
+        backward=[accum + activations - shifted_labels + ce_grads, grads, sweep])
     out_terms = [dict(vars(t)) for t in terms]
     out_terms.append(dict(vars(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads,
                                     where="transient"))))
@@ -732,10 +730,8 @@ def estimate_finetune(cfg, spec):
     notes = notes_gap + [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
              + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
                 if spec.lora_r else f" (train_layers {spec.train_layers})")]
-    return TrainEstimate(
-        params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
-        optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
-        peak_phase=peak_phase, phase_peak_bytes=phase,
+    return step_record(
+        step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler},
         terms=out_terms, notes=notes, backward_points=backward_points)
