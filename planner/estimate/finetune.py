@@ -672,6 +672,8 @@ def persistent_bytes(cfg, spec, train) -> tuple[int, int, int, int]:
 
 
 def estimate_finetune(cfg, spec):
+    if family_of(cfg).own_finetune_step:  # a block not the decoder's (the book's GPT-2): its planner/arch file walks it
+        return estimate_own_step(cfg, spec)
     check_supported(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
@@ -735,3 +737,43 @@ def estimate_finetune(cfg, spec):
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler},
         terms=out_terms, notes=notes, backward_points=backward_points)
+
+
+def estimate_own_step(cfg, spec):
+    """A fine-tuning step of a family that walks its own block (planner/arch/<family>.py finetune_step: the
+    book's GPT-2), its phases built here from the family's terms (planner/estimate/step.py): the persistent
+    base (the whole base and the adapters, a grad and optimizer state per trainable tensor), the forward's
+    high point (the family's), the loss (the saved set, the logits b*s*V*e_m, the loss's saved log-softmax and
+    the 0-d loss), and the backward's candidates: the cross-entropy's backward (nll_loss_backward's and
+    _log_softmax_backward_data's b*s*V*e_ce grads beside the saved set; op timeline), the family's in-block
+    points (with the loss and its grad, 0-d each), and every grad at its end."""
+    family = family_of(cfg)
+    family.finetune_check(cfg, spec)
+    w = Widths.of(spec)
+    b, s, V = spec.batch_size, spec.seq_len, cfg.vocab_size
+    bsV = b * s * V
+    train = trainable_params(cfg, spec)
+    params, buffers, inputs, grads = persistent_bytes(cfg, spec, train)
+    opt_state, opt_tmp = optimizer_terms(train, spec)
+    keep = trainable_names(family, cfg, spec)
+    trains = {t.name for t in tensor_inventory(cfg) if t.kind == "param"} if keep is None else keep
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    own = family.finetune_step(cfg, spec, w, train, trains, adapted)
+    terms, ce_saved, loss0 = own["terms"], own["ce_saved"], own["loss_bytes"]
+    activations = sum(t.bytes for t in terms)
+    a_before_loss = activations - ce_saved
+    logits = bsV * w.e_m  # the head's output, alive until the loss returns
+    ce_grads = 2 * bsV * w.e_ce
+    step = Step(base=params + buffers + inputs + opt_state, grads=grads, optimizer_tmp=opt_tmp,
+                forward=max(own["forward_points"].values()),
+                loss=a_before_loss + logits + ce_saved + loss0,
+                backward=[activations + ce_grads + loss0,
+                          2 * loss0 + max(own["backward_points"].values(), default=0), grads])
+    notes = [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
+             + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
+                if spec.lora_r else f" (train_layers {spec.train_layers})")]
+    return step_record(
+        step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
+        transients={"logits": logits, "logits_fp32_copy": 0, "cross_entropy_grads": ce_grads,
+                    "optimizer_temporaries": opt_tmp, "gradscaler": 0},
+        terms=[dict(vars(t)) for t in terms], notes=notes, backward_points=own["backward_points"])

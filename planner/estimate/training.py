@@ -261,16 +261,13 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         from .ckpt_policy import estimate_policy
 
         return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes)
-    if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py), on the book's GPT-2
-        # (finetune_book.py) or on a quantized base (QLoRA: quantized.py)
+    if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py; a family walking its own
+        # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
-        from .finetune_book import estimate_finetune_book
         from .quantized import estimate_quantized
 
         if getattr(spec, "quantize_base", "none") != "none":
             est = estimate_quantized(cfg, spec)
-        elif family_of(cfg).source == "book":
-            est = estimate_finetune_book(cfg, spec)
         else:
             est = estimate_finetune(cfg, spec)
         if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
