@@ -20,7 +20,7 @@ from ..spec import TrainSpec
 from . import bnb_optim
 from ..losses import is_fused
 from .losses import fused_loss
-from .activations import Term, Widths, block_terms, outside_terms
+from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
 from .categories import estimate_categories
 from .step import Step, record as step_record
@@ -288,8 +288,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     opt_state = optimizer_state_bytes(cfg, spec)
     scaler = 8 if spec.precision == "fp16-amp" else 0  # GradScaler's 0-d fp32 scale and int32 growth tracker
 
-    blk = block_terms(cfg, spec, w)
-    out = outside_terms(cfg, spec, w)
+    blk = family.block_terms(cfg, spec, w)  # the family file describes its block once (planner/arch)
+    out = family.outside_terms(cfg, spec, w)
     fused = None
     if is_fused(loss_kind):  # chunked-ce / cce (planner/estimate/losses.py): the head runs inside the loss
         fused = fused_loss(loss_kind, b * s, V, cfg.hidden, w.e_r, w.e_m, e_p, w.amp)
