@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..validation import ConfigError, _check_optional, _check_positive, check_attention_kind
+from . import parts
 from .base import Family, linear
 from .terms import TensorSpec, Term
 
@@ -322,7 +323,7 @@ FAMILY = BookGPT2()
 # Every count is checked against the saved-tensor inventory and the live-bytes op timeline of the real
 # model (planner.measure.tracker) in tests/test_finetune.py and `python -m planner bench finetune`.
 
-ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32 and bf16 bases
+ADAPTER_BYTES = parts.ADAPTER_BYTES  # peft autocast_adapter_dtype=True: fp32 adapters (planner/arch/parts.py)
 
 
 def check_finetune(cfg, spec) -> None:
@@ -342,25 +343,6 @@ def check_finetune(cfg, spec) -> None:
 # tensors as it runs (torch releases a node's saved variables after its apply, retain_graph=False).
 NODES = ("norm1", "attn.in", "scores", "mask", "softmax", "attn.dropout", "context", "attn.out", "resid.dropout1",
          "norm2", "mlp.in", "gelu", "mlp.out", "resid.dropout2")
-
-
-def _adapter(label: str, node: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set,
-             key: str) -> list[Term]:
-    """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes an element); `shared` holds the
-    inputs already saved (on an fp32 base at p = 0 lora_A saves x itself: one storage for all readers)."""
-    r, p = spec.lora_r, spec.lora_dropout
-    bsn = b * s * n_in
-    terms = []
-    if p > 0:
-        terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""), "(1 + rg)*b*s*in*4",
-                          (2 if rg_in else 1) * bsn * ADAPTER_BYTES, True, part=node))
-    elif e_x != ADAPTER_BYTES:
-        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", bsn * ADAPTER_BYTES, True, part=node))
-    elif key not in shared:
-        shared.add(key)
-        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", bsn * ADAPTER_BYTES, True, part=node))
-    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES, True, part=node))
-    return terms
 
 
 def _layernorm(label: str, node: str, b: int, s: int, h: int, e: int, rg_in: bool, trains: bool,
@@ -398,7 +380,7 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
         for m in mods:
             lora = f"{pre}.{m}" in adapted
             if lora:
-                terms.extend(_adapter(m, node, b, s, n_in, spec, e, x_rg, shared, key))
+                terms.extend(parts.lora_adapter(m, b, s, n_in, spec, e, x_rg, shared, key, part=node))
             out[m] = x_rg or lora or w_trains(m)
         return out
 

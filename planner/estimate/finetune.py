@@ -23,6 +23,7 @@ from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ACTIVATION_SAVED, ConfigError
 from ..finetune import adapted_linears, trainable_names
+from ..arch.parts import lora_adapter as _adapter  # one LoRA adapter's saved tensors (family files use it too)
 from .activations import Term, Widths
 from .record import SweepContext
 from .step import Step, record as step_record
@@ -94,24 +95,6 @@ def _adapter_amp(label: str, b: int, s: int, n_in: int, n_out: int, spec, e_m: i
     terms.append(Term(f"{label} lora_A output", "b*s*r*e_m", b * s * r * e_m, True, where, part))
     terms.append(Term(f"{label} lora_B weight copy" + (", lora_A weight copy" if rg_in else "") + " (trains: autocast-cached)",
                       "(r*out + rg*in*r)*e_m", (r * n_out + (n_in * r if rg_in else 0)) * e_m, True, where, part))
-    return terms
-
-
-def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
-             where: str = "block", part: str = "") -> list[Term]:
-    """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
-    the inputs already saved (at p = 0 on an fp32 base lora_A saves x itself, one storage per input)."""
-    r, p = spec.lora_r, spec.lora_dropout
-    terms = []
-    if p > 0:
-        terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""),
-                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES, True, where, part))
-    elif e_x != ADAPTER_BYTES:
-        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
-    elif key not in shared:
-        shared.add(key)
-        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
-    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES, True, where, part))
     return terms
 
 
