@@ -168,8 +168,8 @@ def estimate_quantized(cfg, spec):
     points = dequant_points(cfg, spec, twin)
     # the twin's phases (planner/estimate/step.py) with the dequantized weights' backward points, less the
     # weights the quantization saves in every phase
-    phase = step.shifted(step.shifted(twin.phase_peak_bytes, backward_at_least=(base + max(points.values(), default=0),)),
-                         every=-delta)
+    phase = step.shifted(twin.phase_peak_bytes, backward_at_least=(base + max(points.values(), default=0),))
+    phase = step.shifted(phase, every=-delta)
     peak_phase = step.peak(phase)[0]
     notes = [f"QLoRA: {len(quantized_linears(cfg))} linears quantized to {spec.quantize_base}"
              + (" with double quantization" if spec.double_quant else "") + f" (bitsandbytes), compute dtype bf16; "
