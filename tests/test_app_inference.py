@@ -92,7 +92,7 @@ def test_simulate_this_generation_runs_a_child_and_keeps_the_run():
 
 def test_the_books_gpt2_generation_is_estimated():
     """The book's GPT-2 generates with generate_text_simple (no cache): its estimate is shown
-    (planner/estimate/inference_book.py), and no KV cache figure is made up for it."""
+    (planner/arch/gpt2_book.py estimate_generate_text_simple), and no KV cache figure is made up for it."""
     at = open_inference("gpt2-small", infer_batch=1, prompt=64, new_tokens=8)
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]

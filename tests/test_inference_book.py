@@ -1,5 +1,6 @@
 """The book's generate_text_simple (no cache, the whole context recomputed per token): the estimate
-(planner/estimate/inference_book.py) against the live-bytes measurement, to the byte, in both phases."""
+(planner/arch/gpt2_book.py estimate_generate_text_simple) against the live-bytes measurement, to the byte, in
+both phases."""
 import pytest
 
 from planner.arch import families
