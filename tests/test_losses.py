@@ -84,7 +84,6 @@ def _cli(*args):
     (["--model", "gpt2-small", "--loss", "chunked-ce:0"], "chunk size"),
     (["--model", "gpt2-small", "--loss", "cce:4"], "invalid choice"),
     (["--model", "gemma-2-2b", "--loss", "cce"], "softcapping"),
-    (["--model", "llama-3.2-1b", "--loss", "chunked-ce", "--lora-r", "8"], "fine-tuning"),
 ])
 def test_bad_combinations_exit_2(args, needle):
     proc = _cli(*args, "--batch-size", "1", "--seq-len", "64")

@@ -87,9 +87,8 @@ class Family:
         return data
 
     def check_fused_loss(self, cfg, spec) -> None:
-        """Refuse a fused loss (chunked-ce, cce: planner/losses.py) this family's run cannot take."""
-        if spec.finetuning:
-            raise ConfigError(f"--loss {spec.loss} with fine-tuning (--lora-r / --train-layers) is not modelled yet")
+        """Refuse a fused loss (chunked-ce, cce: planner/losses.py) this family's run cannot take. With
+        fine-tuning (frozen layers, LoRA, QLoRA) the loss takes the frozen or trainable head weight as it is."""
 
     def check_run(self, cfg, spec) -> None:
         """Refuse a run this family cannot estimate or transformers cannot run (ConfigError, one line)."""
@@ -308,9 +307,11 @@ class HFCausalLM(Family):
             # the head weight (planner/models/losses.py); the head's own forward never runs
             from ..models.losses import fused_loss
 
-            hidden = getattr(model, model.base_model_prefix)(input_ids=inputs).last_hidden_state
+            # (a peft model: its wrapped causal LM, whose linears carry the adapters; peft's get_base_model)
+            lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+            hidden = getattr(lm, lm.base_model_prefix)(input_ids=inputs).last_hidden_state
             on_phase("loss")
-            return fused_loss(hidden, model.get_output_embeddings().weight, targets, loss_kind)
+            return fused_loss(hidden, lm.get_output_embeddings().weight, targets, loss_kind)
         if loss_kind == "labels":
             # The loss runs inside the model's forward: the output head's forward hook marks where it starts.
             # DDP wraps the model (`.module`); FSDP2 changes the model's class in place.

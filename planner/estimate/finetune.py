@@ -25,6 +25,8 @@ from ..config import ACTIVATION_SAVED, ConfigError
 from ..finetune import adapted_linears, trainable_names
 from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate
+from ..losses import is_fused
+from .losses import finetune_fused
 
 ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32, bf16 and fp16 bases
 
@@ -681,10 +683,15 @@ def estimate_finetune(cfg, spec):
     params, buffers, inputs, grads = persistent_bytes(cfg, spec, train)
     opt_state, opt_tmp = optimizer_terms(train, spec)
     terms, ce_saved, per_block = finetune_activations(cfg, spec, w)
+    fused = None
+    if is_fused(loss_kind):  # chunked-ce / cce: the head runs inside the loss (planner/estimate/losses.py)
+        terms, ce_saved, fused = finetune_fused(cfg, spec, w, terms, loss_kind)
     activations = sum(t.bytes for t in terms)
     logits = bsV * w.e_m
     logits_fp32_copy = bsV * 4 if ((w.amp or loss_kind == "labels") and w.e_m < 4) else 0  # (autocast: cross_entropy is on the fp32 list)
     ce_grads = 2 * bsV * w.e_ce
+    if fused is not None:  # never whole: a chunk's are in fused.loss_point / fused.backward_point
+        logits = logits_fp32_copy = ce_grads = 0
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     fwd = forward_only_bytes(cfg, spec, w, terms)
     # the loss inside the model (labels=): the causal LM's forward still holds the final norm's output
@@ -716,8 +723,10 @@ def estimate_finetune(cfg, spec):
         largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
     phase = {
         "forward": base + accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
-        "loss": base + accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss,
-        "backward": base + max(accum + activations - shifted_labels + ce_grads, grads, sweep),
+        "loss": base + accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
+        + (fused.loss_point if fused else 0),
+        "backward": base + max(accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0),
+                               grads, sweep),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }

@@ -37,6 +37,8 @@ from ..finetune import adapted_linears, trainable_names
 from .activations import Term, Widths
 from .finetune import optimizer_terms, persistent_bytes, trainable_params
 from .record import TrainEstimate
+from ..losses import is_fused
+from .losses import finetune_fused
 
 ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32 and bf16 bases
 
@@ -197,10 +199,15 @@ def estimate_finetune_book(cfg, spec):
     params, buffers, inputs, grads = persistent_bytes(cfg, spec, train)
     opt_state, opt_tmp = optimizer_terms(train, spec)
     terms, ce_saved, _ = book_activations(cfg, spec, w)
+    fused = None
+    if is_fused(spec.loss):  # chunked-ce / cce: out_head runs inside the loss (planner/estimate/losses.py)
+        terms, ce_saved, fused = finetune_fused(cfg, spec, w, terms, spec.loss)
     activations = sum(t.bytes for t in terms)
     a_before_loss = activations - ce_saved
     logits = bsV * w.e_m  # out_head's output, alive until calc_loss_batch returns
     ce_grads = 2 * bsV * w.e_ce  # nll_loss_backward's grad and _log_softmax_backward_data's (op timeline)
+    if fused is not None:  # never whole: a chunk's are in fused.loss_point / fused.backward_point
+        logits = ce_grads = 0
     base = params + buffers + inputs + opt_state
     blocks = per_block_all(cfg, spec, w)
     if spec.checkpointing:
@@ -210,12 +217,16 @@ def estimate_finetune_book(cfg, spec):
     else:
         backward_points = _backward_points(cfg, spec, w, blocks, train)
         forward_points = _forward_mlp_points(cfg, spec, w, blocks) | _forward_head_points(cfg, spec, w, blocks, terms)
+    if fused is not None:  # the head's forward never runs: no b*s*V logits in the forward
+        forward_points.pop("forward logits", None)
     forward = max(forward_points.values())
     phase = {
         "forward": base + forward,
-        "loss": base + a_before_loss + logits + ce_saved + w.e_ce,  # + the loss itself (0-d)
+        "loss": base + a_before_loss + logits + ce_saved + w.e_ce  # + the loss itself (0-d)
+        + (fused.loss_point if fused else 0),
         # + the loss (0-d) at the cross-entropy's backward, and the loss and its grad in the blocks' backward
-        "backward": base + max(activations + ce_grads + w.e_ce, 2 * w.e_ce + max(backward_points.values(), default=0), grads),
+        "backward": base + max(activations + ce_grads + w.e_ce + (fused.backward_point if fused else 0),
+                               2 * w.e_ce + max(backward_points.values(), default=0), grads),
         "optimizer": base + grads + opt_tmp,
         "zero_grad": base + grads,
     }

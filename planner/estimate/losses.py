@@ -12,7 +12,7 @@ timelines (planner.measure, CPU) of the tiny grid in docs/accuracy.md ("Fused lo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..arch.terms import Term
 from .. import losses as _L
@@ -28,9 +28,13 @@ class FusedLoss:
     compute: str
 
 
-def fused_loss(loss: str, T: int, V: int, h: int, e_r: int, e_m: int, e_p: int, amp: bool) -> FusedLoss:
+def fused_loss(loss: str, T: int, V: int, h: int, e_r: int, e_m: int, e_p: int, amp: bool,
+               w_grad: bool = True) -> FusedLoss:
     """T = b*s tokens, V vocabulary, h hidden; e_r the hidden states' width, e_m the matmul's (2 under AMP),
-    e_p the weights' and grads'."""
+    e_p the weights' and grads'. w_grad: the head weight trains (full training); False for a frozen head
+    (LoRA, QLoRA, frozen layers: fused_loss_frozen_head)."""
+    if not w_grad:
+        return fused_loss_frozen_head(loss, T, V, h, e_r, e_m, amp)
     up = 4 if e_m < 4 else 0        # `.float()` makes an fp32 copy of low-precision logits (aliases fp32 ones)
     w_cast = V * h * 2 if amp else 0  # autocast's low-precision copy of the head weight
     if loss == "cce":
@@ -79,3 +83,69 @@ def fused_loss(loss: str, T: int, V: int, h: int, e_r: int, e_m: int, e_p: int, 
     return FusedLoss(saved, loss_point, bwd, n,
                      "~+1/3 of the head's matmul work (each chunk's logits recomputed in backward), "
                      "~0% of the step for a large model")
+
+
+def fused_loss_frozen_head(loss: str, T: int, V: int, h: int, e_r: int, e_m: int, amp: bool) -> FusedLoss:
+    """The fused losses with a frozen head weight (fine-tuning: LoRA, QLoRA, frozen layers as peft users plug
+    it in: the base model's last hidden state and the frozen head weight into the loss). No weight grad: the
+    chunk's matmul saves nothing for W and no grad_W is accumulated; CCE makes no grad_c buffer (as
+    cut-cross-entropy's cce_backward_kernel: dc only when c.requires_grad). Under autocast a frozen weight's copy
+    is not cached (aten autocast_mode.cpp caches only leaves that require grad): each F.linear makes a fresh one,
+    freed with the forward's chunk and made again by its recompute (saved for the input's grad)."""
+    up = 4 if e_m < 4 else 0
+    w_cast = V * h * 2 if amp else 0
+    if loss == "cce":
+        bt, bv = _L.cce_blocks(T, V)
+        saved = [Term("cce: embeddings e (autocast dtype)", "b*s*h*e_m", T * h * e_m, where="head"),
+                 Term("cce: per-token log-sum-exp (fp32)", "4*b*s", 4 * T, where="loss")]
+        if amp:
+            saved.append(Term("cce: classifier c (autocast copy of the frozen head)", "V*h*2", w_cast, where="loss"))
+        loss_point = ((T * h * e_r if amp else 0) + 2 * bt * 4
+                      + max(2 * T * h * e_m, bt * bv * (e_m + up)))
+        # backward: grad_e only (T*h*e_m) and one block's logits, their fp32 copy and logits - lse, or d,
+        # d*scale and its cast; under AMP grad_e's cast back to fp32 (T*h*4) once the Function returns
+        blk_bwd = bt * bv * max(e_m + up + 4, 8 + (e_m if up else 0))
+        bwd = T * h * e_m + blk_bwd
+        if amp:
+            bwd = max(bwd, T * h * (e_m + 4) - w_cast - 4 * T)
+        return FusedLoss(saved, loss_point, bwd, bt,
+                         "~+1/2 of the head's matmul work with a frozen head (the backward recomputes each "
+                         "block's logits; no weight grad)")
+    n = chunk_tokens(loss, T, V, h)
+    saved = [Term("chunked-ce: hidden states (checkpoint input)", "b*s*h*e_r", T * h * e_r, where="head")]
+    loss_point = n * V * (e_m + up + 4)
+    grads_h = max(T - n, 0) * h * e_r
+    # backward of a recomputed chunk: log_softmax's saved fp32 output, the nll gradient and its own output
+    # (3*n*V*4); under AMP the recompute's weight copy beside them
+    bwd = grads_h + w_cast + 3 * n * V * 4
+    return FusedLoss(saved, loss_point, bwd, n,
+                     "~+1/2 of the head's matmul work with a frozen head (each chunk's logits recomputed in "
+                     "backward; no weight grad), ~0% of the step for a large model")
+
+
+def finetune_fused(cfg, spec, w, terms: list, loss: str) -> tuple[list, int, FusedLoss]:
+    """The fine-tuning forward's saved set (planner/estimate/finetune.py finetune_activations) with a fused loss:
+    the head's saves (its input when it trains, autocast's weight copy) and the b*s*V log-softmax output
+    replaced by the loss's own saves. Returns the terms, the bytes saved for the loss, and the loss's terms."""
+    from ..accounting import tensor_inventory
+    from ..arch import family_of
+    from ..finetune import trainable_names
+
+    keep = trainable_names(family_of(cfg), cfg, spec)
+    head_trains = any(keep is None or t.name in keep for t in tensor_inventory(cfg)
+                      if t.kind == "param" and t.role == "head")
+    T, V, h = spec.batch_size * spec.seq_len, cfg.vocab_size, cfg.hidden
+    e_p = 2 if spec.param_dtype == "bfloat16" else 4
+    fused = fused_loss(loss, T, V, h, w.e_r, w.e_m, e_p, w.amp, w_grad=head_trains)
+    if head_trains and w.amp and loss != "cce":
+        # autocast caches the trainable head's copy through the forward and the loss (autocast_cache_bytes
+        # counts it once the head's own saved copy is gone); the full-training formula counts it in the loss
+        fused.loss_point -= V * h * 2
+    if head_trains and w.amp and loss == "cce":
+        # the Function saves autocast's cached copy: the cache does not hold another
+        fused.saved = [replace(t, name=t.name + " (trains: autocast-cached)") if t.name.startswith("cce: classifier c")
+                       else t for t in fused.saved]
+    kept = [t for t in terms if not (t.where == "loss" or t.name.startswith(("lm_head input", "out_head input"))
+                                     or t.name.startswith("lm_head weight autocast copy"))]
+    kept += fused.saved
+    return kept, sum(t.bytes for t in fused.saved if t.where == "loss"), fused

@@ -35,7 +35,8 @@ class _CutCrossEntropy(torch.autograd.Function):
     """Cut Cross-Entropy (arXiv 2411.09009, Algorithms 1-3) in plain torch: the forward keeps each token's
     log-sum-exp over the vocabulary (computed block by block, online) and the target logit (an indexed dot
     product); the backward recomputes each (token, vocabulary) block's logits, softmax minus the one-hot
-    target, and adds its part to grad_e (tokens x h) and grad_c (V x h). Nothing V-wide is saved."""
+    target, and adds its part to grad_e (tokens x h) and grad_c (V x h), each only when its input requires grad
+    (a frozen head: no grad_c, as the library). Nothing V-wide is saved."""
 
     @staticmethod
     def forward(ctx, e, c, targets):
@@ -56,8 +57,10 @@ class _CutCrossEntropy(torch.autograd.Function):
         e, c, targets, lse = ctx.saved_tensors
         bt, bv = _L.cce_blocks(e.shape[0], c.shape[0])
         scale = grad / e.shape[0]
-        grad_e = torch.zeros_like(e)
-        grad_c = torch.zeros_like(c)
+        # as cce_backward_kernel (cce_backward.py): a gradient buffer only for an input that requires grad
+        # (a frozen head under LoRA / QLoRA / frozen layers gets none)
+        grad_e = torch.zeros_like(e) if ctx.needs_input_grad[0] else None
+        grad_c = torch.zeros_like(c) if ctx.needs_input_grad[1] else None
         for i in range(0, e.shape[0], bt):
             ei, ti = e[i:i + bt], targets[i:i + bt]
             for j in range(0, c.shape[0], bv):
@@ -66,8 +69,10 @@ class _CutCrossEntropy(torch.autograd.Function):
                 rows = torch.arange(d.shape[0], device=d.device)
                 d[rows, (ti - j).clamp(0, d.shape[1] - 1)] -= hit.to(d.dtype)  # minus the one-hot target
                 d = (d * scale).to(e.dtype)
-                grad_e[i:i + bt] += d @ c[j:j + bv]
-                grad_c[j:j + bv] += d.T @ ei
+                if grad_e is not None:
+                    grad_e[i:i + bt] += d @ c[j:j + bv]
+                if grad_c is not None:
+                    grad_c[j:j + bv] += d.T @ ei
         return grad_e, grad_c, None
 
 
