@@ -50,6 +50,50 @@ def losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
                     continue
                 label = re.sub(r" b\d+ s\d+$", "", label)  # the grid's own batch and sequence are not this run's
                 rows.append((f"{fam_name}: {label} b2 s32 bf16-amp sgd {loss}", cfg, spec))
+    return rows + finetune_losses_grid(quick)
+
+
+# Fused losses with fine-tuning (a frozen head under LoRA / QLoRA, a trainable one under last:N): every family that
+# fine-tunes, its first grid config (the book's GPT-2: the grid's V500 h48, fp32 and a bf16 base: no autocast there)
+FT_RUNS = (("LoRA r4", dict(lora_r=4), "bf16-amp", "chunked-ce:16"), ("LoRA r4", dict(lora_r=4), "fp32", "cce"),
+           ("last:1 ckpt", dict(train_layers="last:1", checkpointing=True), "bf16", "chunked-ce"),
+           ("LoRA r4 all-linear ckpt", dict(lora_r=4, lora_targets="all-linear", checkpointing=True), "bf16-amp", "cce"))
+
+
+def finetune_losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
+    from .arch import families
+    from .spec import check_fits_model
+    from .validation import ConfigError
+
+    gpt = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.0)
+    models = [("gpt2 (book) V500 h48", gpt)]
+    for fam_name, fam in families().items():
+        if fam.source != "transformers" or not fam.grid_configs():
+            continue
+        label, cfg, _, _ = fam.grid_configs()[0]
+        models.append((f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)}", cfg))
+    runs = list(FT_RUNS)
+    if quick:
+        models, runs = models[:2], runs[:2]
+    rows = []
+    for name, cfg in models:
+        for ft, kw, prec, loss in runs:
+            if name.startswith("gpt2 (book)"):
+                prec = "fp32" if prec == "bf16-amp" else prec  # (the book's GPT-2 fine-tunes without autocast)
+                if kw.get("lora_r") and "lora_targets" not in kw:  # (peft has no default targets for it)
+                    kw = {**kw, "lora_targets": "W_query,W_value"}
+            spec = TrainSpec(2, 32, prec, "adamw", loss=loss, **kw)
+            try:
+                check_fits_model(cfg, spec)
+            except ConfigError:
+                continue  # (a family that does not fine-tune: LoRA / --train-layers refused for it)
+            rows.append((f"{name} b2 s32 {prec} adamw {ft} {loss}", cfg, spec))
+    if not quick:  # QLoRA (bitsandbytes' nf4 base, peft's recipe: --precision bf16)
+        llama = next(cfg for name, cfg in models if name.startswith("llama:"))
+        for loss in ("chunked-ce:16", "cce"):
+            rows.append((f"llama: QLoRA nf4 r4 all-linear b2 s32 bf16 adamw {loss}", llama,
+                         TrainSpec(2, 32, "bf16", "adamw", loss=loss, lora_r=4, lora_targets="all-linear",
+                                   quantize_base="nf4")))
     return rows
 
 

@@ -93,6 +93,10 @@ class Family:
     def check_run(self, cfg, spec) -> None:
         """Refuse a run this family cannot estimate or transformers cannot run (ConfigError, one line)."""
 
+    def logit_softcap(self, cfg) -> float | None:
+        """The final logits' soft cap (cap * tanh(logits / cap)) a fused loss applies per chunk / block (None: none)."""
+        return None
+
     # ---- inference (planner/estimate/inference.py) -----------------------------------------------------
     def infer_caches(self, cfg) -> tuple[str, ...]:
         """The caches generate() can run this model with, the default first (planner/infer_spec.py CACHES)."""
@@ -311,7 +315,8 @@ class HFCausalLM(Family):
             lm = model.get_base_model() if hasattr(model, "get_base_model") else model
             hidden = getattr(lm, lm.base_model_prefix)(input_ids=inputs).last_hidden_state
             on_phase("loss")
-            return fused_loss(hidden, lm.get_output_embeddings().weight, targets, loss_kind)
+            return fused_loss(hidden, lm.get_output_embeddings().weight, targets, loss_kind,
+                              getattr(lm.config, "final_logit_softcapping", None))
         if loss_kind == "labels":
             # The loss runs inside the model's forward: the output head's forward hook marks where it starts.
             # DDP wraps the model (`.module`); FSDP2 changes the model's class in place.
