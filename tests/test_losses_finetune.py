@@ -105,3 +105,29 @@ def test_gemma2_soft_cap_per_chunk_and_block():
                  TrainSpec(2, 32, "fp32", "sgd", loss="chunked-ce:16")):
         est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
         assert abs(est.peak_bytes - meas["peak_bytes"]) <= BAR_PCT / 100 * meas["peak_bytes"]
+
+
+def test_longest_context_with_the_techniques_on():
+    """Item 5: at 48 GiB, Llama-3.1-8B QLoRA r32 b1 with checkpointing: a fused loss fits a longer context than
+    the plain loss, and the derived offloaded checkpointing (the block inputs on the host) a longer one still;
+    the derived device peak is the estimate less all stashed block inputs but one."""
+    import dataclasses
+
+    from planner.config import PRESETS
+    from planner.estimate.offload_ckpt import longest_offloaded, offloaded_checkpoint
+    from planner.fit import max_seq_len, tensor_budget
+    from planner.spec import prepare
+
+    spec = TrainSpec(1, 1, "bf16", "adamw", device="cuda", lora_r=32, lora_targets="all-linear",
+                     quantize_base="nf4", double_quant=True, checkpointing=True)
+    cfg = prepare(PRESETS["llama-3.1-8b"], spec, "sdpa")
+    usable = tensor_budget(48 * 2**30, "cuda")
+    plain = max_seq_len(cfg, spec, usable)[0]
+    cce = dataclasses.replace(spec, loss="cce")
+    fused = max_seq_len(cfg, cce, usable)[0]
+    offl = longest_offloaded(cfg, cce, usable)
+    assert 0 < plain < fused < offl < cfg.max_seq_len
+    est = estimate_training(cfg, dataclasses.replace(cce, seq_len=8192))
+    dev, host = offloaded_checkpoint(est, cfg)
+    stash = cfg.layers * 8192 * cfg.hidden * 4  # fp32 hidden states (peft's prepare_model_for_kbit_training)
+    assert host == stash and dev == est.peak_bytes - stash + stash // cfg.layers
