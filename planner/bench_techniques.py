@@ -158,8 +158,9 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
               "b*s*V logits hid before), and without checkpointing under autocast the forward's in-attention high point "
               "(planner/estimate/finetune.py known_gap, now flagged whenever the loss is fused) is -2.9% there. In the grid, "
               "Gemma 2 last:1 (a trainable head) bf16 with checkpointing is +1.08% with chunked-ce, with or without the "
-              "soft cap (the head weight's grad accumulated across chunks, 3*V*h*e_p, is high by 16,760 B there; Llama's "
-              "row of the same shape is exact): on the safe side, not patched."]
+              "soft cap: not the loss but the fine-tuning sweep's point at the last block's post-feedforward norm "
+              "(planner/estimate/finetune.py _sweep), 16,760 B high, which the b*s*V logits hid before (with the default "
+              "loss the same point is 1.9 % under the loss's peak); on the safe side, not patched."]
     if full:
         lines += ["", "Full size, one preset per family, bf16-AMP, AdamW (formula vs the simulated step; `default` "
                   "is transformers' labels= loss, the book's cross-entropy for gpt2-xl):", "",
