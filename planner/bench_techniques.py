@@ -160,7 +160,7 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
               "Gemma 2 last:1 (a trainable head) bf16 with checkpointing is +1.08% with chunked-ce, with or without the "
               "soft cap: not the loss but the fine-tuning sweep's point at the last block's post-feedforward norm "
               "(planner/estimate/finetune.py _sweep), 16,760 B high, which the b*s*V logits hid before (with the default "
-              "loss the same point is 1.9 % under the loss's peak); on the safe side, not patched."]
+              "loss the same point is 19 % under the loss backward's peak); on the safe side, not patched."]
     if full:
         lines += ["", "Full size, one preset per family, bf16-AMP, AdamW (formula vs the simulated step; `default` "
                   "is transformers' labels= loss, the book's cross-entropy for gpt2-xl):", "",
