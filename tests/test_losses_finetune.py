@@ -131,3 +131,13 @@ def test_longest_context_with_the_techniques_on():
     dev, host = offloaded_checkpoint(est, cfg)
     stash = cfg.layers * 8192 * cfg.hidden * 4  # fp32 hidden states (peft's prepare_model_for_kbit_training)
     assert host == stash and dev == est.peak_bytes - stash + stash // cfg.layers
+
+
+def test_grid_has_fine_tuning_rows_for_every_family_that_fine_tunes():
+    from planner.bench_techniques import finetune_losses_grid
+
+    rows = finetune_losses_grid()
+    fams = {label.split(":")[0].split(" V")[0] for label, _, _ in rows}
+    assert {"gpt2 (book)", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"} <= fams
+    assert any(spec.quantize_base == "nf4" for _, _, spec in rows)
+    assert all(spec.finetuning and spec.loss != "default" for _, _, spec in rows)
