@@ -152,7 +152,7 @@ def finetune_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_FAM
     return rows[::23] if quick else rows  # 23: prime to the 4 precision x checkpointing rows of a mode
 
 
-# The book's GPT-2 (issue #12 item 2; planner/estimate/finetune_book.py): peft has no default targets for a
+# The book's GPT-2 (issue #12 item 2; planner/arch/gpt2_book.py finetune_step): peft has no default targets for a
 # custom module, so LoRA names the book's Linears (attention's W_query/W_value, or all-linear: every Linear
 # but out_head, expanded by planner/finetune.py lora_target_names)
 FINETUNE_BOOK_MODES = [

@@ -62,6 +62,21 @@ class Family:
     subset_supported: ClassVar[bool] = False
     qlora_supported: ClassVar[bool] = True  # with lora_supported, a transformers decoder: QLoRA measured on it
     tp_supported: ClassVar[bool] = False  # torchtitan's TP plan applies (planner/measure/tensor_parallel.py), measured
+    # A family whose block is not the transformers decoder's (planner/estimate/finetune.py block_saved walks that
+    # one) walks its own fine-tuning step: finetune_check / finetune_step below (the book's GPT-2).
+    own_finetune_step: ClassVar[bool] = False
+
+    def finetune_check(self, cfg, spec) -> None:
+        """own_finetune_step: raise ConfigError for a fine-tuning run this family's walk does not model."""
+
+    def finetune_step(self, cfg, spec, w, train, trains: set, adapted: dict) -> dict:
+        """own_finetune_step: the family's terms of a fine-tuning step, for planner/estimate/finetune.py
+        estimate_own_step (which builds the phases, planner/estimate/step.py). train: (name, numel, bytes) of
+        every trainable tensor; trains: their names; adapted: module name -> its LoRA adapter. Returns
+        {"terms": saved Terms (forward and loss), "ce_saved": the loss's saved bytes, "forward_points" and
+        "backward_points": named high points above the persistent base, "loss_bytes": the 0-d loss's bytes
+        alive at the loss and through the backward}."""
+        raise NotImplementedError
 
     # ---- configs -------------------------------------------------------------------------------------
     def presets(self) -> dict[str, Any]:

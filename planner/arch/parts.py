@@ -159,3 +159,29 @@ def forward_only(x: Shape, L: int, b: int, s: int, spec, w, masked: bool) -> lis
         terms.append(Term("final norm output kept by the model output (autocast casts it for lm_head)",
                           "b*s*h*e_r", b * s * x.h * w.e_r, where="forward"))
     return terms
+
+
+# peft autocast_adapter_dtype=True: adapters are fp32 on fp32, bf16 and fp16 bases (peft/tuners/lora/layer.py)
+ADAPTER_BYTES = 4
+
+
+def lora_adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
+                 where: str = "block", part: str = "") -> list[Term]:
+    """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
+    the inputs already saved (at p = 0 on an fp32 base lora_A saves x itself, one storage per input).
+    peft/tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling, x cast to the
+    adapter's dtype first: lora_A saves its input (x itself, its fp32 copy on a bf16 base, or the dropout's
+    output with its fp32 noise when x needs grad) and lora_B lora_A's b*s*r output (moved here from
+    planner/estimate/finetune.py and the book's GPT-2: one model of the adapter for every family)."""
+    r, p = spec.lora_r, spec.lora_dropout
+    terms = []
+    if p > 0:
+        terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""),
+                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES, True, where, part))
+    elif e_x != ADAPTER_BYTES:
+        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
+    elif key not in shared:
+        shared.add(key)
+        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
+    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES, True, where, part))
+    return terms

@@ -27,6 +27,7 @@ from ..arch.base import resolved_loss
 from ..checkpointing import checkpointed_blocks, every_k, recompute_flops, selective_saved
 from ..validation import ConfigError
 from .activations import Widths, block_terms
+from . import step
 
 
 def check_policy_estimable(cfg, spec) -> None:
@@ -105,11 +106,10 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
                 value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk
             points[f"block {i} {name}"] = value
         held += ckpt_in + kept[i]
-    phase = dict(full.phase_peak_bytes)
-    phase["forward"] += extra_fwd
-    phase["loss"] += extra_fwd
-    phase["backward"] = max(phase["backward"], base + start + extra_start, base + max(points.values()))
-    peak_phase = max(phase, key=phase.get)
+    # full checkpointing's phases with what the policy keeps beyond it (planner/estimate/step.py)
+    phase = step.shifted(full.phase_peak_bytes, forward=extra_fwd, loss=extra_fwd,
+                         backward_at_least=(base + start + extra_start, base + max(points.values())))
+    peak_phase = step.peak(phase)[0]
     notes = [n for n in full.notes if not n.startswith("checkpointing:")] + [note]
     share = recompute_share(cfg, spec)
     if share is not None:

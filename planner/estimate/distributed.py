@@ -38,6 +38,7 @@ from ..parallel import ParallelSpec, block_prefixes, check_parallel_run, check_w
 from ..spec import TrainSpec
 from .activations import Widths, block_terms, outside_terms
 from .training import TrainEstimate, _grad_numels, autocast_weight_bytes, estimate_training
+from . import step
 
 # DDP's bucket caps (torch/nn/parallel/distributed.py: bucket_cap_mb=25 by default; the first bucket
 # is capped at dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB so that the first all-reduce starts early).
@@ -185,20 +186,19 @@ def _estimate_ddp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, single
     e_g = DTYPE_BYTES[spec.param_dtype]
     buckets = ddp_buckets(cfg, e_g)
     bucket_bytes = sum(buckets)
-    phase = {k: v + bucket_bytes for k, v in single.phase_peak_bytes.items()}
+    phase = step.shifted(single.phase_peak_bytes, every=bucket_bytes)  # (planner/estimate/step.py)
     terms = [{"name": "DDP gradient buckets", "formula": "P*e_g (sum of the buckets; 25 MiB cap, first 1 MiB)",
               "bytes": bucket_bytes}]
     notes = [f"DDP: {len(buckets)} gradient bucket(s) of {', '.join(str(b) for b in buckets[:6])}"
              f"{' ...' if len(buckets) > 6 else ''} bytes, alive for the whole step (one more copy of the gradients)."]
     if pspec.gradient_as_bucket_view:
         # The reducer points .grad at the bucket views: after backward the gradients exist once.
-        for k in ("optimizer", "zero_grad"):
-            phase[k] -= single.grads_bytes
+        phase = step.shifted(phase, after_backward=-single.grads_bytes)
         terms.append({"name": "gradients as bucket views (optimizer phases)", "formula": "-P*e_g", "bytes": -single.grads_bytes})
         notes.append("gradient_as_bucket_view=True: the backward still creates each gradient before the reducer "
                      "copies it into its bucket, so the backward peak is counted as with False (an upper bound "
                      "where the peak falls late in the backward).")
-    peak_phase = max(phase, key=phase.get)
+    peak_phase = step.peak(phase)[0]
     n = pspec.world_size
     group = {"first_rank": 0, "last_rank": n - 1, "count": n, "peak_bytes": phase[peak_phase], "peak_phase": peak_phase,
              "phase_peak_bytes": phase, "optimizer_bytes": single.optimizer_bytes}
@@ -360,9 +360,11 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     groups = []
     for first, last in runs:
         opt, opt_tmp, opt_formula = _optimizer_local(cfg, spec, n, first, e_p)
-        phase = {"forward": forward + opt, "loss": loss + opt, "backward": max(back.values()) + opt,
-                 "optimizer": rest + grads_s + opt + opt_tmp, "zero_grad": rest + grads_s + opt}
-        pk = max(phase, key=phase.get)
+        # the rank's step (planner/estimate/step.py): its shards and optimizer state as the base; the high
+        # points above were counted with `rest` in them
+        phase = step.phases(step.Step(base=rest + opt, grads=grads_s, optimizer_tmp=opt_tmp, forward=forward - rest,
+                                      loss=loss - rest, backward=[max(back.values()) - rest]))
+        pk = step.peak(phase)[0]
         groups.append({"first_rank": first, "last_rank": last, "count": last - first + 1, "peak_bytes": phase[pk],
                        "peak_phase": pk, "phase_peak_bytes": phase, "optimizer_bytes": opt,
                        "optimizer_temporary_bytes": opt_tmp})
@@ -550,12 +552,11 @@ def estimate_tp(cfg: ModelConfig, spec, pspec):
     w = Widths.of(spec, loss_upcast=family_of(cfg).loss_upcast(cfg, spec))
     mesh = mesh_bytes(pspec.world_size, spec.device_type)
     embed_full = (V - V // tp) * h * e_p          # the Replicate embedding gradient beyond the local rows
-    phase = dict(loc.phase_peak_bytes)
+    phase = dict(loc.phase_peak_bytes)  # the local model's step, shifted by the TP layer's terms (estimate/step.py)
     fix = _no_o_bias(cfg, lcfg, spec)
     if fix:  # Qwen2: the local Llama config's o_proj bias is not there
-        for k in phase:
-            phase[k] -= (fix["params"] + fix["optimizer"] + (fix["params"] if k in ("optimizer", "zero_grad") else 0)
-                         + (fix["autocast"] if k in ("forward", "loss") else 0))
+        phase = step.shifted(phase, every=-(fix["params"] + fix["optimizer"]), after_backward=-fix["params"],
+                             forward=-fix["autocast"], loss=-fix["autocast"])
         loc.params_bytes -= fix["params"]
         loc.grads_bytes -= fix["params"]
         loc.optimizer_bytes -= fix["optimizer"]
@@ -572,19 +573,16 @@ def estimate_tp(cfg: ModelConfig, spec, pspec):
         # (tp chunks stacked on dim 0: b*s*V) and their concatenation on the vocabulary (the logits, b*s*V)
         # are alive at once (DTensor redistribute Shard(-1) -> Replicate: all_gather_tensor then cat).
         head_local = part["logits"]
-        phase["forward"] += d["logits"] + head_local + full["logits"]
-        phase["loss"] += d["logits"] + d["fp32_copy"] + d["log_softmax"]
         ce_point = (base + loc.activations_bytes + d["log_softmax"] - (8 * b * s if resolved_loss(family_of(cfg), spec) == "labels" else 0)
                     + full["ce_grads"])
-        phase["backward"] = max(phase["backward"], ce_point)
+        phase = step.shifted(phase, forward=d["logits"] + head_local + full["logits"],
+                             loss=d["logits"] + d["fp32_copy"] + d["log_softmax"], backward_at_least=(ce_point,))
         terms.append({"name": "whole-vocabulary logits and loss tensors (head all-gathered)",
                       "formula": "b*s*(V - V/tp)*(e_m [+4] + e_ce ...)", "bytes": d["logits"] + d["fp32_copy"] + d["log_softmax"]})
     # The embedding's backward is the last: every gradient exists, the embedding's whole.
-    phase["backward"] = max(phase["backward"], base + loc.grads_bytes + embed_full)
-    for k in ("optimizer", "zero_grad"):
-        phase[k] += embed_full
-    phase = {k: v + mesh for k, v in phase.items()}
-    pk = max(phase, key=phase.get)
+    phase = step.shifted(phase, after_backward=embed_full, backward_at_least=(base + loc.grads_bytes + embed_full,))
+    phase = step.shifted(phase, every=mesh)
+    pk = step.peak(phase)[0]
     n = pspec.world_size
     group = {"first_rank": 0, "last_rank": n - 1, "count": n, "peak_bytes": phase[pk], "peak_phase": pk,
              "phase_peak_bytes": phase, "optimizer_bytes": loc.optimizer_bytes}

@@ -23,8 +23,10 @@ from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ACTIVATION_SAVED, ConfigError
 from ..finetune import adapted_linears, trainable_names
+from ..arch.parts import lora_adapter as _adapter  # one LoRA adapter's saved tensors (family files use it too)
 from .activations import Term, Widths
-from .record import SweepContext, TrainEstimate
+from .record import SweepContext
+from .step import Step, record as step_record
 from ..losses import is_fused
 from .losses import finetune_fused
 
@@ -96,24 +98,6 @@ def _adapter_amp(label: str, b: int, s: int, n_in: int, n_out: int, spec, e_m: i
     terms.append(Term(f"{label} lora_A output", "b*s*r*e_m", b * s * r * e_m, True, where, part))
     terms.append(Term(f"{label} lora_B weight copy" + (", lora_A weight copy" if rg_in else "") + " (trains: autocast-cached)",
                       "(r*out + rg*in*r)*e_m", (r * n_out + (n_in * r if rg_in else 0)) * e_m, True, where, part))
-    return terms
-
-
-def _adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
-             where: str = "block", part: str = "") -> list[Term]:
-    """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
-    the inputs already saved (at p = 0 on an fp32 base lora_A saves x itself, one storage per input)."""
-    r, p = spec.lora_r, spec.lora_dropout
-    terms = []
-    if p > 0:
-        terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""),
-                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES, True, where, part))
-    elif e_x != ADAPTER_BYTES:
-        terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
-    elif key not in shared:
-        shared.add(key)
-        terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
-    terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES, True, where, part))
     return terms
 
 
@@ -674,6 +658,8 @@ def persistent_bytes(cfg, spec, train) -> tuple[int, int, int, int]:
 
 
 def estimate_finetune(cfg, spec):
+    if family_of(cfg).own_finetune_step:  # a block not the decoder's (the book's GPT-2): its planner/arch file walks it
+        return estimate_own_step(cfg, spec)
     check_supported(cfg, spec)
     family = family_of(cfg)
     loss_kind = resolved_loss(family, spec)
@@ -722,16 +708,12 @@ def estimate_finetune(cfg, spec):
                         and not t.is_bias), default=0) * w.e_m if w.amp else 0
     if per_block and any("weight autocast copy" in t.name for t in per_block[-1]):
         largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
-    phase = {
-        "forward": base + accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
-        "loss": base + accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
-        + (fused.loss_point if fused else 0),
-        "backward": base + max(accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0),
-                               grads, sweep),
-        "optimizer": base + grads + opt_tmp,
-        "zero_grad": base + grads,
-    }
-    peak_phase = max(phase, key=phase.get)
+    step = Step(  # the phases (planner/estimate/step.py), above the base
+        base=base, grads=grads, optimizer_tmp=opt_tmp,
+        forward=accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
+        loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
+        + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
+        backward=[accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0), grads, sweep])
     out_terms = [dict(vars(t)) for t in terms]
     out_terms.append(dict(vars(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads,
                                     where="transient"))))
@@ -742,10 +724,55 @@ def estimate_finetune(cfg, spec):
     notes = notes_gap + [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
              + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
                 if spec.lora_r else f" (train_layers {spec.train_layers})")]
-    return TrainEstimate(
-        params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
-        optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
-        peak_phase=peak_phase, phase_peak_bytes=phase,
+    return step_record(
+        step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler},
         terms=out_terms, notes=notes, backward_points=backward_points)
+
+
+def estimate_own_step(cfg, spec):
+    """A fine-tuning step of a family that walks its own block (planner/arch/<family>.py finetune_step: the
+    book's GPT-2), its phases built here from the family's terms (planner/estimate/step.py): the persistent
+    base (the whole base and the adapters, a grad and optimizer state per trainable tensor), the forward's
+    high point (the family's), the loss (the saved set, the logits b*s*V*e_m, the loss's saved log-softmax and
+    the 0-d loss), and the backward's candidates: the cross-entropy's backward (nll_loss_backward's and
+    _log_softmax_backward_data's b*s*V*e_ce grads beside the saved set; op timeline), the family's in-block
+    points (with the loss and its grad, 0-d each), and every grad at its end."""
+    family = family_of(cfg)
+    family.finetune_check(cfg, spec)
+    w = Widths.of(spec)
+    b, s, V = spec.batch_size, spec.seq_len, cfg.vocab_size
+    bsV = b * s * V
+    train = trainable_params(cfg, spec)
+    params, buffers, inputs, grads = persistent_bytes(cfg, spec, train)
+    opt_state, opt_tmp = optimizer_terms(train, spec)
+    keep = trainable_names(family, cfg, spec)
+    trains = {t.name for t in tensor_inventory(cfg) if t.kind == "param"} if keep is None else keep
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    own = family.finetune_step(cfg, spec, w, train, trains, adapted)
+    terms, ce_saved, loss0 = own["terms"], own["ce_saved"], own["loss_bytes"]
+    fused = None
+    forward_points = dict(own["forward_points"])
+    if is_fused(spec.loss):  # chunked-ce / cce: the head runs inside the loss (planner/estimate/losses.py)
+        terms, ce_saved, fused = finetune_fused(cfg, spec, w, terms, spec.loss)
+        forward_points.pop("forward logits", None)  # the head's forward never runs: no b*s*V logits
+    activations = sum(t.bytes for t in terms)
+    a_before_loss = activations - ce_saved
+    logits = bsV * w.e_m  # the head's output, alive until the loss returns
+    ce_grads = 2 * bsV * w.e_ce
+    if fused is not None:  # never whole: a chunk's are in fused.loss_point / fused.backward_point
+        logits = ce_grads = 0
+    step = Step(base=params + buffers + inputs + opt_state, grads=grads, optimizer_tmp=opt_tmp,
+                forward=max(forward_points.values()),
+                loss=a_before_loss + logits + ce_saved + loss0 + (fused.loss_point if fused else 0),
+                backward=[activations + ce_grads + loss0 + (fused.backward_point if fused else 0),
+                          2 * loss0 + max(own["backward_points"].values(), default=0), grads])
+    notes = [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
+             + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
+                if spec.lora_r else f" (train_layers {spec.train_layers})")]
+    return step_record(
+        step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
+        transients={"logits": logits, "logits_fp32_copy": 0, "cross_entropy_grads": ce_grads,
+                    "optimizer_temporaries": opt_tmp, "gradscaler": 0},
+        terms=[dict(vars(t)) for t in terms], notes=notes, backward_points=own["backward_points"])

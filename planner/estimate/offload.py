@@ -22,6 +22,7 @@ import dataclasses
 
 from ..accounting import DTYPE_BYTES, tensor_inventory
 from ..validation import ConfigError
+from . import step
 
 CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator's block granularity (planner/estimate/training.py)
 MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer's default minimal_size: smaller tensors keep their optimizer on the device
@@ -81,8 +82,8 @@ def estimate_offload_optimizer(cfg, spec, estimate_training):
     # exp_avg, exp_avg_sq and the 0-d step of every offloaded parameter, as the device held them: each a CUDA
     # caching-allocator block, a multiple of 512 B (training.py _persistent_rounding_bytes counts the same rounding)
     moved = sum(2 * _round512(n * e_p) + CUDA_BLOCK_BYTES for n in big)
-    phase = {k: v - moved for k, v in est.phase_peak_bytes.items()}
-    peak_phase = max(phase, key=phase.get)
+    phase = step.shifted(est.phase_peak_bytes, every=-moved)  # (planner/estimate/step.py)
+    peak_phase = step.peak(phase)[0]
     host = host_bytes(cfg, spec)
     notes = est.notes + [
         f"optimizer offloaded (torchao CPUOffloadOptimizer, AdamW fused): the states of {len(big)} parameters "

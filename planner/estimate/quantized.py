@@ -34,6 +34,7 @@ from ..config import ConfigError
 from ..finetune import linears
 from .finetune import estimate_finetune, finetune_activations
 from .finetune import known_gap as twin_gap
+from . import step
 
 # bitsandbytes/nn/modules.py Params4bit(blocksize=64) and BitsAndBytesConfig(bnb_4bit_blocksize=None -> 64):
 # one absmax per 64 weights (functional.quantize_4bit)
@@ -165,10 +166,11 @@ def estimate_quantized(cfg, spec):
     delta = weights_delta(cfg, spec)
     base = twin.params_bytes + twin.buffers_bytes + twin.inputs_bytes + twin.optimizer_bytes  # the twin's
     points = dequant_points(cfg, spec, twin)
-    phase = dict(twin.phase_peak_bytes)
-    phase["backward"] = max(phase["backward"], base + max(points.values(), default=0))
-    phase = {k: v - delta for k, v in phase.items()}
-    peak_phase = max(phase, key=phase.get)
+    # the twin's phases (planner/estimate/step.py) with the dequantized weights' backward points, less the
+    # weights the quantization saves in every phase
+    phase = step.shifted(twin.phase_peak_bytes, backward_at_least=(base + max(points.values(), default=0),))
+    phase = step.shifted(phase, every=-delta)
+    peak_phase = step.peak(phase)[0]
     notes = [f"QLoRA: {len(quantized_linears(cfg))} linears quantized to {spec.quantize_base}"
              + (" with double quantization" if spec.double_quant else "") + f" (bitsandbytes), compute dtype bf16; "
              "norms, embeddings and the head fp32 (prepare_model_for_kbit_training)"] + twin.notes

@@ -20,9 +20,10 @@ from ..spec import TrainSpec
 from . import bnb_optim
 from ..losses import is_fused
 from .losses import HEAD_SAVES, fused_loss
-from .activations import Term, Widths, block_terms, outside_terms
+from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
 from .categories import estimate_categories
+from .step import Step, record as step_record
 
 
 def optimizer_state_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
@@ -260,16 +261,13 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         from .ckpt_policy import estimate_policy
 
         return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes)
-    if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py), on the book's GPT-2
-        # (finetune_book.py) or on a quantized base (QLoRA: quantized.py)
+    if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py; a family walking its own
+        # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
-        from .finetune_book import estimate_finetune_book
         from .quantized import estimate_quantized
 
         if getattr(spec, "quantize_base", "none") != "none":
             est = estimate_quantized(cfg, spec)
-        elif family_of(cfg).source == "book":
-            est = estimate_finetune_book(cfg, spec)
         else:
             est = estimate_finetune(cfg, spec)
         if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
@@ -290,8 +288,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     opt_state = optimizer_state_bytes(cfg, spec)
     scaler = 8 if spec.precision == "fp16-amp" else 0  # GradScaler's 0-d fp32 scale and int32 growth tracker
 
-    blk = block_terms(cfg, spec, w)
-    out = outside_terms(cfg, spec, w)
+    blk = family.block_terms(cfg, spec, w)  # the family file describes its block once (planner/arch)
+    out = family.outside_terms(cfg, spec, w)
     fused = None
     if is_fused(loss_kind):  # chunked-ce / cce (planner/estimate/losses.py): the head runs inside the loss
         fused = fused_loss(loss_kind, b * s, V, cfg.hidden, w.e_r, w.e_m, e_p, w.amp,
@@ -351,25 +349,21 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
-    phase = {
-        "forward": base + accum_grads + a_before_loss + logits + fwd_bytes,
-        "loss": base + accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
-        + fused_loss_point,
-        # nll_loss's backward has run (and released its saved target) when log_softmax's backward
-        # allocates its output: the shifted labels are gone at that high point.
-        "backward": base + max(accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point, sweep, grads,
-                               tied_embedding_accumulation(cfg, spec)),
-        "optimizer": base + grads + opt_tmp,
-        "zero_grad": base + grads,
-    }
     cuda_lines = {}
     if spec.device_type == "cuda":
         # [GPU-verify] terms from PyTorch source, not yet checked against max_memory_allocated.
         cuda_lines = {"allocator_rounding": cuda_rounding_bytes(cfg, spec), "cublas_workspace": CUBLAS_WORKSPACE_BYTES,
                       "cuda_context_not_counted": CUDA_CONTEXT_BYTES}
-        for k in phase:
-            phase[k] += cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES
-    peak_phase = max(phase, key=phase.get)
+    # The phases (planner/estimate/step.py), above the base:
+    step = Step(
+        base=base, grads=grads, optimizer_tmp=opt_tmp,
+        forward=accum_grads + a_before_loss + logits + fwd_bytes,
+        loss=accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss + fused_loss_point,
+        # nll_loss's backward has run (and released its saved target) when log_softmax's backward
+        # allocates its output: the shifted labels are gone at that high point.
+        backward=[accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point, sweep, grads,
+                  tied_embedding_accumulation(cfg, spec)],
+        every_phase=cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES if cuda_lines else 0)
 
     terms = blk + out + fwd
     notes = []
@@ -400,10 +394,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
     bnb_lines = bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
-    est = TrainEstimate(
-        params_bytes=params, buffers_bytes=buffers, inputs_bytes=inputs, grads_bytes=grads,
-        optimizer_bytes=opt_state, activations_bytes=activations, peak_bytes=phase[peak_phase],
-        peak_phase=peak_phase, phase_peak_bytes=phase,
+    est = step_record(
+        step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines, **bnb_lines},
         terms=terms, notes=notes, backward_points=backward_points)
