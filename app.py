@@ -584,7 +584,8 @@ double_quant = t5.toggle("Double quant.", True, key="double_quant", bind="query-
 loss = st.selectbox("Loss", LOSSES, LOSSES.index(START.loss), key="loss", bind="query-params",
                     help="default: as the model's users train it; chunked-ce: cross-entropy over chunks of tokens, "
                          "the b*s*V logits never whole (Liger's chunking, each chunk recomputed in backward); "
-                         "cce: Cut Cross-Entropy's algorithm (planner/losses.py)")
+                         "cce: Cut Cross-Entropy's algorithm (planner/losses.py); both with fine-tuning (a frozen "
+                         "head) and with Gemma 2's soft cap")
 ckpt_policy = st.selectbox("Checkpointing policy", CKPT_POLICIES, key="ckpt_policy", bind="query-params",
                            disabled=not ckpt,
                            help="full: every block keeps only its input; selective: torchtitan's op policy (every "

@@ -618,8 +618,8 @@ def longest_context_markdown() -> str:
              "are held to measurements on the CPU (section QLoRA of docs/accuracy.md); on a GPU they are not yet "
              "measured (issue #14).", "",
              f"The last columns are **{ref.source}**, not measurements of ours: {ref.setting} ({ref.url}). Unsloth's "
-             "own column uses its offloaded gradient checkpointing and a fused cross-entropy, which this estimate "
-             "does not model; Hugging Face + FA2 is the recipe this estimate models, with FlashAttention-2 where "
+             "own column uses its offloaded gradient checkpointing and a fused cross-entropy, which this first table "
+             "does not use (the second table, below, does); Hugging Face + FA2 is the recipe this estimate models, with FlashAttention-2 where "
              "ours has SDPA and with whatever the allocator's caching and fragmentation add on a real GPU.", "",
              "| GPU (GiB) | this estimate, checkpointing | this estimate, no checkpointing | "
              + " | ".join(f"{c} (published)" for c in theirs) + " |",
@@ -627,6 +627,7 @@ def longest_context_markdown() -> str:
     for on, off in zip(ours[True], ours[False]):
         lines.append(f"| {on['budget_gb']} | {fmt(on['this estimate'])} | {fmt(off['this estimate'])} | "
                      + " | ".join(fmt(on[c]) for c in theirs) + " |")
+    lines += longest_context_techniques(spec, ref, ours[True], fmt)
     from .accounting import tensor_inventory
     from .estimate.training import estimate_training
     from .units import fmt_bytes
@@ -639,6 +640,73 @@ def longest_context_markdown() -> str:
               f"adapters, and {fmt_bytes(fp32)} of embedding and output head that `prepare_model_for_kbit_training` "
               "casts to fp32)."]
     return "\n".join(lines) + "\n"
+
+
+def longest_context_techniques(spec, ref, plain: list[dict], fmt) -> list[str]:
+    """Issue #24 item 5: the same table recomputed with the memory techniques on (checkpointing, a fused loss:
+    estimated; and the fused loss with Unsloth's offloaded checkpointing: derived, planner/estimate/offload_ckpt.py),
+    and how far the result still is from Unsloth's published column, in numbers."""
+    import dataclasses
+
+    from .config import PRESETS
+    from .estimate.offload_ckpt import longest_offloaded, offloaded_checkpoint
+    from .estimate.training import estimate_training
+    from .fit import tensor_budget
+    from .plan import longest_context
+    from .spec import prepare
+    from .units import fmt_bytes
+
+    run = dataclasses.replace(spec, checkpointing=True)
+    cfg = prepare(PRESETS[ref.model], run, "sdpa")
+    fused = {loss: longest_context(cfg, dataclasses.replace(run, loss=loss), ref) for loss in ("chunked-ce", "cce")}
+    cce_run = dataclasses.replace(run, loss="cce")
+    offl = [longest_offloaded(cfg, cce_run, tensor_budget(r["budget_gb"] * 2**30, run.device)) for r in plain]
+    theirs = list(ref.columns)[0]
+    lines = ["", "## With the memory techniques on (issue #24)", "",
+             "The same search with checkpointing and a fused loss (`--loss chunked-ce` / `--loss cce`: the b*s*V "
+             "logits, their fp32 copy and the log-softmax output never whole; estimated, and held to the measured step "
+             "on the CPU in docs/accuracy.md, section Fused losses, fine-tuning rows incl. QLoRA). The last of our columns adds "
+             "Unsloth's offloaded gradient checkpointing (unsloth/models/_utils.py `Unsloth_Offloaded_Gradient_Checkpointer`: "
+             "each block's input copied to the host in forward, back for its recompute): a **derived** device figure "
+             "(the cce estimate less the stashed block inputs of all blocks but the one recomputing; "
+             "planner/estimate/offload_ckpt.py), for the CUDA check: it runs on CUDA only and is not measured here. "
+             "`--offload-activations` (torch's save_on_cpu) is not used: it is modelled for full training only.", "",
+             f"| GPU (GiB) | checkpointing (as above) | + chunked-ce | + cce | + cce + offloaded checkpointing (derived, "
+             f"CUDA check) | {theirs} (published) | ours / theirs |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, r in enumerate(plain):
+        pub = r[theirs]
+        ratio = (f"{offl[i] / pub:.2f}" + (" (capped)" if offl[i] >= cfg.max_seq_len else "")) if pub else "-"
+        lines.append(f"| {r['budget_gb']} | {fmt(r['this estimate'])} | {fmt(fused['chunked-ce'][i]['this estimate'])} | "
+                     f"{fmt(fused['cce'][i]['this estimate'])} | {fmt(offl[i])} | {fmt(pub)} | {ratio} |")
+    # the numbers at the largest budget whose answer the model's context does not cap
+    i = max(k for k, r in enumerate(plain) if 0 < offl[k] < cfg.max_seq_len and r[theirs])
+    big, s_off, pub = plain[i], offl[i], plain[i][theirs]
+    _, host = offloaded_checkpoint(estimate_training(cfg, dataclasses.replace(cce_run, seq_len=s_off)), cfg)
+    at_pub = estimate_training(cfg, dataclasses.replace(cce_run, seq_len=pub))
+    dev_pub, host_pub = offloaded_checkpoint(at_pub, cfg)
+    e_r = host // max(cfg.layers * s_off * cfg.hidden, 1)
+    rest = dev_pub - at_pub.params_bytes - at_pub.optimizer_bytes - at_pub.grads_bytes
+    lines += ["", f"Our search stops at the model's context ({cfg.max_seq_len:,} tokens, max_position_embeddings), "
+              "so a row that reaches it is capped; Unsloth's larger rows go past it (their benchmark ran sequences "
+              f"longer than the model's 128K context). At {big['budget_gb']} GiB, the largest uncapped row, the fused loss takes the longest context from "
+              f"{fmt(big['this estimate'])} to {fmt(fused['cce'][i]['this estimate'])} tokens (x"
+              f"{fused['cce'][i]['this estimate'] / max(big['this estimate'], 1):.1f}), and the block inputs on the host "
+              f"to {fmt(s_off)} ({fmt_bytes(host)} of host memory): {100 * s_off / pub:.0f}% of Unsloth's published "
+              f"{pub:,}. At their {pub:,} tokens this derived device peak is {fmt_bytes(dev_pub)} ({fmt_bytes(host_pub)} "
+              f"of block inputs on the host): the weights, grads and optimizer {fmt_bytes(dev_pub - rest)}, and "
+              f"{fmt_bytes(rest)} of one block's recompute and backward (its saved set, the LoRA adapters' inputs, "
+              "the MLP's b*s*f tensors) with the loss's and the final norm's tensors. What Unsloth does that this estimate "
+              "does not model: (1) its own fused Triton kernels for RMSNorm, RoPE, SwiGLU/GeGLU and the LoRA MLP/QKV/O "
+              "(unsloth/kernels/: rms_layernorm.py, rope_embedding.py, swiglu.py, fast_lora.py), whose backward keeps "
+              "fewer b*s*h and b*s*f tensors alive than transformers' modules with peft's adapters, which are what "
+              f"this estimate holds to the measured step; (2) the residual stream's width: in peft's recipe "
+              f"`prepare_model_for_kbit_training` casts the norms to fp32, so the stashed hidden states are {e_r}-byte "
+              "here (measured on the CPU, QLoRA rows); whether Unsloth's loader keeps the stream in bf16 is not checked "
+              "against its code here: a bf16 stream would halve the host copies and every b*s*h term; (3) its loss: Unsloth's "
+              "docs say its chunk count adapts to the VRAM tier, ours follows Liger's rule (the loss is not the peak "
+              "here once fused, so this changes little). Unsloth's figures are theirs, on their GPU, with the "
+              "allocator's caching and the CUDA context; ours are tensors' bytes less a CUDA context."]
+    return lines
 
 
 def main(what: str, quick: bool = False, out: str | None = None, device: str = "cpu",

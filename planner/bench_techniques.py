@@ -50,12 +50,59 @@ def losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
                     continue
                 label = re.sub(r" b\d+ s\d+$", "", label)  # the grid's own batch and sequence are not this run's
                 rows.append((f"{fam_name}: {label} b2 s32 bf16-amp sgd {loss}", cfg, spec))
+    return rows + finetune_losses_grid(quick)
+
+
+# Fused losses with fine-tuning (a frozen head under LoRA / QLoRA, a trainable one under last:N): every family that
+# fine-tunes, its first grid config (the book's GPT-2: the grid's V500 h48, fp32 and a bf16 base: no autocast there)
+FT_RUNS = (("LoRA r4", dict(lora_r=4), "bf16-amp", "chunked-ce:16"), ("LoRA r4", dict(lora_r=4), "fp32", "cce"),
+           ("last:1 ckpt", dict(train_layers="last:1", checkpointing=True), "bf16", "chunked-ce"),
+           ("LoRA r4 all-linear ckpt", dict(lora_r=4, lora_targets="all-linear", checkpointing=True), "bf16-amp", "cce"))
+
+
+def finetune_losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
+    from .arch import families
+    from .spec import check_fits_model
+    from .validation import ConfigError
+
+    gpt = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.0)
+    models = [("gpt2 (book) V500 h48", gpt)]
+    for fam_name, fam in families().items():
+        if fam.source != "transformers" or not fam.grid_configs():
+            continue
+        label, cfg, _, _ = fam.grid_configs()[0]
+        models.append((f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)}", cfg))
+    runs = list(FT_RUNS)
+    if quick:
+        models, runs = models[:2], runs[:2]
+    rows = []
+    for name, cfg in models:
+        for ft, kw, prec, loss in runs:
+            if name.startswith("gpt2 (book)"):
+                prec = "fp32" if prec == "bf16-amp" else prec  # (the book's GPT-2 fine-tunes without autocast)
+                if kw.get("lora_r") and "lora_targets" not in kw:  # (peft has no default targets for it)
+                    kw = {**kw, "lora_targets": "W_query,W_value"}
+            spec = TrainSpec(2, 32, prec, "adamw", loss=loss, **kw)
+            try:
+                check_fits_model(cfg, spec)
+            except ConfigError:
+                continue  # (a family that does not fine-tune: LoRA / --train-layers refused for it)
+            rows.append((f"{name} b2 s32 {prec} adamw {ft} {loss}", cfg, spec))
+    if not quick:  # QLoRA (bitsandbytes' nf4 base, peft's recipe: --precision bf16)
+        llama = next(cfg for name, cfg in models if name.startswith("llama:"))
+        for loss in ("chunked-ce:16", "cce"):
+            rows.append((f"llama: QLoRA nf4 r4 all-linear b2 s32 bf16 adamw {loss}", llama,
+                         TrainSpec(2, 32, "bf16", "adamw", loss=loss, lora_r=4, lora_targets="all-linear",
+                                   quantize_base="nf4")))
     return rows
 
 
-# One preset per family at full size (Gemma 2 is refused: soft-capped logits), bf16-AMP, AdamW.
+# One preset per family at full size, bf16-AMP, AdamW (Gemma 2 with its soft cap applied per chunk / block).
 FULL_SIZE = (("llama-3-8b", 4096), ("gpt2-xl", 1024), ("hf-gpt2-xl", 1024), ("qwen2.5-0.5b", 4096),
-             ("qwen3-0.6b", 4096), ("gemma-2b", 4096), ("mistral-7b-v0.1", 4096), ("phi-3-mini-4k", 4096))
+             ("qwen3-0.6b", 4096), ("gemma-2b", 4096), ("mistral-7b-v0.1", 4096), ("phi-3-mini-4k", 4096),
+             ("gemma-2-2b", 4096))
+# And a LoRA fine-tune at full size (a frozen head): llama-3-8b r16 on all linear layers, bf16 base, checkpointing.
+FULL_SIZE_FT = (("llama-3-8b", 4096, dict(precision="bf16", checkpointing=True, lora_r=16, lora_targets="all-linear")),)
 
 
 def full_size_rows(progress=print) -> list[dict]:
@@ -70,6 +117,13 @@ def full_size_rows(progress=print) -> list[dict]:
             est, sim = estimate_training(cfg, spec), simulate_training(cfg, spec)
             out.append({"model": f"{model} b1 s{seq}", "loss": loss, "est": est, "sim": sim})
             progress(f"{model} {loss} {100.0 * (est.peak_bytes - sim['peak_bytes']) / sim['peak_bytes']:+.3f}%")
+    for model, seq, kw in FULL_SIZE_FT:
+        cfg = resolve_model(model, None)
+        for loss in ("default", "chunked-ce", "cce"):
+            spec = TrainSpec(1, seq, optimizer="adamw", loss=loss, **kw)
+            est, sim = estimate_training(cfg, spec), simulate_training(cfg, spec)
+            out.append({"model": f"{model} b1 s{seq} LoRA r16 all-linear bf16 ckpt", "loss": loss, "est": est, "sim": sim})
+            progress(f"{model} LoRA {loss} {100.0 * (est.peak_bytes - sim['peak_bytes']) / sim['peak_bytes']:+.3f}%")
     return out
 
 
@@ -81,7 +135,11 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
              "recomputes one chunk at a time. `--loss cce`: Cut Cross-Entropy's algorithm (per-token "
              "log-sum-exp kept, logits recomputed block by block in backward) as a plain-torch autograd Function: "
              "cut-cross-entropy 25.1.1's only non-Triton path computes the whole logits, so its own kernels are "
-             "left to the CUDA check. Terms: planner/estimate/losses.py. Regenerate: `python -m planner bench losses "
+             "left to the CUDA check. With fine-tuning (LoRA, QLoRA, frozen layers: peft's base model's last hidden "
+             "state and the head weight, frozen or trainable, into the loss; no weight grad for a frozen head, as "
+             "cut-cross-entropy makes none) and with Gemma 2's final-logit soft cap (applied per chunk, as Liger's "
+             "softcap, or per block, as cut-cross-entropy's `softcap=`). "
+             "Terms: planner/estimate/losses.py. Regenerate: `python -m planner bench losses "
              "--out docs/accuracy.md`. CPU, live-bytes tracker; estimate bar 1%, simulate = measure to the byte.", "",
              "| config | estimate | measured | error | simulated - measured (B) | phase est / meas |",
              "|---|---:|---:|---:|---:|---|"]
@@ -95,7 +153,14 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
               "", "Known gap (measured, not in the grid): with many small chunks (b*s/N >= 8) on transformers' "
               "families the chunked-ce backward point is up to ~2% high (the hidden chunks' grads, counted as held "
               "until split's backward, are not all alive at the measured peak there), and cce on Llama fp32 b4 s32 "
-              "with one block is +1.9%; both on the safe side."]
+              "with one block is +1.9%; both on the safe side. With fine-tuning (measured, not in the grid): Gemma 2 "
+              "under bf16-AMP with LoRA and checkpointing at b4 s96 is -2.2% (the blocks' backward sweep, which the "
+              "b*s*V logits hid before), and without checkpointing under autocast the forward's in-attention high point "
+              "(planner/estimate/finetune.py known_gap, now flagged whenever the loss is fused) is -2.9% there. In the grid, "
+              "Gemma 2 last:1 (a trainable head) bf16 with checkpointing is +1.08% with chunked-ce, with or without the "
+              "soft cap: not the loss but the fine-tuning sweep's point at the last block's post-feedforward norm "
+              "(planner/estimate/finetune.py _sweep), 16,760 B high, which the b*s*V logits hid before (with the default "
+              "loss the same point is 19 % under the loss backward's peak); on the safe side, not patched."]
     if full:
         lines += ["", "Full size, one preset per family, bf16-AMP, AdamW (formula vs the simulated step; `default` "
                   "is transformers' labels= loss, the book's cross-entropy for gpt2-xl):", "",
@@ -109,6 +174,8 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
                          f"{fmt_bytes(s['peak_bytes'])} | {err:+.2f}% | {e.peak_phase} / {s['peak_phase']} |")
         worst_full = max(abs(100.0 * (f["est"].peak_bytes - f["sim"]["peak_bytes"]) / f["sim"]["peak_bytes"])
                          for f in full)
+        lines += ["", "The bf16-AMP rows' default loss is transformers' labels= loss (the book's cross-entropy for "
+                  "gpt2-xl); the LoRA rows are bf16 (base and compute), the adapters fp32, the head frozen."]
         lines += ["", f"Worst full-size |formula - simulation| {worst_full:.3f}%. On llama-3-8b the loss phase falls by "
                   "~5.8 GiB (the b*s*V bf16 logits, their fp32 copy and log-softmax output are never whole); the peak "
                   "falls by less (~4 GiB), because it moves to the blocks' backward sweep, which the loss does not "

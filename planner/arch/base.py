@@ -102,12 +102,15 @@ class Family:
         return data
 
     def check_fused_loss(self, cfg, spec) -> None:
-        """Refuse a fused loss (chunked-ce, cce: planner/losses.py) this family's run cannot take."""
-        if spec.finetuning:
-            raise ConfigError(f"--loss {spec.loss} with fine-tuning (--lora-r / --train-layers) is not modelled yet")
+        """Refuse a fused loss (chunked-ce, cce: planner/losses.py) this family's run cannot take. With
+        fine-tuning (frozen layers, LoRA, QLoRA) the loss takes the frozen or trainable head weight as it is."""
 
     def check_run(self, cfg, spec) -> None:
         """Refuse a run this family cannot estimate or transformers cannot run (ConfigError, one line)."""
+
+    def logit_softcap(self, cfg) -> float | None:
+        """The final logits' soft cap (cap * tanh(logits / cap)) a fused loss applies per chunk / block (None: none)."""
+        return None
 
     # ---- inference (planner/estimate/inference.py) -----------------------------------------------------
     def infer_caches(self, cfg) -> tuple[str, ...]:
@@ -328,9 +331,12 @@ class HFCausalLM(Family):
             # the head weight (planner/models/losses.py); the head's own forward never runs
             from ..models.losses import fused_loss
 
-            hidden = getattr(model, model.base_model_prefix)(input_ids=inputs).last_hidden_state
+            # (a peft model: its wrapped causal LM, whose linears carry the adapters; peft's get_base_model)
+            lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+            hidden = getattr(lm, lm.base_model_prefix)(input_ids=inputs).last_hidden_state
             on_phase("loss")
-            return fused_loss(hidden, model.get_output_embeddings().weight, targets, loss_kind)
+            return fused_loss(hidden, lm.get_output_embeddings().weight, targets, loss_kind,
+                              getattr(lm.config, "final_logit_softcapping", None))
         if loss_kind == "labels":
             # The loss runs inside the model's forward: the output head's forward hook marks where it starts.
             # DDP wraps the model (`.module`); FSDP2 changes the model's class in place.

@@ -85,14 +85,11 @@ class Gemma2(Gemma):
             data = {**data, "attention": "eager"}
         return RMSDecoder.from_dict(self, data)
 
-    def check_fused_loss(self, cfg, spec) -> None:
-        """Gemma2ForCausalLM soft-caps its logits (logits / cap, tanh, * cap) before the loss; the fused losses
-        here (planner/models/losses.py) take plain hidden @ W.T logits, so they are refused with the cap on."""
-        if cfg.final_logit_softcapping is not None:
-            from ..validation import ConfigError
-
-            raise ConfigError(f"--loss {spec.loss} does not apply Gemma 2's final_logit_softcapping; not modelled yet")
-        super().check_fused_loss(cfg, spec)
+    def logit_softcap(self, cfg) -> float | None:
+        """Gemma2ForCausalLM soft-caps its logits (logits / cap, tanh, * cap) before the loss; a fused loss applies
+        the same cap per chunk (chunked-ce, as Liger's fused linear cross-entropy) or per block (cce, as
+        cut-cross-entropy's linear_cross_entropy(..., softcap=cap)): planner/models/losses.py."""
+        return cfg.final_logit_softcapping
 
     def attention_kinds(self, cfg) -> tuple[str, ...]:
         return ("eager",)

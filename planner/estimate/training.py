@@ -19,7 +19,7 @@ from ..config import ModelConfig
 from ..spec import TrainSpec
 from . import bnb_optim
 from ..losses import is_fused
-from .losses import fused_loss
+from .losses import HEAD_SAVES, fused_loss
 from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
 from .categories import estimate_categories
@@ -292,8 +292,10 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     out = family.outside_terms(cfg, spec, w)
     fused = None
     if is_fused(loss_kind):  # chunked-ce / cce (planner/estimate/losses.py): the head runs inside the loss
-        fused = fused_loss(loss_kind, b * s, V, cfg.hidden, w.e_r, w.e_m, e_p, w.amp)
-        out = [t for t in out if not t.name.endswith("head input")] + [t for t in fused.saved if t.where == "head"]
+        fused = fused_loss(loss_kind, b * s, V, cfg.hidden, w.e_r, w.e_m, e_p, w.amp,
+                           softcap=family.logit_softcap(cfg))  # (Gemma 2's cap applied per chunk / block)
+        out = ([t for t in out if not t.name.endswith("head input") and not t.name.startswith(HEAD_SAVES[-1])]
+               + [t for t in fused.saved if t.where == "head"])
     blk_bytes = sum(t.bytes for t in blk)
     out_bytes = sum(t.bytes for t in out)
     # log_softmax output and nll_loss's 0-d total_weight; transformers' ForCausalLMLoss also saves its
