@@ -28,6 +28,25 @@ def grid(quick: bool = False) -> list[tuple[str, object, int, int]]:
     return rows
 
 
+# Every other family with a formula file: its first grid shape (planner/arch/<family>.py grid_configs), AdamW only;
+# "llama eager" is Llama's first shape with eager attention (the mask added, softmax and probabilities saved)
+FAMILY_ROWS = ("mistral", "qwen3", "phi3", "gemma", "gemma2", "llama eager")
+
+
+def family_grid() -> list[tuple[str, object, int, int]]:
+    import dataclasses
+    import importlib
+
+    out = []
+    for name in FAMILY_ROWS:
+        arch, _, attn = name.partition(" ")
+        label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[0]
+        if attn:
+            cfg = dataclasses.replace(cfg, attention=attn)
+        out.append((f"{name} {label.rsplit(' b', 1)[0]}", cfg, b, s))
+    return out
+
+
 def rows(quick: bool = False) -> list[dict]:
     """One dict per run: estimate, measure and simulate, device and host."""
     from .estimate.training import estimate_training
@@ -35,8 +54,10 @@ def rows(quick: bool = False) -> list[dict]:
     from .measure.training import measure_training
 
     out = []
-    for label, cfg, b, s in grid(quick):
-        for opt in (("adamw",) if quick else ("adamw", "sgd")):
+    runs = [(row, ("adamw",) if quick else ("adamw", "sgd")) for row in grid(quick)]
+    runs += [] if quick else [(row, ("adamw",)) for row in family_grid()]
+    for (label, cfg, b, s), opts in runs:
+        for opt in opts:
             for prec in ("fp32", "bf16-amp"):
                 for ckpt in (False, True):
                     spec = TrainSpec(b, s, prec, opt, checkpointing=ckpt, offload_activations=True)
@@ -75,8 +96,10 @@ def markdown(quick: bool = False) -> str:
              "in backward that this run cannot show). torchtune's `OffloadActivations` cannot run here: its "
              "constructor calls `torch.cuda.default_stream()`, which raises 'Torch not compiled with CUDA enabled' on a "
              "CPU build (it also skips parameters and tensors under 1 KiB, so its host bytes are smaller). Estimate: "
-             "planner/estimate/offload_act.py (device phases) and planner/arch/decoder.py `offload_copies` (the host "
-             "copies, saved variable by saved variable). Regenerate: "
+             "planner/estimate/offload_act.py (device phases) and planner/arch/<family>.py `offload_copies` (the host "
+             "copies, saved variable by saved variable: planner/arch/decoder.py for the RMSNorm decoders, with "
+             "Gemma's norms and embedding scale and Gemma 2's sandwich norms and soft-capping in their files). "
+             "Regenerate: "
              "`python -m planner bench offload-activations --out docs/accuracy.md`.", "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
              f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
@@ -102,7 +125,9 @@ def markdown(quick: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-FULL_SIZE = (("llama-3.2-1b", False), ("tinyllama-1.1b", True), ("qwen2.5-0.5b", False))
+FULL_SIZE = (("llama-3.2-1b", False), ("tinyllama-1.1b", True), ("qwen2.5-0.5b", False), ("mistral-7b-v0.1", False),
+             ("qwen3-0.6b", False), ("qwen3-0.6b", True), ("phi-3-mini-4k", False), ("gemma-2b", False),
+             ("gemma-2-2b", False), ("gemma-2-2b", True))
 
 
 def full_size() -> list[str]:
