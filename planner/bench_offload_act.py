@@ -30,7 +30,8 @@ def grid(quick: bool = False) -> list[tuple[str, object, int, int]]:
 
 # Every other family with a formula file: its first grid shape (planner/arch/<family>.py grid_configs), AdamW only;
 # "llama eager" is Llama's first shape with eager attention (the mask added, softmax and probabilities saved)
-FAMILY_ROWS = ("mistral", "qwen3", "phi3", "gemma", "gemma2", "llama eager")
+FAMILY_ROWS = ("mistral", "qwen3", "phi3", "gemma", "gemma2", "llama eager", "gpt2")
+SHOWN = {"gpt2": "gpt2-hf"}  # planner/arch/gpt2.py is transformers' GPT-2
 
 
 def family_grid() -> list[tuple[str, object, int, int]]:
@@ -43,7 +44,7 @@ def family_grid() -> list[tuple[str, object, int, int]]:
         label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[0]
         if attn:
             cfg = dataclasses.replace(cfg, attention=attn)
-        out.append((f"{name} {label.rsplit(' b', 1)[0]}", cfg, b, s))
+        out.append((f"{SHOWN.get(name, name)} {label.rsplit(' b', 1)[0]}", cfg, b, s))
     return out
 
 
@@ -52,6 +53,7 @@ def rows(quick: bool = False) -> list[dict]:
     from .estimate.training import estimate_training
     from .measure.simulate import simulate_training
     from .measure.training import measure_training
+    from .validation import ConfigError
 
     out = []
     runs = [(row, ("adamw",) if quick else ("adamw", "sgd")) for row in grid(quick)]
@@ -61,7 +63,10 @@ def rows(quick: bool = False) -> list[dict]:
             for prec in ("fp32", "bf16-amp"):
                 for ckpt in (False, True):
                     spec = TrainSpec(b, s, prec, opt, checkpointing=ckpt, offload_activations=True)
-                    est = estimate_training(cfg, spec)
+                    try:
+                        est = estimate_training(cfg, spec)
+                    except ConfigError:  # refused in one line (GPT-2 without checkpointing): no row
+                        continue
                     meas = measure_training(cfg, spec)
                     sim = simulate_training(cfg, spec)
                     plain = measure_training(cfg, TrainSpec(b, s, prec, opt, checkpointing=ckpt))
@@ -127,7 +132,7 @@ def markdown(quick: bool = False) -> str:
 
 FULL_SIZE = (("llama-3.2-1b", False), ("tinyllama-1.1b", True), ("qwen2.5-0.5b", False), ("mistral-7b-v0.1", False),
              ("qwen3-0.6b", False), ("qwen3-0.6b", True), ("phi-3-mini-4k", False), ("gemma-2b", False),
-             ("gemma-2-2b", False), ("gemma-2-2b", True))
+             ("gemma-2-2b", False), ("gemma-2-2b", True), ("hf-gpt2-xl", True))
 
 
 def full_size() -> list[str]:

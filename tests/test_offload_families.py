@@ -84,3 +84,20 @@ def test_phi3_every_k_keeps_the_fused_qkv_output(i, window, b, s):
     extra = FAMILY.uncheckpointed_block_extra(cfg, spec, Widths.of(spec))
     repeated = window is not None and cfg.num_key_value_heads < cfg.num_attention_heads
     assert extra == (0 if repeated else b * s * (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim * 2)
+
+
+def test_gpt2_hf_host_copies_and_checkpointed_device():
+    """transformers' GPT-2 (LayerNorm, Conv1D addmm, dropout noise, SDPA's math kernel under dropout): host copies
+    exact; the device figure with checkpointing within 1%; without checkpointing refused in one line."""
+    from planner.config import ConfigError
+    from planner.estimate.offload_act import check_offload_activations
+
+    cfg, b, s = family_shape("gpt2")
+    assert sum(t.bytes for t in host_terms(cfg, TrainSpec(b, s, "bf16-amp", "adamw", offload_activations=True))) \
+        == pack_hook_bytes(cfg, b, s, "bf16-amp", False)
+    spec = TrainSpec(b, s, "fp32", "adamw", checkpointing=True, offload_activations=True)
+    sim, est = simulate_training(cfg, spec), estimate_training(cfg, spec)
+    assert est.transients["host_activation_offload"] == sim["host_activation_offload_bytes"]
+    assert abs(est.peak_bytes / sim["peak_bytes"] - 1) < 0.01
+    with pytest.raises(ConfigError, match="--checkpointing only"):
+        check_offload_activations(cfg, TrainSpec(b, s, "fp32", "adamw", offload_activations=True))

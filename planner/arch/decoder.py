@@ -265,6 +265,19 @@ class RMSDecoder(HFCausalLM):
                        2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")])
         return blk + out  # per_layer terms are one block's: the model holds L of them
 
+    def offload_alive(self, c, spec, w) -> tuple[int, int, int]:
+        """--offload-activations' device terms alive but not saved (planner/estimate/offload_act.py):
+        the DynamicCache K/V (2*L*b*kv*s*d*e_r, planner/arch/parts.py forward_only; off under checkpointing;
+        without offloading the cache shares its storage with the saved k, v, which now are host copies); under
+        checkpointing the RoPE cos and sin every block is given (2*s*d*e_r, measured); and the forward's MLP point,
+        the last block's gated product (down_proj(act(gate(x)) * up(x)): act's output, up's output and their product,
+        b*s*f*e_m each, beside the residual and the normed x; the gate's output is already freed, its saved copy on
+        the host)."""
+        b, s, L = spec.batch_size, spec.seq_len, c.num_hidden_layers
+        cache = 0 if spec.checkpointing else 2 * L * b * c.num_key_value_heads * s * c.head_dim * w.e_r
+        rope = 2 * s * c.head_dim * w.e_r if spec.checkpointing else 0
+        return cache, rope, 3 * b * s * c.intermediate_size * w.e_m + 2 * b * s * c.hidden_size * w.e_r
+
     def offload_forward_points(self, c, spec, w) -> dict[str, int]:
         """--offload-activations' forward high points inside the last block beyond the persistent state, autocast's
         cache, the KV cache and the checkpoint-held inputs (planner/estimate/offload_act.py adds those). With the
