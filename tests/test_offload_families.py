@@ -86,18 +86,15 @@ def test_phi3_every_k_keeps_the_fused_qkv_output(i, window, b, s):
     assert extra == (0 if repeated else b * s * (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim * 2)
 
 
-def test_gpt2_hf_host_copies_and_checkpointed_device():
-    """transformers' GPT-2 (LayerNorm, Conv1D addmm, dropout noise, SDPA's math kernel under dropout): host copies
-    exact; the device figure with checkpointing within 1%; without checkpointing refused in one line."""
+def test_gpt2_hf_host_copies_exact_and_the_estimate_refused_in_one_line():
+    """transformers' GPT-2 (LayerNorm, Conv1D addmm, dropout noise, SDPA's math kernel under dropout): the host
+    copies are exact, with and without checkpointing; the device's backward is not modelled, so the estimate refuses."""
     from planner.config import ConfigError
     from planner.estimate.offload_act import check_offload_activations
 
     cfg, b, s = family_shape("gpt2")
-    assert sum(t.bytes for t in host_terms(cfg, TrainSpec(b, s, "bf16-amp", "adamw", offload_activations=True))) \
-        == pack_hook_bytes(cfg, b, s, "bf16-amp", False)
-    spec = TrainSpec(b, s, "fp32", "adamw", checkpointing=True, offload_activations=True)
-    sim, est = simulate_training(cfg, spec), estimate_training(cfg, spec)
-    assert est.transients["host_activation_offload"] == sim["host_activation_offload_bytes"]
-    assert abs(est.peak_bytes / sim["peak_bytes"] - 1) < 0.01
-    with pytest.raises(ConfigError, match="--checkpointing only"):
-        check_offload_activations(cfg, TrainSpec(b, s, "fp32", "adamw", offload_activations=True))
+    for prec, ckpt in (("bf16-amp", False), ("fp32", True)):
+        spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True)
+        assert sum(t.bytes for t in host_terms(cfg, spec)) == pack_hook_bytes(cfg, b, s, prec, ckpt)
+        with pytest.raises(ConfigError, match="device's backward"):
+            check_offload_activations(cfg, spec)
