@@ -381,7 +381,7 @@ class HFGPT2(HFCausalLM):
         more with offloading than without, not found yet). So the estimate refuses it."""
         why = self.offload_host_why_not(c, spec)
         return why or ("GPT-2 (HF) with --offload-activations: the host copies are modelled, the device's backward "
-                       "not yet (use simulate train or measure train)")
+                       "not yet")
 
     def offload_host_why_not(self, c: HFGPT2Config, spec) -> str | None:
         """Where the host copies (offload_copies) are not measured: eager attention, CUDA's dropout kernels, an
