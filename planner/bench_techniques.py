@@ -197,7 +197,7 @@ def main(quick: bool = False, out: str | None = None, progress=print) -> int:
 
 CKPT_HEADING = "# Checkpointing policies: every:K and selective (issue #24)"
 CKPT_BAR_PCT = 1.0
-CKPT_GAP = " Known gap (measured on the simulated step, not in the grid): Phi-3 under every:K keeps b*s^2*(1 + e_m) bytes more than estimated in each uncheckpointed block when the estimate expects no mask (no sliding window, or a sequence shorter than it: phi3 h64 L4 b1 s64 bf16-AMP every:4 -9 s^2 B, and full checkpointing's own estimate is off by -4 s^2 B there, so it is the base estimate's Phi-3 mask under checkpointing, not the policy's terms) and phi-3-mini-4k at s4096 in the full-size table below (-1.66%, the one row past the bar, under the estimate); not patched."
+CKPT_GAP = (" Phi-3 under every:K: an uncheckpointed block runs in checkpointing mode, where the KV cache is off, so SDPA saves v as a view of the fused qkv_proj output and the whole b*s*(a + 2kv)*d*e_m storage stays alive (unless repeat_kv copies v): b*s*(a + kv)*d*e_m a block more than v, found on the simulated step's op log and modelled in planner/arch/phi3.py uncheckpointed_block_extra (phi-3-mini-4k b1 s4096 every:4 was -1.66% without it; tests/test_offload_families.py checks three small shapes to 8 B).")
 
 
 def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:

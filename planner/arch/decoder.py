@@ -76,8 +76,8 @@ class RMSDecoder(HFCausalLM):
     # Phi-3's fused projections are not modelled yet.
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
-    # --offload-activations' host copies (offload_copies below) are measured for the plain Llama-shaped decoders
-    # (Llama, Mistral, Qwen 2 set it): transformers' RMSNorm, RoPE, SDPA without a mask, SiLU-gated MLP
+    # --offload-activations' host copies (offload_copies below) were first measured for the plain Llama-shaped
+    # decoders (Llama, Mistral, Qwen 2 set it); every RMSDecoder family is now modelled (offload_modelled narrows)
     offload_plain: ClassVar[bool] = False
 
     # ---- options read from the config ------------------------------------------------------------
@@ -214,49 +214,140 @@ class RMSDecoder(HFCausalLM):
 
     def offload_copies(self, c, spec, w) -> list[Term] | None:
         """What save_on_cpu copies to the host, saved variable by saved variable (measured: a saved_tensors_hooks
-        inventory of transformers 5.23's Llama / Qwen 2 under torch 2.13, fp32, bf16 and bf16-AMP; the sum equals
-        the host bytes the tracker counts, to the byte). Per block: each RMSNorm (x.float(), pow, mean, rsqrt,
-        mul, weight * normed) saves its fp32 input twice (pow, mul), rsqrt's b*s output twice (rsqrt, mul), the
-        normed x (e_r) and its weight; every Linear (mm or addmm: a bias is not saved) saves its input (e_m) and
-        its weight (e_m: the autocast copy under AMP, else the parameter's t() view); RoPE's q*cos, k*cos,
-        rotate_half(q)*sin, rotate_half(k)*sin save cos and sin ((1, 1, s, d) in the residual dtype) four times;
-        SDPA saves q, k, v (un-repeated: enable_gqa), its output (e_m) and an fp32 (b, a, s) logsumexp; SiLU saves
-        its input, the gated product both operands. Outside: the embedding's int64 ids, the final norm, the head's
-        input and weight, and the loss: log_softmax's output saved by itself and by nll_loss (two copies of b*s*V
-        e_ce), its int64 target and 0-d total_weight. Under checkpointing the blocks' own saves go to checkpoint's
-        hooks (innermost), and each block's input (b*s*h*e_r) is what save_on_cpu copies."""
-        if (not self.offload_plain or self.qk_norm or self.fused_qkv or self.fused_gate_up or self.masked(c, spec)
-                or c.attention != "sdpa" or c.hidden_act != "silu" or self.rope_dim(c) != c.head_dim):
+        inventory of transformers 5.23's Llama / Qwen 2 / Qwen 3 / Phi-3 / Gemma / Gemma 2 under torch 2.13, fp32,
+        bf16 and bf16-AMP; the sum equals the host bytes the tracker counts, to the byte). Per block: each norm
+        (offload_norm); every Linear (mm or addmm: a bias is not saved) saves its input (e_m) and its weight (e_m:
+        the autocast copy under AMP, else the parameter's t() view), so q, k, v save the same input three times and
+        a fused qkv / gate_up once; Qwen 3's q/k norms are RMSNorms over head_dim on the projections' outputs
+        (input e_m); RoPE's q*cos, k*cos, rotate_half(q)*sin, rotate_half(k)*sin save cos and sin ((1, 1, s, d)
+        in the residual dtype) four times; the attention (offload_attention); the activation saves its input
+        (SiLU, the exact or tanh GELU), the gated product both operands. Outside: the embedding's int64 ids (and
+        offload_embed_extra), the final norm, the head's input and weight (offload_head_extra: Gemma 2's
+        soft-capping), and the loss: log_softmax's output saved by itself and by nll_loss (two copies of b*s*V
+        e_ce), its int64 target and 0-d total_weight. A Python scalar an op saves is a wrapped number, not
+        packed. Under checkpointing the blocks' own saves go to checkpoint's hooks (innermost), and each block's
+        input (b*s*h*e_r) is what save_on_cpu copies."""
+        from ..validation import ACTIVATION_SAVED
+
+        if ACTIVATION_SAVED.get(c.hidden_act) != 1 or self.rope_dim(c) != c.head_dim or not self.offload_modelled(c):
             return None
         b, s, h, V = spec.batch_size, spec.seq_len, c.hidden_size, c.vocab_size
         x = self.shape(c)
         e_p = 2 if spec.precision == "bf16" else 4  # the parameters' dtype (norm weights are saved as they are)
-
-        def norm(label, per_layer=True, where="block"):
-            return Term(f"host: RMSNorm ({label}): fp32 input x2, rsqrt x2, normed x, weight",
-                        "b*s*h*(8 + e_r) + 8*b*s + h*e_p", b * s * h * (8 + w.e_r) + 8 * b * s + h * e_p, per_layer,
-                        where)
         q, kv = x.a * x.d, x.kv * x.d
-        blk = [norm("input_layernorm"), norm("post_attention_layernorm"),
-               Term("host: q/k/v projections: input x3 and weights", "3*b*s*h*e_m + (a*d + 2*kv*d)*h*e_m",
-                    3 * b * s * h * w.e_m + (q + 2 * kv) * h * w.e_m, True),
-               Term("host: RoPE cos and sin, saved by 4 muls", "4*s*d*e_r", 4 * s * x.d * w.e_r, True),
-               Term("host: SDPA q, k, v, output and fp32 logsumexp", "b*s*(2*a*d + 2*kv*d)*e_m + 4*b*a*s",
-                    b * s * (2 * q + 2 * kv) * w.e_m + 4 * b * x.a * s, True),
-               Term("host: o_proj input and weight", "b*s*a*d*e_m + a*d*h*e_m", b * s * q * w.e_m + q * h * w.e_m,
-                    True),
-               Term("host: MLP: gate/up inputs and weights, silu input, gated product's operands, down input and "
-                    "weight", "2*b*s*h*e_m + 4*b*s*f*e_m + 3*h*f*e_m",
-                    2 * b * s * h * w.e_m + 4 * b * s * x.f * w.e_m + 3 * h * x.f * w.e_m, True, "mlp")]
+        n_in = 1 if self.fused_qkv else 3
+        n_mlp = 1 if self.fused_gate_up else 2
+        blk = (self.offload_block_norms(c, spec, w, e_p)
+               + [Term(f"host: {'qkv projection' if self.fused_qkv else 'q/k/v projections'}: input x{n_in} and "
+                       "weights", f"{n_in}*b*s*h*e_m + (a*d + 2*kv*d)*h*e_m",
+                       n_in * b * s * h * w.e_m + (q + 2 * kv) * h * w.e_m, True)])
+        if self.qk_norm:
+            blk += [Term("host: q_norm/k_norm (RMSNorm over head_dim): fp32 input x2, rsqrt x2, normed x (e_m), "
+                         "weights", "b*s*(a + kv)*d*(8 + e_m) + 8*b*s*(a + kv) + 2*d*e_p",
+                         b * s * (q + kv) * (8 + w.e_m) + 8 * b * s * (x.a + x.kv) + 2 * x.d * e_p, True)]
+        blk += [Term("host: RoPE cos and sin, saved by 4 muls", "4*s*d*e_r", 4 * s * x.d * w.e_r, True)]
+        blk += self.offload_attention(c, spec, w)
+        blk += [Term("host: o_proj input and weight", "b*s*a*d*e_m + a*d*h*e_m", b * s * q * w.e_m + q * h * w.e_m,
+                     True),
+                Term(f"host: MLP: {'gate_up input' if self.fused_gate_up else 'gate/up inputs'} and weights, "
+                     f"{c.hidden_act} input, gated product's operands, down input and weight",
+                     f"{n_mlp}*b*s*h*e_m + 4*b*s*f*e_m + 3*h*f*e_m",
+                     n_mlp * b * s * h * w.e_m + 4 * b * s * x.f * w.e_m + 3 * h * x.f * w.e_m, True, "mlp")]
         if spec.checkpointing:  # the checkpointed block: only its input reaches save_on_cpu's hook
             blk = [Term("host: checkpointed block input", "b*s*h*e_r", b * s * h * w.e_r, True)]
-        out = [Term("host: embedding ids (int64)", "8*b*s", 8 * b * s, where="embed"),
-               norm("final norm", per_layer=False, where="head"),
-               Term("host: lm_head input and weight", "b*s*h*e_m + V*h*e_m", b * s * h * w.e_m + V * h * w.e_m,
-                    where="head"),
-               Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
-                    2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
+        out = ([Term("host: embedding ids (int64)", "8*b*s", 8 * b * s, where="embed")]
+               + self.offload_embed_extra(c, spec, w, e_p)
+               + [self.offload_norm("final norm", b, s, h, w, w.e_r, e_p, per_layer=False, where="head"),
+                  Term("host: lm_head input and weight", "b*s*h*e_m + V*h*e_m", b * s * h * w.e_m + V * h * w.e_m,
+                       where="head")]
+               + self.offload_head_extra(c, spec, w)
+               + [Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
+                       2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")])
         return blk + out  # per_layer terms are one block's: the model holds L of them
+
+    def offload_alive(self, c, spec, w) -> tuple[int, int, int]:
+        """--offload-activations' device terms alive but not saved (planner/estimate/offload_act.py):
+        the DynamicCache K/V (2*L*b*kv*s*d*e_r, planner/arch/parts.py forward_only; off under checkpointing;
+        without offloading the cache shares its storage with the saved k, v, which now are host copies); under
+        checkpointing the RoPE cos and sin every block is given (2*s*d*e_r, measured); and the forward's MLP point,
+        the last block's gated product (down_proj(act(gate(x)) * up(x)): act's output, up's output and their product,
+        b*s*f*e_m each, beside the residual and the normed x; the gate's output is already freed, its saved copy on
+        the host)."""
+        b, s, L = spec.batch_size, spec.seq_len, c.num_hidden_layers
+        cache = 0 if spec.checkpointing else 2 * L * b * c.num_key_value_heads * s * c.head_dim * w.e_r
+        rope = 2 * s * c.head_dim * w.e_r if spec.checkpointing else 0
+        return cache, rope, 3 * b * s * c.intermediate_size * w.e_m + 2 * b * s * c.hidden_size * w.e_r
+
+    def offload_forward_points(self, c, spec, w) -> dict[str, int]:
+        """--offload-activations' forward high points inside the last block beyond the persistent state, autocast's
+        cache, the KV cache and the checkpoint-held inputs (planner/estimate/offload_act.py adds those). With the
+        saved tensors on the host, a block holds on the device only what it still references. Eager attention: the
+        block's input, its normed x and one more b*s*h*e_r (3*b*s*h*e_r, measured), RoPE's cos and sin (2*s*d*e_r), q after RoPE, k and v (the cache's
+        own under no checkpointing, then repeat_kv's copies when kv < a; e_r: RoPE promotes to fp32 under autocast
+        and the cache keeps the keys' dtype), the model's masks (mask_count * b*s^2*e_r), and two b*a*s^2 tensors:
+        the scores and their scaled copy (e_m each), or at the softmax the masked scores (promoted to the mask's
+        dtype), softmax's fp32 copy of a bf16 input and its fp32 output (measured: the op timeline of Gemma 2 V97 h32 b2 s256 fp32, 6,815,744 of
+        6,817,800 B over the persistent state)."""
+        if c.attention != "eager":
+            return {}
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        x = self.shape(c)
+        bas2 = b * x.a * s * s
+        kv_own = 2 * b * s * x.kv * x.d * w.e_r if spec.checkpointing else 0  # else in the KV cache already
+        kv_rep = 2 * b * s * x.a * x.d * w.e_r if x.kv < x.a else 0
+        rope = 0 if spec.checkpointing else 2 * s * x.d * w.e_r  # under checkpointing: counted as held
+        e_ms = max(w.e_m, w.e_r)  # the masked scores: the mask's dtype wins
+        softmax = e_ms + 4 + (4 if e_ms < 4 else 0)  # softmax(dtype=float32) casts a bf16 input first (a copy)
+        return {"attention": (3 * b * s * h * w.e_r + rope + b * s * x.a * x.d * w.e_r + kv_own + kv_rep
+                              + self.mask_count(c) * b * s * s * w.e_r + bas2 * max(2 * w.e_m, softmax))}
+
+    def offload_modelled(self, c) -> bool:
+        """The configurations offload_copies is measured for (a family narrows it)."""
+        return True
+
+    def offload_norm(self, label, b, s, h, w, e_in, e_p, per_layer=True, where="block") -> Term:
+        """transformers' RMSNorm (x.to(float32), pow, mean, rsqrt, x * rsqrt, weight * normed.to(input dtype)):
+        its fp32 input twice (pow, mul), rsqrt's b*s output twice (rsqrt, mul), the normed x in the input dtype
+        (e_in) and the weight (e_p)."""
+        return Term(f"host: RMSNorm ({label}): fp32 input x2, rsqrt x2, normed x, weight",
+                    f"b*s*h*(8 + {'e_r' if e_in == w.e_r else 'e_m'}) + 8*b*s + h*e_p",
+                    b * s * h * (8 + e_in) + 8 * b * s + h * e_p, per_layer, where)
+
+    def offload_block_norms(self, c, spec, w, e_p) -> list[Term]:
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        return [self.offload_norm("input_layernorm", b, s, h, w, w.e_r, e_p),
+                self.offload_norm("post_attention_layernorm", b, s, h, w, w.e_r, e_p)]
+
+    def offload_attention(self, c, spec, w) -> list[Term]:
+        """SDPA (the CPU flash kernel, mask or not): q, k, v (un-repeated with enable_gqa, else repeat_kv's
+        copies), its output (e_m), an fp32 (b, a, s) logsumexp, and with a mask the (b, 1, s, s) mask converted to
+        the query's dtype. Eager (eager_attention_forward): q @ k^T saves q and the repeated k^T, softmax(fp32)
+        its output, the probabilities' cast (below fp32; in fp32 the same tensor saved again, one more copy) and
+        the repeated v are saved by the second matmul; the additive mask is added, not saved (measured)."""
+        b, s = spec.batch_size, spec.seq_len
+        x = self.shape(c)
+        q, kv = x.a * x.d, x.kv * x.d
+        if c.attention == "sdpa":
+            masked = self.masked(c, spec)
+            kvs = kv if parts.sdpa_enable_gqa(x, masked) else q
+            terms = [Term("host: SDPA q, k, v, output and fp32 logsumexp",
+                          "b*s*(2*a*d + 2*kv*d)*e_m + 4*b*a*s" if kvs == kv else "4*b*s*a*d*e_m + 4*b*a*s",
+                          b * s * (2 * q + 2 * kvs) * w.e_m + 4 * b * x.a * s, True)]
+            if masked:
+                terms.append(Term("host: SDPA's mask in the query's dtype", "b*s^2*e_m", b * s * s * w.e_m, True))
+            return terms
+        return [Term("host: eager attention q, k^T, v (repeated)", "3*b*a*s*d*e_m", 3 * b * s * q * w.e_m, True),
+                Term("host: softmax output (fp32) and the probabilities the second matmul saves",
+                     "b*a*s^2*(4 + e_m)", b * x.a * s * s * (4 + w.e_m), True)] + self.offload_attention_extra(c, spec, w)
+
+    def offload_attention_extra(self, c, spec, w) -> list[Term]:
+        return []
+
+    def offload_embed_extra(self, c, spec, w, e_p) -> list[Term]:
+        return []
+
+    def offload_head_extra(self, c, spec, w) -> list[Term]:
+        return []
 
     def mask_terms(self, c, spec, w) -> list[Term]:
         """SDPA given a mask (a sliding window no longer than the sequence): the CPU flash kernel converts

@@ -86,6 +86,17 @@ class Gemma(RMSDecoder):
     def norm_terms(self, label, b, s, h, w, part="", where="block", per_layer=True) -> list[Term]:
         return parts.gemma_rms_norm(label, b, s, h, w, part=part, where=where, per_layer=per_layer)
 
+    def offload_norm(self, label, b, s, h, w, e_in, e_p, per_layer=True, where="block") -> Term:
+        """--offload-activations' host copies of GemmaRMSNorm (all in fp32 whatever the dtypes: x.float(), pow,
+        x * rsqrt, normed * (1 + weight.float())): the fp32 input twice (pow, mul), rsqrt's output twice, the fp32
+        normed x and the fp32 (1 + weight) (measured: saved_tensors_hooks inventory, fp32, bf16, bf16-AMP)."""
+        return Term(f"host: GemmaRMSNorm ({label}): fp32 input x2, rsqrt x2, fp32 normed x, 1 + weight",
+                    "12*b*s*h + 8*b*s + 4*h", 12 * b * s * h + 8 * b * s + 4 * h, per_layer, where)
+
+    def offload_embed_extra(self, c, spec, w, e_p) -> list[Term]:
+        """inputs_embeds * embed_scale saves the 0-d scale buffer (the weights' dtype)."""
+        return [Term("host: embedding scale (0-d, saved by the mul)", "e_p", e_p, where="embed")]
+
     def restore_buffers(self, model, cfg, device) -> None:
         import torch
 

@@ -152,6 +152,29 @@ class Gemma2(Gemma):
                               b * s * s * w.e_r, where="kept"))
         return terms
 
+    def offload_block_norms(self, c, spec, w, e_p) -> list[Term]:
+        """--offload-activations: the four GemmaRMSNorms of a sandwich block (Gemma.offload_norm)."""
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        return [self.offload_norm(n, b, s, h, w, w.e_r, e_p) for n in
+                ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm")]
+
+    def offload_attention_extra(self, c, spec, w) -> list[Term]:
+        """scores / cap, tanh, * cap: tanh saves its output (the divisions and products by Python scalars save
+        wrapped numbers, which the pack hook never sees; measured)."""
+        if c.attn_logit_softcapping is None:
+            return []
+        b, s = spec.batch_size, spec.seq_len
+        return [Term("host: attention soft-capping tanh output", "b*a*s^2*e_m",
+                     b * c.num_attention_heads * s * s * w.e_m, True)]
+
+    def offload_head_extra(self, c, spec, w) -> list[Term]:
+        if c.final_logit_softcapping is None:
+            return []
+        b, s = spec.batch_size, spec.seq_len
+        return [Term("host: final logit soft-capping tanh output", "b*s*V*e_m", b * s * c.vocab_size * w.e_m,
+                     where="head")]
+
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """Llama's points; at the attention's backward the post-attention norm (which normalises the
         attention's output, so its backward runs first) has freed its saved tensors too."""

@@ -316,6 +316,94 @@ class HFGPT2(HFCausalLM):
                               where="kept"))
         return terms
 
+    # ---- --offload-activations (planner/estimate/offload_act.py) -------------------------------------
+    def offload_copies(self, c: HFGPT2Config, spec, w) -> list[Term] | None:
+        """What save_on_cpu copies to the host, saved variable by saved variable (measured: a saved_tensors_hooks
+        inventory of transformers 5.23's GPT2LMHeadModel under torch 2.13, fp32, bf16 and bf16-AMP, dropout 0.1
+        and 0; the sum equals the pack hook's bytes). Per block: each LayerNorm (native_layer_norm) saves its
+        input (e_r), mean and rstd (b*s each, e_r) and its weight and bias (e_p); each Conv1D is addmm, saving its
+        input (e_m) and weight (e_m: the autocast copy under AMP; the bias is not saved); the activation its
+        tensors (gelu_new: pow's input, two muls' operands and tanh's output, four b*s*f; an aten GELU one), and the
+        MLP's c_proj its input; CPU dropout saves an input-sized noise (e_m; the embedding's e_r). Attention: SDPA
+        without dropout takes the flash kernel: q (a view of c_attn's output, its own numel), k and v (the
+        DynamicCache's copies; under checkpointing no cache, views too), its output (e_m) and an fp32 logsumexp;
+        with dropout on the CPU the math kernel: q, k^T, v upcast to fp32, the fp32 softmax output, dropout noise and
+        dropped probabilities (3*b*a*s^2*4). Outside: the token ids and position ids (int64), ln_f, the head's
+        input and weight (mm: the tied wte), log_softmax's output twice, the target and total_weight. Python scalars
+        (the math kernel's scale, gelu_new's constants) are wrapped numbers, never packed. Under checkpointing
+        each block's input (b*s*h*e_r) is what save_on_cpu copies."""
+        if self.offload_host_why_not(c, spec):
+            return None
+        b, s, h, a, f, V = spec.batch_size, spec.seq_len, c.n_embd, c.n_head, c.inner, c.vocab_size
+        bsh, bsf, bas2 = b * s * h, b * s * f, b * a * s * s
+        e_p = 2 if spec.precision == "bf16" else 4
+
+        def ln(label, per_layer=True, where="block"):
+            return Term(f"host: LayerNorm ({label}): input, mean, rstd, weight, bias", "b*s*h*e_r + 2*b*s*e_r + 2*h*e_p",
+                        bsh * w.e_r + 2 * b * s * w.e_r + 2 * h * e_p, per_layer, where)
+        blk = [ln("ln_1"), Term("host: c_attn input and weight", "b*s*h*e_m + 3*h*h*e_m", bsh * w.e_m + 3 * h * h * w.e_m,
+                                True)]
+        if self._flash(c, spec):
+            blk.append(Term("host: SDPA q, k, v, output (e_m) and fp32 logsumexp", "4*b*s*h*e_m + 4*b*a*s",
+                            4 * bsh * w.e_m + 4 * b * a * s, True))
+        else:
+            blk.append(Term("host: SDPA math kernel (dropout): fp32 q, k^T, v, softmax output, noise, dropped "
+                            "probabilities", "3*b*s*h*4 + 3*b*a*s^2*4", 3 * bsh * 4 + 3 * bas2 * 4, True))
+        blk.append(Term("host: attention c_proj input and weight", "b*s*h*e_m + h*h*e_m", bsh * w.e_m + h * h * w.e_m,
+                        True))
+        n_act = ACTIVATION_SAVED[c.activation_function]
+        mlp = [ln("ln_2"),
+               Term(f"host: c_fc input and weight, {c.activation_function}'s {n_act} tensors, c_proj input and weight",
+                    f"b*s*h*e_m + {n_act + 1}*b*s*f*e_m + 2*h*f*e_m",
+                    bsh * w.e_m + (n_act + 1) * bsf * w.e_m + 2 * h * f * w.e_m, True, "mlp")]
+        if c.resid_pdrop > 0:
+            mlp.append(Term("host: residual dropout noise (attention and MLP)", "2*b*s*h*e_m", 2 * bsh * w.e_m, True,
+                            "mlp"))
+        blk += mlp
+        if spec.checkpointing:
+            blk = [Term("host: checkpointed block input", "b*s*h*e_r", bsh * w.e_r, True)]
+        out = [Term("host: token ids and position ids (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
+        if c.embd_pdrop > 0:
+            out.append(Term("host: embedding dropout noise", "b*s*h*e_r", bsh * w.e_r, where="embed"))
+        out += [ln("ln_f", per_layer=False, where="head"),
+                Term("host: lm_head input and weight (tied wte)", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
+                     where="head"),
+                Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
+                     2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
+        return blk + out
+
+    def offload_why_not(self, c: HFGPT2Config, spec) -> str | None:
+        """What --offload-activations does not model for GPT-2 yet (one line for the CLI). The host copies are
+        exact (offload_copies), but the device's backward is not: without checkpointing -5% to -46% of the measured
+        backward phase on the small grid (SDPA's math kernel under dropout, the flash kernel's backward at s256);
+        with checkpointing within 1% on the small grid but under at full size against the simulation (hf-gpt2-xl
+        b1 s1024 bf16-AMP SGD: -1.46% with the published dropout, -4.32% without: the first block's recompute holds
+        more with offloading than without, not found yet). So the estimate refuses it."""
+        why = self.offload_host_why_not(c, spec)
+        return why or ("GPT-2 (HF) with --offload-activations: the host copies are modelled, the device's backward "
+                       "not yet")
+
+    def offload_host_why_not(self, c: HFGPT2Config, spec) -> str | None:
+        """Where the host copies (offload_copies) are not measured: eager attention, CUDA's dropout kernels, an
+        activation outside ACTIVATION_SAVED."""
+        if c.attention != "sdpa":
+            return "GPT-2 (HF) with --offload-activations is modelled with SDPA attention only"
+        if spec.device_type != "cpu" and (c.attn_pdrop > 0 or c.resid_pdrop > 0 or c.embd_pdrop > 0):
+            return "GPT-2 (HF) with --offload-activations and dropout is measured on the CPU only (CUDA's fused dropout)"
+        if ACTIVATION_SAVED.get(c.activation_function) is None:
+            return f"GPT-2 (HF) with --offload-activations: activation {c.activation_function} not measured"
+        return None
+
+    def offload_alive(self, c: HFGPT2Config, spec, w) -> tuple[int, int, int]:
+        """--offload-activations' device terms alive but not saved: the DynamicCache's k and v copies (c_attn's
+        dtype, 2*L*b*s*h*e_m; off under checkpointing), nothing held per checkpointed block (no RoPE), and the
+        forward's MLP point: the activation's live b*s*f tensors (INFER_ACT_LIVE: gelu_new's x, 0.5*x, pow and its
+        product) beside the residual and ln_2's output."""
+        b, s, h = spec.batch_size, spec.seq_len, c.n_embd
+        cache = 0 if spec.checkpointing else 2 * c.n_layer * b * s * h * w.e_m
+        live = self.INFER_ACT_LIVE.get(c.activation_function, 2)
+        return cache, 0, live * b * s * c.inner * w.e_m + 2 * b * s * h * w.e_r
+
     # ---- inference (planner/estimate/inference.py) ------------------------------------------------
     # live b*s*f tensors at the activation's high point under inference_mode (transformers activations.py):
     # NewGELUActivation (gelu_new) computes 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3)))), and

@@ -64,6 +64,7 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
     g_blk = grad_numels(cfg)["block"] * e_p
     fp = full.backward_points
     ops = family.selective_ops(cfg, spec, w)
+    extra_n = 0
     if policy == "selective":
         cache = selective_saved(ops)
         kept = [cache] * L                      # what each block keeps besides its input
@@ -80,6 +81,10 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
         blk = sum(t.bytes for t in block_terms(cfg, full_spec, w))
         casts_blk = autocast_weight_bytes(cfg, spec, blocks_only=True) // L
         n_non = L - len(ckpt)
+        # what an uncheckpointed block keeps in checkpointing mode beyond its saved set (no KV cache there: Phi-3's
+        # v stays a view of the fused qkv output; planner/arch/<family>.py uncheckpointed_block_extra)
+        extra_n = family.uncheckpointed_block_extra(cfg, spec, w) if hasattr(family, "uncheckpointed_block_extra") else 0
+        blk += extra_n
         kept = [0 if i in ckpt else blk + casts_blk - ckpt_in for i in range(L)]
         extra_fwd = n_non * (blk - ckpt_in)  # their weight copies are in full's autocast cache already
         extra_start = n_non * (blk + casts_blk - ckpt_in)
@@ -103,7 +108,7 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
             elif kinds[i] == "c":
                 value = fp[f"last block {name}"] - (L - 1) * ckpt_in + held + (L - 1 - i) * g_blk
             else:
-                value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk
+                value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk + extra_n
             points[f"block {i} {name}"] = value
         held += ckpt_in + kept[i]
     # full checkpointing's phases with what the policy keeps beyond it (planner/estimate/step.py)

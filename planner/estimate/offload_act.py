@@ -56,9 +56,13 @@ def check_offload_activations(cfg, spec) -> None:
         raise ConfigError(f"--offload-activations is modelled for fp32, bf16 and bf16-amp, not {spec.precision}")
     family = family_of(cfg)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    why = family.offload_why_not(cfg, spec) if hasattr(family, "offload_why_not") else None
+    if why:
+        raise ConfigError(why)
     if family.offload_copies(cfg, spec, w) is None:
         raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
-                          "for Llama, Mistral and Qwen 2 with SDPA, no mask, SiLU; see planner/arch/decoder.py)")
+                          "for the RMSNorm decoders with SiLU or an aten GELU; see planner/arch/<family>.py "
+                          "offload_copies)")
     if resolved_loss(family, spec) != "labels":
         raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
                           f"model(input_ids, labels=...).loss), not {spec.loss}")
@@ -98,22 +102,22 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     cuda = tr.get("allocator_rounding", 0) + tr.get("cublas_workspace", 0)  # 0 on the CPU
     # autocast's cache holds every matmul weight's low-precision copy until autocast exits (after the loss)
     amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
-    # Alive but not saved, so on the device whatever the hooks do (planner/arch/parts.py forward_only): transformers'
-    # DynamicCache K/V (2*L*b*kv*s*d*e_r; off under checkpointing) and the final norm's output (b*s*h*e_r, added below);
-    # without offloading the cache shares its storage with the saved k, v, which now are host copies
-    fwd_alive = 0 if spec.checkpointing else 2 * L * b * cfg.num_key_value_heads * s * cfg.head_dim * w.e_r
-    # Checkpointing keeps each block's inputs referenced: the RoPE cos and sin every block is given (measured)
-    rope_held = 2 * s * cfg.head_dim * w.e_r if spec.checkpointing else 0
+    # Alive but not saved, so on the device whatever the hooks do: the family's KV cache (off under checkpointing),
+    # what every checkpointed block is given (RoPE's cos and sin) and its forward's MLP high point
+    # (planner/arch/<family>.py offload_alive)
+    fwd_alive, rope_held, mlp_point = family.offload_alive(cfg, spec, w)
+    # ... and the other keyword inputs every checkpointed block holds (parts.checkpoint_inputs: position_ids, the
+    # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
+    rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
     labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
     ce_out = bsV * w.e_ce + w.e_ce + 8 * b * s  # log_softmax output, total_weight, shifted labels (alive in the loss)
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
     # the last hidden state (b*s*h*e_r) stays referenced while the loss runs inside the model's forward
-    # the forward's high points: the logits made (the final hidden alive), and the last block's gated product
-    # (down_proj(act(gate(x)) * up(x)): act's output, up's output and their product, b*s*f*e_m each, beside the
-    # residual and the normed x; the gate's output is already freed, its saved copy on the host). Other points inside
-    # a block are not modelled (the measured forward is up to ~18% above this; it is not the peak in the grid)
-    mlp_point = 3 * b * s * cfg.intermediate_size * w.e_m + 2 * bsh * w.e_r
-    forward = base + amp_cache + fwd_alive + rope_held + max(bsh * w.e_r + bsV * w.e_m, mlp_point)
+    # and the family's points inside the last block (eager attention's s x s scores: planner/arch/decoder.py
+    # offload_forward_points)
+    fam_points = family.offload_forward_points(cfg, spec, w) if hasattr(family, "offload_forward_points") else {}
+    forward = base + amp_cache + fwd_alive + rope_held + max([bsh * w.e_r + bsV * w.e_m, mlp_point,
+                                                              *fam_points.values()])
     loss = base + amp_cache + fwd_alive + rope_held + labels + bsh * w.e_r + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
