@@ -42,9 +42,8 @@ def _phase_dict_literals(path: Path) -> list[int]:
     return out
 
 
-# Still built by hand, and why: offload_act.py builds the device phases of activation offloading itself
-# (another helper's file at the time of the move; its phases are those of step.py's shape)
-NOT_YET = {"offload_act.py"}
+# Still built by hand, and why: none (offload_act.py's device phases go through step.py since the merge)
+NOT_YET: set[str] = set()
 
 
 def test_no_estimator_builds_the_phase_dict_itself():

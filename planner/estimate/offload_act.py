@@ -32,6 +32,7 @@ from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..arch.terms import Widths
 from ..validation import ConfigError
+from . import step
 
 DEVICE_NOTE = "device figure: for the CUDA check"
 # PCIe x16 bandwidth per direction, NVIDIA's published figures: Gen4 x16 32 GB/s and Gen5 x16 64 GB/s (H100 PCIe
@@ -139,9 +140,12 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
     backward = base + max(ce_start, grads_end, max(points.values()))
-    phase = {"forward": forward + cuda, "loss": loss + cuda, "backward": backward + cuda,
-             "optimizer": est.phase_peak_bytes["optimizer"], "zero_grad": est.phase_peak_bytes["zero_grad"]}
-    peak_phase = max(phase, key=phase.get)
+    # the optimizer and zero_grad phases are the plain step's (nothing is saved for backward after it ends)
+    opt_phase, zero_grad = est.phase_peak_bytes["optimizer"], est.phase_peak_bytes["zero_grad"]
+    phase = step.phases(step.Step(base=base, grads=zero_grad - cuda - base, forward=forward - base,
+                                  loss=loss - base, backward=[backward - base], optimizer_tmp=opt_phase - zero_grad,
+                                  every_phase=cuda))
+    peak_phase = step.peak(phase)[0]
     hterms = host_terms(cfg, spec)
     host = sum(t.bytes for t in hterms)
     pinned = sum(pow2_ceil(t.bytes) for t in hterms) if spec.device_type == "cuda" else 0
