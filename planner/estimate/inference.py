@@ -61,7 +61,7 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     # (b, kv, p + n - 1, d) per layer), allocated whole at the layer's first update
     kv_prefill_len = ispec.total_len - 1 if static else p
     kv_prefill = b * kv_tok * kv_prefill_len
-    kv_decode = b * kv_tok * (ispec.total_len - 1)
+    kv_decode = family.infer_kv_decode_bytes(cfg, ispec, e)  # sliding layers keep fewer (arch/infer_windows.py)
 
     pre_points = family.infer_prefill_points(cfg, ispec, e)   # name -> bytes above base + full prompt cache
     logit_terms = family.infer_logits_terms(cfg, ispec, e)

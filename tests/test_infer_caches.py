@@ -1,0 +1,68 @@
+"""The cache types of issue #21 beyond dynamic and static: sliding window, quantized (fp8), offloaded; tiny configs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.arch import families
+from planner.config import ConfigError, preset
+from planner.estimate.inference import estimate_inference
+from planner.infer_spec import InferSpec, check_infer
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512)
+
+
+def _cfg(arch="mistral", **kw):
+    return families()[arch].config_cls(**{**TINY, **kw})
+
+
+def _three(cfg, ispec):
+    from planner.measure.inference import measure_inference
+    from planner.measure.simulate_infer import simulate_inference
+
+    return measure_inference(cfg, ispec), simulate_inference(cfg, ispec), estimate_inference(cfg, ispec)
+
+
+def test_sliding_refusals():
+    with pytest.raises(ConfigError, match="cannot use cache 'sliding'"):
+        check_infer(preset("llama-3-8b"), InferSpec(1, 64, 4, cache="sliding"))
+    with pytest.raises(ConfigError, match="modelled with --cache sliding"):
+        check_infer(_cfg(sliding_window=32), InferSpec(1, 64, 4, cache="static"))
+    check_infer(_cfg(sliding_window=32), InferSpec(1, 64, 4, cache="sliding"))
+
+
+def test_sliding_window_shrinks_the_decode_cache():
+    """Mistral-7B at 32K: the window (4,096) caps the decode cache; the prefill still holds the prompt's K/V."""
+    cfg = preset("mistral-7b-v0.1")
+    slide = estimate_inference(cfg, InferSpec(1, 16000, 64, precision="bf16", cache="sliding"))
+    per_token = slide["kv_cache_bytes_per_token"]
+    assert slide["phase_peak_bytes"]["decode"] < slide["phase_peak_bytes"]["prefill"]
+    kv_decode = next(t["bytes"] for t in slide["terms"] if t["name"] == "KV cache at the last decode step")
+    assert kv_decode == per_token * 4096  # every layer keeps min(p + n - 1, w) tokens of storage
+    assert slide["components"]["kv_cache"] == per_token * 16000  # the prompt's cat, in every layer
+
+
+@pytest.mark.parametrize("attention,precision,prompt,new", [("sdpa", "fp32", 48, 3), ("eager", "bf16", 20, 16)])
+def test_sliding_measured_simulated_estimated(attention, precision, prompt, new):
+    """A window of 32 shorter than the run: the prompt beyond it (SDPA gets a mask, the first decode step frees
+    the prompt's storage) and a prompt inside it whose decode crosses it."""
+    cfg = _cfg(sliding_window=32, attention=attention)
+    ispec = InferSpec(2, prompt, new, precision=precision, cache="sliding")
+    m, s, est = _three(cfg, ispec)
+    assert s["phase_peak_bytes"] == m["phase_peak_bytes"]  # to the byte, both phases
+    assert est["phase_peak_bytes"] == m["phase_peak_bytes"]
+    assert est["peak_phase"] == m["peak_phase"]
+
+
+def test_sliding_gemma2_alternating_layers():
+    cfg = families()["gemma2"].config_cls(**{**TINY, "num_hidden_layers": 3, "head_dim": 16, "sliding_window": 16,
+                                             "attention": "eager"})
+    ispec = InferSpec(2, 24, 4, cache="sliding")
+    m, s, est = _three(cfg, ispec)
+    assert s["phase_peak_bytes"] == m["phase_peak_bytes"] == est["phase_peak_bytes"]
