@@ -79,6 +79,10 @@ def estimate_record(cfg, ispec) -> dict:
 
 def cmd_infer(args: argparse.Namespace) -> int:
     cfg, ispec = parse_infer(args)
+    if args.command != "estimate" and ispec.cache == "offloaded" and ispec.device_type != "cuda":
+        from .estimate.infer_caches import CUDA_ONLY
+
+        raise ConfigError(f"{args.command} --cache offloaded: {CUDA_ONLY}")
     if args.command != "estimate" and ispec.quantize_weights != "none":
         from .bnb import bnb_available
 

@@ -66,3 +66,24 @@ def test_sliding_gemma2_alternating_layers():
     ispec = InferSpec(2, 24, 4, cache="sliding")
     m, s, est = _three(cfg, ispec)
     assert s["phase_peak_bytes"] == m["phase_peak_bytes"] == est["phase_peak_bytes"]
+
+
+def test_offloaded_device_and_host_figures():
+    """DynamicCache(offloading=True): two layers' K/V on the device (the updated one and the prefetched layer 0),
+    the rest on the host; the device's peak falls by the other layers' K/V, nothing else changes."""
+    cfg = preset("llama-3.1-8b")
+    dyn = estimate_inference(cfg, InferSpec(8, 32000, 256, precision="bf16"))
+    off = estimate_inference(cfg, InferSpec(8, 32000, 256, precision="bf16", cache="offloaded"))
+    layer = dyn["kv_cache_bytes_per_token"] // 32  # one layer's K and V per token (32 layers)
+    assert off["phase_peak_bytes"]["prefill"] == dyn["phase_peak_bytes"]["prefill"] - 8 * 32000 * layer * 31
+    assert off["host_kv_cache_bytes"] == 8 * (32000 + 255) * layer * 31
+    assert off["device_figure"].endswith("for the CUDA check")
+
+
+def test_offloaded_measure_refused_on_cpu(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"arch": "llama", **TINY}))
+    out = subprocess.run([sys.executable, "-m", "planner", "measure", "infer", "--config", str(path), "--batch-size",
+                          "1", "--prompt-len", "8", "--new-tokens", "2", "--cache", "offloaded"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "CUDA" in out.stderr

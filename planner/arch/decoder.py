@@ -345,15 +345,23 @@ class RMSDecoder(HFCausalLM):
     # ---- inference (planner/estimate/inference.py) ------------------------------------------------
     def check_infer(self, c, ispec) -> None:
         sw = self.sliding_window(c)
-        if sw is not None and sw < ispec.total_len and ispec.cache not in ("dynamic", "sliding"):
+        self.check_infer_offloaded(c, ispec)
+        if sw is not None and sw < ispec.total_len and ispec.cache not in ("dynamic", "sliding", "offloaded"):
             raise ConfigError(f"a sliding window ({sw}) shorter than prompt + new tokens ({ispec.total_len}) is "
                               f"modelled with --cache sliding (or dynamic: the same DynamicCache), not {ispec.cache}")
+
+    def check_infer_offloaded(self, c, ispec) -> None:
+        """The offloaded estimate counts alike layers (planner/estimate/infer_caches.py): a window that binds
+        (DynamicSlidingWindowLayers of another size) is not modelled with it."""
+        if ispec.cache == "offloaded" and self.infer_window_binds(c, dataclasses.replace(ispec, cache="sliding")):
+            raise ConfigError("--cache offloaded with a sliding window shorter than prompt + new tokens is not "
+                              "modelled yet (the offloaded layers would hold the window)")
 
     def infer_caches(self, c) -> tuple[str, ...]:
         """generate's caches for this config (planner/infer_spec.py CACHES): sliding needs a sliding window;
         QuantizedCache refuses a model with any sliding layer (cache_utils.py QuantizedCache.__init__)."""
         windowed = any(w is not None for w in self.infer_layer_windows(c))
-        return ("dynamic", "static") + (("sliding",) if windowed else ())
+        return ("dynamic", "static") + (("sliding",) if windowed else ()) + ("offloaded",)
 
     def infer_layer_windows(self, c) -> list:
         """Each layer's sliding window in generate's DynamicCache, None for a full-attention layer: every layer

@@ -43,7 +43,6 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
     x = fam.shape(c)
     b, p, n, V = ispec.batch_size, ispec.prompt_len, ispec.new_tokens, c.vocab_size
     windows = fam.infer_layer_windows(c)
-    L = len(windows)
     u = b * x.kv * x.d * e  # one token's K (or V) in one layer
     prev = 4 * b * V * (2 if fam.infer_has_eos else 1)  # the previous step's fp32 logits copy and its scores
     rope = 2 * b * fam.rope_dim(c) * e
