@@ -87,3 +87,26 @@ def test_offloaded_measure_refused_on_cpu(tmp_path):
                           "1", "--prompt-len", "8", "--new-tokens", "2", "--cache", "offloaded"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "CUDA" in out.stderr
+
+
+@pytest.mark.parametrize("arch,attention,precision", [("gemma", "sdpa", "bf16"), ("llama", "eager", "fp32")])
+def test_quantized_fp8_measured_simulated_estimated(arch, attention, precision):
+    """QuantizedCache(backend="fp8"): 1-byte K/V and a scale per layer; the prompt's last layer keeps its own
+    full-precision K/V through its attention, and each decode step dequantizes the whole cache."""
+    cfg = _cfg(arch, attention=attention, **({"head_dim": 32} if arch == "gemma" else {}))
+    ispec = InferSpec(2, 48, 3, precision=precision, cache="quantized")
+    m, s, est = _three(cfg, ispec)
+    assert s["phase_peak_bytes"] == m["phase_peak_bytes"]
+    assert est["phase_peak_bytes"] == m["phase_peak_bytes"]
+    dyn = estimate_inference(cfg, InferSpec(2, 48, 3, precision=precision))
+    assert est["components"]["kv_cache"] < dyn["components"]["kv_cache"]
+
+
+def test_quantized_refused_for_a_sliding_model_and_shown_in_bytes():
+    with pytest.raises(ConfigError, match="cannot use cache 'quantized'"):
+        check_infer(preset("mistral-7b-v0.1"), InferSpec(1, 64, 4, cache="quantized"))
+    cfg = preset("llama-3.1-8b")
+    dyn = estimate_inference(cfg, InferSpec(1, 32000, 64, precision="bf16"))
+    q = estimate_inference(cfg, InferSpec(1, 32000, 64, precision="bf16", cache="quantized"))
+    kv = next(t["bytes"] for t in q["terms"] if t["name"] == "KV cache at the last decode step")
+    assert kv == (32000 + 63) * dyn["kv_cache_bytes_per_token"] // 2 + 8 * 32  # 1 byte per element, 2 scales a layer

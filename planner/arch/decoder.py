@@ -361,7 +361,7 @@ class RMSDecoder(HFCausalLM):
         """generate's caches for this config (planner/infer_spec.py CACHES): sliding needs a sliding window;
         QuantizedCache refuses a model with any sliding layer (cache_utils.py QuantizedCache.__init__)."""
         windowed = any(w is not None for w in self.infer_layer_windows(c))
-        return ("dynamic", "static") + (("sliding",) if windowed else ()) + ("offloaded",)
+        return ("dynamic", "static") + (("sliding",) if windowed else ("quantized",)) + ("offloaded",)
 
     def infer_layer_windows(self, c) -> list:
         """Each layer's sliding window in generate's DynamicCache, None for a full-attention layer: every layer

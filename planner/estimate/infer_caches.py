@@ -63,3 +63,65 @@ def offloaded_options(cfg, ispec, kv_tok: int, pre_points: dict, dec_points: dic
         kv["decode"][f"activations ({name})"] = layer(T) * n["decode attention"]
     return {"prefill": pre, "decode": dec, "kv": kv, "kv_prefill": layer(p) * n["prefill attention"],
             "kv_decode": layer(T) * n["decode attention"], "host_kv_bytes": layer(T) * n["host"]}
+
+
+# ---- quantized: QuantizedCache(backend="fp8") -----------------------------------------------------------------
+FP8_NOTE = ("cache_implementation='quantized' with cache_config={'backend': 'fp8'}: transformers' own Fp8QuantizedLayer "
+            "(float8_e4m3fn K/V, one fp32 scale per tensor fixed at the prompt); QuantizedCache's default backend, "
+            "quanto (KIVI-style int2/int4 with a residual of 128 full-precision tokens), needs optimum-quanto, and hqq "
+            "needs hqq: neither is installed here, so they are refused")
+
+
+def quantized_options(fam, cfg, ispec, e: int, pre_points: dict, dec_points: dict, logits: int,
+                      decode_logits_total: int, decode_logits: int) -> dict:
+    """QuantizedCache(backend="fp8") (transformers 5.23 cache_utils.py Fp8QuantizedLayer), per layer:
+
+    first update (the prompt): scale = (k.abs().amax().float() / 448).clamp(tiny) (a 0-d fp32 tensor), the cache
+      keeps (k.float() / scale).to(float8_e4m3fn), 1 byte per element, the same for v; update returns the
+      full-precision k and v themselves (alive through the layer's attention).
+    decode: the new token quantized with the fixed scale, `torch.cat` onto the fp8 K (the old fp8 tensors stay
+      bound to the update's locals until it returns), then the whole cache dequantized for the attention:
+      (fp8.float() * scale).to(dtype): K and V of p + t tokens in the weights' dtype, beside the fp32
+      float() and product temporaries of the one being dequantized (8 bytes per element).
+    High points (measured op by op, tests/test_infer_caches.py): prefill, the last layer's attention (every layer's
+    fp8 K/V and its own full-precision K/V), its v quantization (k.float() and the division, 8 B per element, 5
+    in fp32 where float() is k itself: the division and the fp8 copy), its MLP and the logits; decode, the last
+    layer's value dequantization, its attention over the dequantized K/V and the logits."""
+    x = fam.shape(cfg)
+    L = cfg.layers
+    b, p, T = ispec.batch_size, ispec.prompt_len, ispec.total_len - 1
+    k8 = lambda t: b * x.kv * x.d * t  # one layer's K (or V) in fp8 for t tokens
+    scales = 2 * 4 * L  # a 0-d fp32 scale for K and for V in every layer
+    q_p, q_T = 2 * L * k8(p) + scales, 2 * L * k8(T) + scales
+    own_p, own_T = 2 * k8(p) * e, 2 * k8(T) * e  # one layer's K/V in the weights' dtype
+    quant_tmp = (8 if e < 4 else 5) * k8(p)  # v.float() and v / scale (fp32: the quotient and the fp8 copy)
+    masked = fam.infer_prefill_window_mask(cfg, ispec) if hasattr(fam, "infer_prefill_window_mask") else False
+    # the attention's tensors at the update call: the points' context, the input norm's output and q after RoPE
+    at_update = (pre_points["attention"] - fam.infer_attention_at(cfg, ispec, e, p, p, masked)
+                 + b * x.a * p * x.d * e)
+    pre = {f"activations ({k})": ((q_p + own_p if k == "attention" else q_p) + v, v, 0)
+           for k, v in pre_points.items()}
+    pre["activations (the last layer's value quantization)"] = (q_p - k8(p) + own_p + quant_tmp + at_update,
+                                                                at_update + quant_tmp, 0)
+    # the last layer's RoPE of q, before its update: the q/k/v projections' outputs (one fused output for Phi-3,
+    # the same bytes) and q * cos, rotate_half's cat and its product with sin (3 q), beside the other layers' fp8
+    qb = b * x.a * p * x.d * e
+    rope = at_update + 2 * b * x.kv * p * x.d * e + 3 * qb  # (at_update holds the q projection's output)
+    pre["activations (the last layer's RoPE of q)"] = (q_p - 2 * k8(p) - 8 + rope, rope, 0)
+    pre["logits"] = (q_p + logits, 0, logits)
+    kv = {"prefill": {k: q_p + (own_p if k == "activations (attention)" else 0) for k in pre},
+          "decode": {}}
+    kv["prefill"]["activations (the last layer's RoPE of q)"] = q_p - 2 * k8(p) - 8
+    kv["prefill"]["activations (the last layer's value quantization)"] = q_p - k8(p) + own_p
+    dec = {"logits": (q_T + decode_logits_total, 0, decode_logits)}
+    kv["decode"]["logits"] = q_T
+    att = dec_points.get("attention over the cache")
+    if att is not None:  # above a DynamicCache at T: the returned K/V are that cache's last layer
+        dec["activations (attention over the dequantized cache)"] = (q_T + own_T + att, att, 0)
+        kv["decode"]["activations (attention over the dequantized cache)"] = q_T + own_T
+        # the step's ids, scores, hidden states and q/k/v: the cache concatenation point's extras without its old values
+        cat = dec_points["cache concatenation (the last layer's old values)"] - b * x.kv * x.d * (T - 1) * e
+        deq = 2 * k8(T - 1) + 2 * k8(1) + k8(T) * e + 8 * k8(T)  # old fp8 K/V, the new token's, K dequantized, V's temps
+        dec["activations (the last layer's value dequantization)"] = (q_T + deq + cat, deq + cat, 0)
+        kv["decode"]["activations (the last layer's value dequantization)"] = q_T
+    return {"prefill": pre, "decode": dec, "kv": kv, "kv_prefill": q_p, "kv_decode": q_T}

@@ -86,6 +86,13 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
                                 decode_options["logits"][0] - kv_decode, decode_options["logits"][2])
         prefill_options, decode_options = off["prefill"], off["decode"]
         kv_prefill, kv_decode = off["kv_prefill"], off["kv_decode"]
+    if ispec.cache == "quantized":  # fp8 K/V, dequantized per layer (planner/estimate/infer_caches.py)
+        from .infer_caches import quantized_options
+
+        off = quantized_options(family, cfg, ispec, e, pre_points, dec_points, logits,
+                                decode_options["logits"][0] - kv_decode, decode_options["logits"][2])
+        prefill_options, decode_options = off["prefill"], off["decode"]
+        kv_prefill, kv_decode = off["kv_prefill"], off["kv_decode"]
     # generate's own tensors (generation/utils.py; measured on the live-bytes timeline): position_ids
     # (attention_mask.cumsum - 1, masked_fill: int64 (b, p)) alive through the call; in prefill the model input's
     # clone of input_ids (prepare_inputs_for_generation, (b, p)) and unfinished_sequences (torch.ones(b) int64);
@@ -132,7 +139,7 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
               Term("the cache's bookkeeping tensors (family: infer_cache_state_bytes)", "family",
                    cache_state["decode"], where="decode")]
     extra = {}
-    if off is not None:
+    if off is not None and ispec.cache == "offloaded":
         from .infer_caches import CUDA_ONLY
 
         extra = {"host_kv_cache_bytes": off["host_kv_bytes"], "device_figure": "estimated: for the CUDA check",
