@@ -121,8 +121,9 @@ def markdown(grid: list[dict], full: list[dict]) -> str:
              f"{_version('transformers')}, {platform.machine()}). transformers' `generate(max_new_tokens={NEW_TOKENS}, "
              f"min_new_tokens={NEW_TOKENS}, do_sample=False)` (the book's GPT-2: `generate_text_simple`) on tiny configs; "
              "measured = live tensor bytes (weights and prompt included), simulated = the same call on fake tensors, "
-             "estimated = planner/estimate/inference.py. Sliding windows are set beyond the run (sliding caches are "
-             "not modelled yet). A family without an estimate shows —.", "",
+             "estimated = planner/estimate/inference.py. Sliding windows are set beyond the run here; windows shorter "
+             "than the run (`--cache sliding`), the quantized and the offloaded caches have their own section "
+             "(`bench inference-caches`). A family without an estimate shows —.", "",
              "| family | config | attention | precision | cache | phase | measured B | simulated B | sim = meas | "
              "estimated B | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in grid:
