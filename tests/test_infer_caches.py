@@ -110,3 +110,15 @@ def test_quantized_refused_for_a_sliding_model_and_shown_in_bytes():
     q = estimate_inference(cfg, InferSpec(1, 32000, 64, precision="bf16", cache="quantized"))
     kv = next(t["bytes"] for t in q["terms"] if t["name"] == "KV cache at the last decode step")
     assert kv == (32000 + 63) * dyn["kv_cache_bytes_per_token"] // 2 + 8 * 32  # 1 byte per element, 2 scales a layer
+
+
+def test_serving_advice_ranks_the_cache_options():
+    from planner.serving import advice
+
+    cfg = preset("llama-3.1-8b")
+    gpu = {c.label: c for c in advice(cfg, InferSpec(8, 32000, 256, precision="bf16", device="cuda"), 80 * 2**30)}
+    assert {"an offloaded KV cache (CUDA)", "an fp8 KV cache (QuantizedCache, fp8 backend)"} <= set(gpu)
+    assert gpu["an offloaded KV cache (CUDA)"].peak_bytes < gpu["an fp8 KV cache (QuantizedCache, fp8 backend)"].peak_bytes
+    assert all("docs" in gpu[k].cost for k in gpu if "KV cache" in k)  # each cost names its source
+    cpu = {c.label for c in advice(cfg, InferSpec(8, 32000, 256, precision="bf16"), 80 * 2**30)}
+    assert "an offloaded KV cache (CUDA)" not in cpu
