@@ -371,9 +371,9 @@ class RMSDecoder(HFCausalLM):
     def infer_kv_decode_bytes(self, c, ispec, e: int) -> int:
         """The cache after the last decode step; sliding layers keep min(p + n - 1, w) tokens when a window binds."""
         if self.infer_window_binds(c, ispec):
-            from .infer_windows import decode_points
+            from .infer_windows import kv_after
 
-            return decode_points(self, c, ispec, e)[0]
+            return kv_after(self, c, ispec, e, ispec.new_tokens - 1)
         return super().infer_kv_decode_bytes(c, ispec, e)
 
     def infer_window_binds(self, c, ispec) -> bool:

@@ -22,6 +22,8 @@ and at the last decode step, at every layer (measured op by op on the live-bytes
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 
 def binds(windows: list, ispec) -> bool:
     """True when some layer's window is no longer than the last decode step's tokens (p + n - 1): the
@@ -36,26 +38,46 @@ def stored(w, p: int, t: int) -> int:
     return p + t if w is None else min(p + t, w)
 
 
+@lru_cache(maxsize=64)
+def layout(windows: tuple) -> tuple:
+    """(the layer kinds, sliding first, each kind's layer count, the layers worth evaluating: the first two, the
+    last, and each kind's first and last)."""
+    kinds = tuple(sorted(set(windows), key=lambda w: (w is None, w or 0)))
+    L = len(windows)
+    cand = {0, 1, L - 1} | {windows.index(w) for w in kinds} | {L - 1 - windows[::-1].index(w) for w in kinds}
+    # each evaluated layer with the count of every kind before it and after it
+    cand = [(i, {w: windows[:i].count(w) for w in kinds}, {w: windows[i + 1:].count(w) for w in kinds})
+            for i in sorted(i for i in cand if 0 <= i < L)]
+    return kinds, {w: windows.count(w) for w in kinds}, cand
+
+
+def kv_after(fam, c, ispec, e: int, t: int) -> int:
+    """The cache's bytes after decode step t (every layer's K and V storage)."""
+    x = fam.shape(c)
+    u = ispec.batch_size * x.kv * x.d * e
+    _, count, _ = layout(tuple(fam.infer_layer_windows(c)))
+    return sum(n * 2 * u * stored(w, ispec.prompt_len, t) for w, n in count.items())
+
+
 def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
-    """(the cache's bytes after the last decode step, name -> bytes of every decode high point above the weights,
+    """(the cache's bytes after the last decode step, name -> bytes of the decode high points above the weights,
     the prompt, generate's own tensors and that last cache: a point of the first step may lie below it or above).
+    Every layer of the first and the last step is evaluated; the highest layer of each kind is kept.
     fam is the RMSDecoder family."""
     x = fam.shape(c)
     b, p, n, V = ispec.batch_size, ispec.prompt_len, ispec.new_tokens, c.vocab_size
-    windows = fam.infer_layer_windows(c)
+    windows = tuple(fam.infer_layer_windows(c))
+    kinds, count, candidates = layout(windows)
     u = b * x.kv * x.d * e  # one token's K (or V) in one layer
     prev = 4 * b * V * (2 if fam.infer_has_eos else 1)  # the previous step's fp32 logits copy and its scores
     rope = 2 * b * fam.rope_dim(c) * e
     qkv = b * (x.a + 2 * x.kv) * x.d * e  # the step's q and k after RoPE, and v
-    kinds = sorted({w for w in windows}, key=lambda w: (w is None, w or 0))  # one mask per layer kind (eager)
     last = n - 1
-    kv_last = sum(2 * u * stored(w, p, last) for w in windows)
+    kv_last = sum(k * 2 * u * stored(w, p, last) for w, k in count.items())
     points: dict[str, int] = {}
     for t in sorted({1, last}):
         T = p + t  # tokens after this step's update: the attention's and the masks' length
         ids = 16 * b * T  # generate's input_ids and attention_mask, grown to T inside the step's forward
-        now = [2 * u * stored(w, p, t) for w in windows]
-        before = [2 * u * stored(w, p, t - 1) for w in windows]
         kv_len = {w: (T if w is None else min(T, w)) for w in kinds}
         # the masks the model builds before its layers, alive through the step: eager, one additive (b, 1, 1,
         # kv_len) mask per layer kind in the weights' dtype; sdpa, a bool (1, 1, 1, w) mask once kv_len reaches the
@@ -64,21 +86,29 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
             masks = sum(b * kv_len[w] * e for w in kinds)
         else:
             masks = sum(kv_len[w] for w in kinds if w is not None and kv_len[w] >= w)
-        done = 0
-        for l, w in enumerate(windows):
-            rest = sum(before[l + 1:])
-            # inputs_embeds is the first layer's input (one tensor); later layers' input is another
-            step = (3 if l else 2) * b * c.hidden_size * e + rope
-            common = done + rest + ids + prev + step + masks
-            if w is None:  # DynamicLayer: new K, old V, new V
-                cat = u * stored(w, p, t) + u * stored(w, p, t - 1) + u * stored(w, p, t)
-            else:  # both old K and V, both new
-                cat = before[l] + now[l]
-            points[f"decode step {t}, layer {l}: cache concatenation"] = common + cat + qkv
-            masked = w is not None and kv_len[w] >= w
-            att = fam.infer_attention_at(c, ispec, e, 1, kv_len[w], masked)
+        # per kind: (bytes of its own K/V before and after the update, the attention's tensors beyond them)
+        per = {}
+        for w in kinds:
+            old, new = 2 * u * stored(w, p, t - 1), 2 * u * stored(w, p, t)
+            att = fam.infer_attention_at(c, ispec, e, 1, kv_len[w], w is not None and kv_len[w] >= w)
             if c.attention == "eager":
                 att -= b * kv_len[w] * e  # its mask is counted in `masks`
-            points[f"decode step {t}, layer {l}: attention over the cache"] = common + now[l] + att
-            done += now[l]
+            # a sliding layer holds both old K and V and both new; a DynamicLayer new K, old V, new V
+            cat = old + new if w is not None else new + old // 2
+            per[w] = (old, new, cat, att)
+        # the layers before l hold their new K/V, those after it their old: that sum runs monotonically within a
+        # run of alike layers, so its highest point is at the first layers, the last one, or a kind's first / last
+        best = {}
+        for l, before, after in candidates:
+            w = windows[l]
+            old, new, cat, att = per[w]
+            # inputs_embeds is the first layer's input (one tensor); later layers' input is another
+            step = (3 if l else 2) * b * c.hidden_size * e + rope
+            held = sum(before[k] * per[k][1] + after[k] * per[k][0] for k in kinds)
+            common = held + ids + prev + step + masks
+            for kind, v in (("cache concatenation", common + cat + qkv), ("attention over the cache", common + new + att)):
+                if v > best.get(kind, (-1, 0))[0]:
+                    best[kind] = (v, l)
+        for kind, (v, l) in best.items():
+            points[f"decode step {t}, layer {l}: {kind}"] = v
     return kv_last, {k: v - kv_last for k, v in points.items()}
