@@ -98,7 +98,10 @@ def check_infer(cfg: ModelConfig, ispec: InferSpec) -> None:
                           f"longer than the model's context of {cfg.max_seq_len}")
     caches = family.infer_caches(cfg)
     if ispec.cache not in caches:
-        raise ConfigError(f"the {family.arch} model cannot use cache {ispec.cache!r}; it can use: {', '.join(caches)}")
+        why = {"sliding": " (its config sets no sliding window)",
+               "quantized": " (transformers' QuantizedCache takes full-attention layers only)"}.get(ispec.cache, "")
+        raise ConfigError(f"the {family.arch} model cannot use cache {ispec.cache!r}{why}; it can use: "
+                          f"{', '.join(caches)}")
     family.check_infer(cfg, ispec)
     if ispec.quantize_weights != "none":
         from .infer_quant import check_quantized_infer

@@ -122,3 +122,15 @@ def test_serving_advice_ranks_the_cache_options():
     assert all("docs" in gpu[k].cost for k in gpu if "KV cache" in k)  # each cost names its source
     cpu = {c.label for c in advice(cfg, InferSpec(8, 32000, 256, precision="bf16"), 80 * 2**30)}
     assert "an offloaded KV cache (CUDA)" not in cpu
+
+
+def test_cli_sliding_without_a_window_is_refused_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "planner", "estimate", "infer", "llama-3-8b", "--batch-size", "1",
+                          "--prompt-len", "64", "--new-tokens", "4", "--cache", "sliding"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no sliding window" in out.stderr
+    ok = subprocess.run([sys.executable, "-m", "planner", "estimate", "infer", "mistral-7b-v0.1", "--batch-size", "1",
+                         "--prompt-len", "8000", "--new-tokens", "64", "--precision", "bf16", "--cache", "sliding",
+                         "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["run"]["cache"] == "sliding"
