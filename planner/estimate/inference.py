@@ -112,6 +112,8 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
     if off is not None:  # the device's K/V at the chosen high point
         kv_at_peak = off["kv"][peak_phase][chosen[peak_phase]]
+    cache_how = {"offloaded": " (offloaded: the device's one or two layers)",
+                 "quantized": " (fp8: 1 byte per value and a 4-byte scale per K or V tensor)"}.get(ispec.cache, "")
     wname = "weights" if ispec.quantize_weights == "none" else (
         f"weights: {n_quantized} linears {ispec.quantize_weights}" + (" (double quant)" if ispec.double_quant else "")
         + " with absmax / scales and codes, the rest P*e")
@@ -120,11 +122,13 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
              Term("prompt ids and attention mask", "2*8*b*p" if inputs == 16 * b * p else "8*b*p", inputs, where="kept"),
              Term("KV cache at the prefill high point" + (" (StaticCache: every layer at p + n - 1)" if static
                                                            else " (DynamicCache: the prompt)"),
-                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token" + (" (offloaded: the device's 2 layers)" if off
-                                                                       else ""), kv_prefill, where="prefill"),
+                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token" + cache_how, kv_prefill, where="prefill"),
              Term("KV cache at the last decode step", "b*(p + n - 1)*kv_token" + (
-                 " (offloaded: the device's 2 layers)" if off else " (sliding layers: min(p + n - 1, w))"
-                 if kv_decode != b * kv_tok * (ispec.total_len - 1) else ""), kv_decode, where="decode")]
+                 cache_how or (" (sliding layers: min(p + n - 1, w))"
+                               if kv_decode != b * kv_tok * (ispec.total_len - 1) else "")), kv_decode, where="decode")]
+    if off is not None:  # the cache class's own high points, above the weights, the prompt and generate's tensors
+        terms += [Term(f"{ph} high point ({ispec.cache} cache): {k}", "planner/estimate/infer_caches.py", v[0],
+                       where=ph) for ph in INFER_PHASES for k, v in off[ph].items()]
     terms += [Term(f"prefill high point: {k}", "family (infer_prefill_points)", v, where="prefill")
               for k, v in pre_points.items()]
     terms += [Term(f"decode high point: {k}", "family (infer_decode_points)", v, where="decode")
