@@ -415,6 +415,8 @@ class RMSDecoder(HFCausalLM):
         if masked:  # the (1, 1, s, s) bool sliding-window mask, built once (no padding: batch 1) and kept (measured)
             ctx += s * kv_len
         attn = bsh * e + self.infer_attention_at(c, ispec, e, s, kv_len, masked)
+        if self.fused_qkv:  # Phi-3 binds the qkv_proj output (`qkv`) for the whole attention forward (measured)
+            attn += b * s * (x.a + 2 * x.kv) * x.d * e
         # fused gate_up (Phi-3): gate and up are views of one (b, s, 2f) output, alive until the product exists
         mlp = 2 * bsh * e + (4 if self.fused_gate_up else 3) * b * s * x.f * e
         norm = bsh * e + 8 * bsh
