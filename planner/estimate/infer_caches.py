@@ -94,6 +94,8 @@ def quantized_options(fam, cfg, ispec, e: int, pre_points: dict, dec_points: dic
     scales = 2 * 4 * L  # a 0-d fp32 scale for K and for V in every layer
     q_p, q_T = 2 * L * k8(p) + scales, 2 * L * k8(T) + scales
     own_p, own_T = 2 * k8(p) * e, 2 * k8(T) * e  # one layer's K/V in the weights' dtype
+    if fam.fused_qkv:  # Phi-3: the prompt's v is a view of the qkv_proj output, already counted in the points
+        own_p = k8(p) * e
     quant_tmp = (8 if e < 4 else 5) * k8(p)  # v.float() and v / scale (fp32: the quotient and the fp8 copy)
     masked = fam.infer_prefill_window_mask(cfg, ispec) if hasattr(fam, "infer_prefill_window_mask") else False
     # the attention's tensors at the update call: the points' context, the input norm's output and q after RoPE
@@ -106,7 +108,8 @@ def quantized_options(fam, cfg, ispec, e: int, pre_points: dict, dec_points: dic
     # the last layer's RoPE of q, before its update: the q/k/v projections' outputs (one fused output for Phi-3,
     # the same bytes) and q * cos, rotate_half's cat and its product with sin (3 q), beside the other layers' fp8
     qb = b * x.a * p * x.d * e
-    rope = at_update + 2 * b * x.kv * p * x.d * e + 3 * qb  # (at_update holds the q projection's output)
+    # (at_update holds the q projection's output; Phi-3's fused qkv output holds k and v's too)
+    rope = at_update + 3 * qb + (-qb if fam.fused_qkv else 2 * b * x.kv * p * x.d * e)
     pre["activations (the last layer's RoPE of q)"] = (q_p - 2 * k8(p) - 8 + rope, rope, 0)
     pre["logits"] = (q_p + logits, 0, logits)
     kv = {"prefill": {k: q_p + (own_p if k == "activations (attention)" else 0) for k in pre},
