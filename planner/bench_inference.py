@@ -20,6 +20,8 @@ NEW_TOKENS = 4
 # Families whose block the estimate models (planner/arch/decoder.py RMSDecoder.infer_*); the others are measured
 # and simulated, their estimate refused with a line saying so.
 GRID_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2-hf", "gpt2")
+# the sliding, quantized and offloaded caches have their own grid (planner/bench_infer_caches.py)
+GRID_CACHES = ("dynamic", "static", "none")
 FULL_SIZE_ROWS = [
     ("llama-3-8b", InferSpec(8, 4096, 16, precision="bf16")),
     ("llama-3.1-8b", InferSpec(8, 32000, 16, precision="bf16")),
@@ -48,11 +50,11 @@ def grid_rows(quick: bool):
             configs = [("V97 h32 a2 L2 ctx64 b2 s16", fam.config_cls(vocab_size=97, context_length=64, emb_dim=32,
                                                                      n_heads=2, n_layers=2), 2, 16)]
         for label, cfg, b, s in configs:
-            if getattr(cfg, "sliding_window", None) is not None:  # sliding caches are not modelled yet
+            if getattr(cfg, "sliding_window", None) is not None:  # windows shorter than the run: bench inference-caches
                 cfg = dataclasses.replace(cfg, sliding_window=None) if name != "gemma2" else dataclasses.replace(
                     cfg, sliding_window=4096)
             for att, prec, cache in itertools.product(fam.attention_kinds(cfg) if hasattr(cfg, "attention") else
-                                                      ("eager",), precs, fam.infer_caches(cfg)):
+                                                      ("eager",), precs, [c for c in fam.infer_caches(cfg) if c in GRID_CACHES]):
                 c = dataclasses.replace(cfg, attention=att) if hasattr(cfg, "attention") else cfg
                 ispec = InferSpec(b, s, NEW_TOKENS, precision=prec, cache=cache)
                 try:
@@ -124,8 +126,9 @@ def markdown(grid: list[dict], full: list[dict]) -> str:
              f"{_version('transformers')}, {platform.machine()}). transformers' `generate(max_new_tokens={NEW_TOKENS}, "
              f"min_new_tokens={NEW_TOKENS}, do_sample=False)` (the book's GPT-2: `generate_text_simple`) on tiny configs; "
              "measured = live tensor bytes (weights and prompt included), simulated = the same call on fake tensors, "
-             "estimated = planner/estimate/inference.py. Sliding windows are set beyond the run (sliding caches are "
-             "not modelled yet). A family without an estimate shows —.", "",
+             "estimated = planner/estimate/inference.py. Sliding windows are set beyond the run here; windows shorter "
+             "than the run (`--cache sliding`), the quantized and the offloaded caches have their own section "
+             "(`bench inference-caches`). A family without an estimate shows —.", "",
              "| family | config | attention | precision | cache | phase | measured B | simulated B | sim = meas | "
              "estimated B | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in grid:

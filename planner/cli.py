@@ -170,7 +170,7 @@ def build_parser() -> _Parser:
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "finetune-amp", "longest-context", "record", "export", "losses",
                                     "checkpoint-policies", "inference", "offload", "modules", "fitted", "fitted-speed",
-                                    "offload-activations", "inference-quantized"),
+                                    "offload-activations", "inference-quantized", "inference-caches"),
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; finetune-amp: frozen layers and LoRA under fp16-AMP and bf16-AMP (issue #19); longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20); fitted / fitted-speed: any transformers causal LM by config.json, fitted estimate vs measurement and first-answer timings (issue #20)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all; with --out its table "
@@ -532,6 +532,10 @@ def cmd_bench(args) -> int:
         from .bench_infer_quant import main as bench_infer_quant
 
         return bench_infer_quant(quick=args.quick, out=args.out, progress=progress)
+    if args.what == "inference-caches":  # sliding / quantized / offloaded caches: planner/bench_infer_caches.py
+        from .bench_infer_caches import main as bench_infer_caches
+
+        return bench_infer_caches(quick=args.quick, out=args.out, progress=progress)
     if args.what == "inference":  # generate()'s peak: planner/bench_inference.py
         from .bench_inference import main as bench_inference
 

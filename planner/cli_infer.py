@@ -38,7 +38,9 @@ def add_infer(group, command, kind: str) -> None:
     p.add_argument("--precision", choices=INFER_PRECISIONS, default="fp32", help="the weights' dtype (default: %(default)s)")
     p.add_argument("--attention", choices=("eager", "sdpa"), default=None, help="attention kernel (default: the config's)")
     p.add_argument("--cache", choices=CACHES + BOOK_CACHES, default=None,
-                   help="dynamic (generate's default DynamicCache) | static (cache_implementation='static'); "
+                   help="dynamic (generate's default DynamicCache) | static (cache_implementation='static') | "
+                        "sliding (the DynamicCache of a model with a sliding window: its sliding layers keep the window) | "
+                        "quantized (QuantizedCache, fp8 backend) | offloaded (DynamicCache(offloading=True), CUDA); "
                         "the book's GPT-2: none (default: the family's first: dynamic, or none)")
     p.add_argument("--quantize-weights", choices=WEIGHT_QUANT, default="none", help="bitsandbytes weight quantization as BitsAndBytesConfig loads it: int8 (LLM.int8) | nf4 | fp4 "
                         "(compute dtype = --precision; default: %(default)s)")
@@ -77,6 +79,10 @@ def estimate_record(cfg, ispec) -> dict:
 
 def cmd_infer(args: argparse.Namespace) -> int:
     cfg, ispec = parse_infer(args)
+    if args.command != "estimate" and ispec.cache == "offloaded" and ispec.device_type != "cuda":
+        from .estimate.infer_caches import CUDA_ONLY
+
+        raise ConfigError(f"{args.command} --cache offloaded: {CUDA_ONLY}")
     if args.command != "estimate" and ispec.quantize_weights != "none":
         from .bnb import bnb_available
 

@@ -18,7 +18,13 @@ INFER_PRECISIONS = ("fp32", "fp16", "bf16")
 # dynamic: DynamicCache (generate's default: one torch.cat per layer and token, cache_utils.py DynamicLayer);
 # static: StaticCache (cache_implementation="static": max_length slots allocated at the first update);
 # none: the book's GPT-2 (generate_text_simple keeps no cache).
-CACHES = ("dynamic", "static")
+# sliding: generate's default DynamicCache on a model whose config sets a sliding window: DynamicCache(config)
+# gives every sliding layer a DynamicSlidingWindowLayer (cache_utils.py), which keeps the last window - 1 tokens;
+# quantized: cache_implementation="quantized" with cache_config={"backend": "fp8"} (QuantizedCache's
+# Fp8QuantizedLayer, transformers' own: float8_e4m3fn K/V and one fp32 scale per layer; planner/infer_caches.py);
+# offloaded: cache_implementation="offloaded" (DynamicCache(offloading=True): each layer moved to the host after
+# its update and prefetched back before the next layer's; CUDA only, planner/infer_caches.py).
+CACHES = ("dynamic", "static", "sliding", "quantized", "offloaded")
 BOOK_CACHES = ("none",)
 # bitsandbytes' weight quantization as transformers applies it on from_pretrained(quantization_config=
 # BitsAndBytesConfig(...)): int8 = load_in_8bit (LLM.int8, Linear8bitLt), nf4 / fp4 = load_in_4bit with
@@ -33,7 +39,7 @@ class InferSpec:
     prompt_len: int
     new_tokens: int
     precision: str = "fp32"        # the weights' dtype (the model is built in it): fp32 | fp16 | bf16
-    cache: str = "dynamic"         # dynamic | static (transformers' models); none (the book's GPT-2)
+    cache: str = "dynamic"         # dynamic | static | sliding | quantized | offloaded; none (the book's GPT-2)
     quantize_weights: str = "none"
     device: str = "cpu"
     double_quant: bool = False     # bnb_4bit_use_double_quant (nf4 / fp4 only; BitsAndBytesConfig's default False)
@@ -92,7 +98,10 @@ def check_infer(cfg: ModelConfig, ispec: InferSpec) -> None:
                           f"longer than the model's context of {cfg.max_seq_len}")
     caches = family.infer_caches(cfg)
     if ispec.cache not in caches:
-        raise ConfigError(f"the {family.arch} model cannot use cache {ispec.cache!r}; it can use: {', '.join(caches)}")
+        why = {"sliding": " (its config sets no sliding window)",
+               "quantized": " (transformers' QuantizedCache takes full-attention layers only)"}.get(ispec.cache, "")
+        raise ConfigError(f"the {family.arch} model cannot use cache {ispec.cache!r}{why}; it can use: "
+                          f"{', '.join(caches)}")
     family.check_infer(cfg, ispec)
     if ispec.quantize_weights != "none":
         from .infer_quant import check_quantized_infer

@@ -158,6 +158,17 @@ CHANGES = [
      "allocates prompt + new tokens up front: no torch.cat copies while decoding, and it lets torch.compile "
      "capture the decode step (transformers' StaticCache docs); memory is held from the first token"),
     ("cache", "dynamic", "a dynamic cache", "grows by concatenation: a layer holds its old and new K/V for a moment"),
+    ("cache", "quantized", "an fp8 KV cache (QuantizedCache, fp8 backend)",
+     "the cache in 1 byte per value (half of bf16's): small precision loss (float8_e4m3 with one scale per layer "
+     "tensor, fixed at the prompt), and each decode step dequantizes the whole cache, so decoding slows "
+     "(transformers' KV cache docs, 'Quantized cache'; KIVI, Liu et al. 2024, for the int2/int4 variant)"),
+    ("cache", "offloaded", "an offloaded KV cache (CUDA)",
+     "all but two layers' K/V live in host memory: every decode step copies each layer's K/V to the GPU and "
+     "back over PCIe, overlapped in part on a side stream, so decoding slows; the host must hold the cache "
+     "(transformers' KV cache docs, 'Offloaded cache')"),
+    ("cache", "sliding", "the model's sliding-window cache",
+     "none beyond the model's own: its sliding layers attend to the last window tokens only (as trained, "
+     "Mistral 7B, Jiang et al. 2023)"),
     ("quantize_weights", "int8", "int8 weights (LLM.int8)",
      "near fp16 quality at 8 bits, slower matmuls (Dettmers et al. 2022, LLM.int8())"),
     ("quantize_weights", "nf4", "4-bit NF4 weights",
@@ -172,7 +183,8 @@ def advice(cfg: ModelConfig, ispec: InferSpec, budget: int) -> list[Change]:
     """Single changes that lower the peak, fitting ones first, then by peak; also halving the batch."""
     base = _peak(cfg, ispec)
     out = []
-    tries = [(f, v, label, cost) for f, v, label, cost in CHANGES if getattr(ispec, f) != v]
+    tries = [(f, v, label, cost) for f, v, label, cost in CHANGES if getattr(ispec, f) != v
+             and not (v == "offloaded" and ispec.device_type != "cuda")]  # offloading is a GPU's (CUDA only)
     if ispec.batch_size > 1:
         half = max(1, ispec.batch_size // 2)
         tries.append(("batch_size", half, f"batch {half}", "half the sequences per step: lower throughput"))

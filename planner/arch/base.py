@@ -133,6 +133,11 @@ class Family:
         """One token's keys and values over all layers, for one sequence (bytes)."""
         raise NotImplementedError(f"{self.arch}: no inference model yet")
 
+    def infer_kv_decode_bytes(self, cfg, ispec, e: int) -> int:
+        """The KV cache after the last decode step: every layer at p + n - 1 tokens (the last token never enters
+        the model); a family with sliding layers keeps fewer (planner/arch/infer_windows.py)."""
+        return ispec.batch_size * self.kv_bytes_per_token(cfg, e) * (ispec.total_len - 1)
+
     def infer_prefill_points(self, cfg, ispec, e: int) -> dict[str, int]:
         """The prefill forward's high points: name -> live bytes above the weights, the prompt and the KV
         cache of every layer (the last layer's high points are the largest: the cache is then complete)."""

@@ -436,9 +436,49 @@ class RMSDecoder(HFCausalLM):
     # ---- inference (planner/estimate/inference.py) ------------------------------------------------
     def check_infer(self, c, ispec) -> None:
         sw = self.sliding_window(c)
-        if sw is not None and sw < ispec.total_len:
-            raise ConfigError(f"a sliding window ({sw}) shorter than prompt + new tokens ({ispec.total_len}) is not "
-                              "modelled for inference yet")
+        self.check_infer_offloaded(c, ispec)
+        if sw is not None and sw < ispec.total_len and ispec.cache not in ("dynamic", "sliding", "offloaded"):
+            raise ConfigError(f"a sliding window ({sw}) shorter than prompt + new tokens ({ispec.total_len}) is "
+                              f"modelled with --cache sliding (or dynamic: the same DynamicCache), not {ispec.cache}")
+
+    def check_infer_offloaded(self, c, ispec) -> None:
+        """The offloaded estimate counts alike layers (planner/estimate/infer_caches.py): a window that binds
+        (DynamicSlidingWindowLayers of another size) is not modelled with it."""
+        if ispec.cache == "offloaded" and self.infer_window_binds(c, dataclasses.replace(ispec, cache="sliding")):
+            raise ConfigError("--cache offloaded with a sliding window shorter than prompt + new tokens is not "
+                              "modelled yet (the offloaded layers would hold the window)")
+
+    def infer_caches(self, c) -> tuple[str, ...]:
+        """generate's caches for this config (planner/infer_spec.py CACHES): sliding needs a sliding window;
+        QuantizedCache refuses a model with any sliding layer (cache_utils.py QuantizedCache.__init__)."""
+        windowed = any(w is not None for w in self.infer_layer_windows(c))
+        return ("dynamic", "static") + (("sliding",) if windowed else ("quantized",)) + ("offloaded",)
+
+    def infer_layer_windows(self, c) -> list:
+        """Each layer's sliding window in generate's DynamicCache, None for a full-attention layer: every layer
+        when the config sets sliding_window (cache_utils.py get_layer_types_and_kwargs)."""
+        return [self.sliding_window(c)] * c.num_hidden_layers
+
+    def infer_kv_decode_bytes(self, c, ispec, e: int) -> int:
+        """The cache after the last decode step; sliding layers keep min(p + n - 1, w) tokens when a window binds."""
+        if self.infer_window_binds(c, ispec):
+            from .infer_windows import kv_after
+
+            return kv_after(self, c, ispec, e, ispec.new_tokens - 1)
+        return super().infer_kv_decode_bytes(c, ispec, e)
+
+    def infer_window_binds(self, c, ispec) -> bool:
+        """A sliding window no longer than the last decode step's tokens: the cache keeps fewer tokens than a
+        plain DynamicCache (planner/arch/infer_windows.py)."""
+        from .infer_windows import binds
+
+        return ispec.cache in ("dynamic", "sliding") and binds(self.infer_layer_windows(c), ispec)
+
+    def infer_prefill_window_mask(self, c, ispec) -> bool:
+        """SDPA gets a bool mask in the prompt's forward: a layer's window is no longer than the prompt
+        (masking_utils.py _ignore_causal_mask_sdpa: kv_length >= local_attention_size)."""
+        return c.attention == "sdpa" and ispec.cache in ("dynamic", "sliding") and any(
+            w is not None and ispec.prompt_len >= w for w in self.infer_layer_windows(c))
 
     def kv_bytes_per_token(self, c, e: int) -> int:
         """K and V of every layer, (kv heads x head_dim) each (cache_utils.py DynamicLayer / StaticLayer)."""
@@ -462,7 +502,12 @@ class RMSDecoder(HFCausalLM):
         kv_len = ispec.total_len - 1 if ispec.cache == "static" else s
         bsh = b * s * h
         ctx = (2 if c.num_hidden_layers > 1 else 1) * bsh * e + 2 * b * s * self.rope_dim(c) * e
-        attn = bsh * e + self.infer_attention(c, ispec, e, s, kv_len)
+        masked = self.infer_prefill_window_mask(c, ispec)
+        if masked:  # the (1, 1, s, s) bool sliding-window mask, built once (no padding: batch 1) and kept (measured)
+            ctx += s * kv_len
+        attn = bsh * e + self.infer_attention_at(c, ispec, e, s, kv_len, masked)
+        if self.fused_qkv:  # Phi-3 binds the qkv_proj output (`qkv`) for the whole attention forward (measured)
+            attn += b * s * (x.a + 2 * x.kv) * x.d * e
         # fused gate_up (Phi-3): gate and up are views of one (b, s, 2f) output, alive until the product exists
         mlp = 2 * bsh * e + (4 if self.fused_gate_up else 3) * b * s * x.f * e
         norm = bsh * e + 8 * bsh
@@ -477,6 +522,9 @@ class RMSDecoder(HFCausalLM):
         return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm}
 
     def infer_attention(self, c, ispec, e: int, s: int, kv_len: int) -> int:
+        return self.infer_attention_at(c, ispec, e, s, kv_len, False)
+
+    def infer_attention_at(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> int:
         """One attention call's tensors beyond the cache, s queries over kv_len keys (eager_attention_forward,
         sdpa_attention_forward): q after RoPE; eager: repeat_kv's copies of K and V (none when kv = a), the
         (b, 1, s, kv_len) mask in the weights' dtype, the scores (matmul * scaling, + mask), softmax's fp32
@@ -485,17 +533,25 @@ class RMSDecoder(HFCausalLM):
         x = self.shape(c)
         b = ispec.batch_size
         q = b * x.a * s * x.d * e
+        # repeat_kv (expand + reshape) copies unless kv = 1: one K/V head reshapes to a stride-0 view (measured)
         if c.attention == "eager":
-            kv_rep = 2 * b * x.a * kv_len * x.d * e if x.kv < x.a else 0
+            kv_rep = 2 * b * x.a * kv_len * x.d * e if 1 < x.kv < x.a else 0
             return q + kv_rep + b * s * kv_len * e + b * x.a * s * kv_len * (e + 4 + (e if e < 4 else 0))
         # measured: a StaticCache's padded mask is not passed at these shapes either (K/V are not repeated)
-        kv_rep = 2 * b * x.a * kv_len * x.d * e if (x.kv < x.a and not parts.sdpa_enable_gqa(x, False)) else 0
+        # (masked: a sliding-window mask is passed, and transformers then repeats K/V instead of enable_gqa; one
+        # query packs the heads into the K/V groups instead, integrations/sdpa_attention.py pack_gqa: no copy)
+        kv_rep = 2 * b * x.a * kv_len * x.d * e if (
+            1 < x.kv < x.a and not parts.sdpa_enable_gqa(x, masked and s > 1)) else 0
         return 2 * q + kv_rep
 
     def infer_decode_points(self, c, ispec, e: int) -> dict[str, int]:
         """DynamicLayer.update (cache_utils.py): `self.keys = torch.cat([self.keys, key_states], dim=-2)`
         holds the old and the new keys (then values) of one layer at once: the last layer's old K and V
         (b, kv, p + n - 2, d) on top of the grown cache. A StaticCache writes in place (index_copy_)."""
+        if self.infer_window_binds(c, ispec):  # DynamicSlidingWindowLayers that keep fewer tokens
+            from .infer_windows import decode_points
+
+            return decode_points(self, c, ispec, e)[1]
         b = ispec.batch_size
         x = self.shape(c)
         static = ispec.cache == "static"

@@ -214,6 +214,10 @@ class Gemma2(Gemma):
         """Gemma2Model builds a full and a sliding-window mask and keeps both through its layers."""
         return len(set(self.layer_types(c)))
 
+    def infer_layer_windows(self, c: Gemma2Config) -> list:
+        """The sliding layers (layer_types) get the window in generate's DynamicCache, the others none."""
+        return [c.sliding_window if t == "sliding_attention" else None for t in self.layer_types(c)]
+
     def infer_sliding_layers(self, c: Gemma2Config) -> int:
         """The sliding-window layers (layer_types): their DynamicCache layers are DynamicSlidingWindowLayers."""
         return self.layer_types(c).count("sliding_attention") if c.sliding_window is not None else 0

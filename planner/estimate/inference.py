@@ -65,7 +65,7 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     # (b, kv, p + n - 1, d) per layer), allocated whole at the layer's first update
     kv_prefill_len = ispec.total_len - 1 if static else p
     kv_prefill = b * kv_tok * kv_prefill_len
-    kv_decode = b * kv_tok * (ispec.total_len - 1)
+    kv_decode = family.infer_kv_decode_bytes(cfg, ispec, e)  # sliding layers keep fewer (arch/infer_windows.py)
 
     pre_points = family.infer_prefill_points(cfg, ispec, e)   # name -> bytes above base + full prompt cache
     logit_terms = family.infer_logits_terms(cfg, ispec, e)
@@ -82,6 +82,21 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     if dec_points:
         dname = max(dec_points, key=dec_points.get)
         decode_options["activations"] = (kv_decode + dec_points[dname], dec_points[dname], 0)
+    off = None
+    if ispec.cache == "offloaded":  # the device holds one or two layers' K/V (planner/estimate/infer_caches.py)
+        from .infer_caches import offloaded_options
+
+        off = offloaded_options(cfg, ispec, kv_tok, pre_points, dec_points, logits,
+                                decode_options["logits"][0] - kv_decode, decode_options["logits"][2])
+        prefill_options, decode_options = off["prefill"], off["decode"]
+        kv_prefill, kv_decode = off["kv_prefill"], off["kv_decode"]
+    if ispec.cache == "quantized":  # fp8 K/V, dequantized per layer (planner/estimate/infer_caches.py)
+        from .infer_caches import quantized_options
+
+        off = quantized_options(family, cfg, ispec, e, pre_points, dec_points, logits,
+                                decode_options["logits"][0] - kv_decode, decode_options["logits"][2])
+        prefill_options, decode_options = off["prefill"], off["decode"]
+        kv_prefill, kv_decode = off["kv_prefill"], off["kv_decode"]
     # generate's own tensors (generation/utils.py; measured on the live-bytes timeline): position_ids
     # (attention_mask.cumsum - 1, masked_fill: int64 (b, p)) alive through the call; in prefill the model input's
     # clone of input_ids (prepare_inputs_for_generation, (b, p)) and unfinished_sequences (torch.ones(b) int64);
@@ -91,14 +106,18 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     gen_state = {"prefill": 16 * b * p + 8 * b + tokens, "decode": 8 * b * p + 32 * b + tokens}
     cache_state = {ph: family.infer_cache_state_bytes(cfg, ispec, ph) for ph in INFER_PHASES}
     gen_state = {ph: gen_state[ph] + cache_state[ph] for ph in INFER_PHASES}
-    phase, parts = {}, {}
+    phase, parts, chosen = {}, {}, {}
     for name, options in (("prefill", prefill_options), ("decode", decode_options)):
         key = max(options, key=lambda k: options[k][0])
         phase[name] = base + options[key][0] + gen_state[name]
-        parts[name] = options[key]
+        parts[name], chosen[name] = options[key], key
     peak_phase = max(phase, key=phase.get)
     _, act, lg = parts[peak_phase]
     kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
+    if off is not None:  # the device's K/V at the chosen high point
+        kv_at_peak = off["kv"][peak_phase][chosen[peak_phase]]
+    cache_how = {"offloaded": " (offloaded: the device's one or two layers)",
+                 "quantized": " (fp8: 1 byte per value and a 4-byte scale per K or V tensor)"}.get(ispec.cache, "")
     wname = "weights" if ispec.quantize_weights == "none" else (
         f"weights: {n_quantized} linears {ispec.quantize_weights}" + (" (double quant)" if ispec.double_quant else "")
         + " with absmax / scales and codes, the rest P*e")
@@ -107,9 +126,13 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
              Term("prompt ids and attention mask", "2*8*b*p" if inputs == 16 * b * p else "8*b*p", inputs, where="kept"),
              Term("KV cache at the prefill high point" + (" (StaticCache: every layer at p + n - 1)" if static
                                                            else " (DynamicCache: the prompt)"),
-                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token", kv_prefill, where="prefill"),
-             Term("KV cache at the last decode step", "b*(p + n - 1)*kv_token",
-                  kv_decode, where="decode")]
+                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token" + cache_how, kv_prefill, where="prefill"),
+             Term("KV cache at the last decode step", "b*(p + n - 1)*kv_token" + (
+                 cache_how or (" (sliding layers: min(p + n - 1, w))"
+                               if kv_decode != b * kv_tok * (ispec.total_len - 1) else "")), kv_decode, where="decode")]
+    if off is not None:  # the cache class's own high points, above the weights, the prompt and generate's tensors
+        terms += [Term(f"{ph} high point ({ispec.cache} cache): {k}", "planner/estimate/infer_caches.py", v[0],
+                       where=ph) for ph in INFER_PHASES for k, v in off[ph].items()]
     terms += [Term(f"prefill high point: {k}", "family (infer_prefill_points)", v, where="prefill")
               for k, v in pre_points.items()]
     terms += [Term(f"decode high point: {k}", "family (infer_decode_points)", v, where="decode")
@@ -123,7 +146,16 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
                    cache_state["prefill"], where="prefill"),
               Term("the cache's bookkeeping tensors (family: infer_cache_state_bytes)", "family",
                    cache_state["decode"], where="decode")]
+    extra = {}
+    if off is not None and ispec.cache == "offloaded":
+        from .infer_caches import CUDA_ONLY
+
+        extra = {"host_kv_cache_bytes": off["host_kv_bytes"], "device_figure": "estimated: for the CUDA check",
+                 "offload_note": CUDA_ONLY}
+        terms.append(Term("offloaded KV cache on the host (every layer but the prefetched one, at p + n - 1)",
+                          "max(L - 1, 1)*b*(p + n - 1)*kv_token/L", off["host_kv_bytes"], where="host"))
     return {
+        **extra,
         "kind": "estimate",
         "peak_bytes": phase[peak_phase], "peak_phase": peak_phase, "phase_peak_bytes": phase,
         "persistent_bytes": base,

@@ -11,7 +11,8 @@ the function that makes it (transformers 5.23 generation/utils.py), and refuses 
   the first N-1 tokens and True after the N-th, as the real call answers it: min_new_tokens=N keeps EOS out
   (MinNewTokensLengthLogitsProcessor) and MaxLengthCriteria ends every sequence at prompt + N.
 - generate's right-padding check `torch.any(attention_mask[:, -1] == 0).item()`: answered False (the mask is
-  all ones: no padding).
+  all ones: no padding); its all-ones check `(model_kwargs["attention_mask"] == 1).all()`, which drops the mask
+  when it holds no padding: answered True.
 - generate's special-token checks (`_prepare_special_tokens`; MinLength / MinNewTokensLength processors'
   `(eos_token_id < 0).any()`): they only decide whether to log a warning; answered with their real value,
   computed from the generation config's token ids (Python ints).
@@ -62,7 +63,7 @@ class _InferAnswers(TorchDispatchMode):
         super().__init__()
         self.ispec = ispec
         self.stop_checks = 0
-        self.reads = {"stop_check": 0, "right_padding_check": 0, "packed_sequence_check": 0,
+        self.reads = {"stop_check": 0, "right_padding_check": 0, "all_ones_mask_check": 0, "packed_sequence_check": 0,
                       "special_token_warning_check": 0, "encoder_input_ids_check": 0,
                       "sdpa_mask_skip_check": 0}
         self._tail = None  # (frame, line) of the mask statement whose first fast_all has been answered
@@ -87,6 +88,15 @@ class _InferAnswers(TorchDispatchMode):
             return self.stop_checks >= self.ispec.new_tokens
         if file == "utils.py" and name == "_prepare_generation_config_and_inputs" or (
                 file == "utils.py" and "has_right_padding" in frame.f_code.co_varnames):
+            import linecache
+
+            # (the statement spans lines: `if (` ... `and (model_kwargs["attention_mask"] == 1).all()` ... `):`)
+            stmt = "".join(linecache.getline(frame.f_code.co_filename, frame.f_lineno + i) for i in range(6))
+            if 'attention_mask"] == 1).all()' in stmt.split("):")[0]:
+                # generate drops an all-ones attention mask (`(model_kwargs["attention_mask"] == 1).all()`):
+                # the prompt has no padding, so the real call answers True
+                self.reads["all_ones_mask_check"] += 1
+                return True
             self.reads["right_padding_check"] += 1
             return False
         if file == "utils.py" and name == "_prepare_special_tokens" or (

@@ -21,6 +21,15 @@ from ..infer_spec import InferSpec
 from . import build_model
 
 
+# generate()'s arguments per --cache (planner/infer_spec.py CACHES; transformers 5.23 generation/utils.py
+# _prepare_cache_for_generation): dynamic and sliding pass nothing (DynamicCache(config) gives a layer with a
+# sliding window a DynamicSlidingWindowLayer); quantized names transformers' own fp8 backend (QuantizedCache's
+# default backend, quanto, needs optimum-quanto); offloaded is DynamicCache(offloading=True).
+CACHE_KWARGS = {"static": {"cache_implementation": "static"},
+                "quantized": {"cache_implementation": "quantized", "cache_config": {"backend": "fp8"}},
+                "offloaded": {"cache_implementation": "offloaded"}}
+
+
 def generate_text_simple(model, idx, max_new_tokens, context_size):
     """LLMs-from-scratch ch04 (gpt_generate / previous_chapters.py), as the book writes it: greedy, no cache."""
     for _ in range(max_new_tokens):
@@ -72,7 +81,7 @@ class GenerationRun:
                     out = generate_text_simple(self.model, self.input_ids, self.spec.new_tokens,
                                                self.cfg.context_length)
                 else:
-                    kwargs = {"cache_implementation": "static"} if self.spec.cache == "static" else {}
+                    kwargs = CACHE_KWARGS.get(self.spec.cache, {})
                     out = self.model.generate(self.input_ids, attention_mask=self.attention_mask,
                                               max_new_tokens=self.spec.new_tokens, min_new_tokens=self.spec.new_tokens,
                                               do_sample=False, **kwargs)
