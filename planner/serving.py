@@ -36,6 +36,12 @@ CACHE_HELP = {
                "K/V for a moment",
     "static": "StaticCache (cache_implementation='static'): prompt + new tokens allocated at the first update",
     "none": "no cache: the book's generate_text_simple recomputes the whole context for every token",
+    "sliding": "generate's DynamicCache on a model whose config sets a sliding window: its sliding layers keep the "
+               "prompt's storage, then the last window of tokens (planner/arch/infer_windows.py)",
+    "quantized": "cache_implementation='quantized' with transformers' fp8 backend: 1 B per K/V value and a scale "
+                 "per layer; the whole cache is dequantized at each decode step",
+    "offloaded": "DynamicCache(offloading=True): two layers' K/V on the GPU, the rest on the host (CUDA only: "
+                 "estimated here, the device figure is for the CUDA check)",
 }
 # Weight quantization (planner/infer_spec.py WEIGHT_QUANT) in a line each: bitsandbytes as transformers'
 # BitsAndBytesConfig loads it (planner/infer_quant.py counts the bytes)
