@@ -583,13 +583,22 @@ def estimate_tp(cfg: ModelConfig, spec, pspec):
     phase["backward"] = max(phase["backward"], base + loc.grads_bytes + embed_full)
     for k in ("optimizer", "zero_grad"):
         phase[k] += embed_full
+    if pspec.sequence_parallel:  # torchtitan's SequenceParallel on the norms (tensor_parallel.sp_phase_delta)
+        from .tensor_parallel import sp_phase_delta
+
+        sp = sp_phase_delta(cfg, spec, pspec)
+        for k, v in sp.items():
+            phase[k] += v
+        terms.append({"name": "sequence parallel: norms' saved tensors (or the checkpoint stash) /tp, final norm "
+                              "output b*s/tp*h", "formula": "sp_phase_delta", "bytes": sp["backward"]})
     phase = {k: v + mesh for k, v in phase.items()}
     pk = max(phase, key=phase.get)
     n = pspec.world_size
     group = {"first_rank": 0, "last_rank": n - 1, "count": n, "peak_bytes": phase[pk], "peak_phase": pk,
              "phase_peak_bytes": phase, "optimizer_bytes": loc.optimizer_bytes}
     notes = [f"tensor parallel over {tp} ranks (torchtitan's plan: q/k/v, gate/up Colwise; o, down Rowwise; "
-             f"embedding Rowwise, head Colwise{' with loss parallel' if pspec.loss_parallel else ', all-gathered'}); "
+             f"embedding Rowwise, head Colwise{' with loss parallel' if pspec.loss_parallel else ', all-gathered'}"
+             f"{'; SequenceParallel on the norms' if pspec.sequence_parallel else ''}); "
              "every rank holds the same shapes."]
     return DistEstimate(
         world_size=n, parallel=asdict(pspec), peak_bytes=phase[pk], peak_phase=pk, peak_rank=0,
