@@ -140,3 +140,23 @@ def test_sequence_parallel_flags_are_checked():
     uneven = estimate_distributed(LLAMA, TrainSpec(2, 18, "fp32", "adamw"), ParallelSpec(4, "tp", sequence_parallel=True))
     even = estimate_distributed(LLAMA, TrainSpec(2, 16, "fp32", "adamw"), ParallelSpec(4, "tp", sequence_parallel=True))
     assert uneven.phase_peak_bytes["forward"] > even.phase_peak_bytes["forward"]
+
+
+def test_a_step_with_a_late_release_is_not_kept_when_its_peak_ties():
+    """gloo's thread released the logits all-gather's buffers late in the first tracked step: the loss and backward
+    phases are 61,440 B higher, the step's peak (the optimizer's) the same. The clean step is kept, and when every
+    step had a late release, the one with the lowest peak, then the lowest phases."""
+    from types import SimpleNamespace
+
+    from planner.measure.distributed import steady_attempt
+
+    def attempt(loss, backward, late):
+        phases = {"forward": 100, "loss": loss, "backward": backward, "optimizer": 100_000}
+        return (max(phases.values()), SimpleNamespace(phase_peak=phases), [], 10, late)
+
+    late, clean = attempt(200 + 61_440, 300 + 61_440, 1), attempt(200, 300, 0)
+    assert late[0] == clean[0] == 100_000  # the run's case: the same whole peak, the optimizer's
+    assert steady_attempt([late, clean]) is clean
+    assert steady_attempt([clean, attempt(200, 300, 0)]) is clean  # equal clean steps: the first
+    lower = attempt(150, 300, 2)
+    assert steady_attempt([late, lower]) is lower
