@@ -160,3 +160,27 @@ def test_a_step_with_a_late_release_is_not_kept_when_its_peak_ties():
     assert steady_attempt([clean, attempt(200, 300, 0)]) is clean  # equal clean steps: the first
     lower = attempt(150, 300, 2)
     assert steady_attempt([late, lower]) is lower
+
+
+def test_uneven_fsdp_tp_ranks_simulated_side_by_side_against_the_estimate():
+    """FSDP2 x TP with a vocabulary shard FSDP2 splits unevenly (326 / tp 2 = 163 rows over dp 2): two distinct rank
+    layouts, the second simulated in a fresh process beside the first (planner.measure.distributed._FreshRanks); each
+    simulated rank group within the estimate's bar, every simulated rank run in 2 steps (no retried tracked step)."""
+    from planner.arch.llama import LlamaConfig
+    from planner.distributed import run_simulation
+
+    cfg = LlamaConfig(vocab_size=326, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64)
+    spec, pspec = TrainSpec(2, 16, "fp32", "adamw"), ParallelSpec(4, "fsdp+tp", tp=2)
+    sim = run_simulation(config_to_dict(cfg), asdict(spec), pspec, timeout_s=300)
+    assert sim.exit_code == 0, sim.stderr[-2000:]
+    rec = sim.record
+    assert rec["simulated_ranks"] == 2 and len(rec["simulation_process_cpu_s"]) == 2
+    est = estimate_distributed(cfg, spec, pspec)
+    assert [(g["first_rank"], g["last_rank"]) for g in est.rank_groups] == [(0, 1), (2, 3)]
+    for r in rec["ranks"]:
+        assert "tracked_steps" not in r and r["comm_buffers_bytes"] == 0
+        group = next(g for g in est.rank_groups if g["first_rank"] <= r["rank"] <= g["last_rank"])
+        assert abs(group["peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"] * 100 <= ESTIMATE_BAR_PCT
+    by_rank = {r["rank"]: r["peak_bytes"] for r in rec["ranks"]}
+    assert by_rank[0] > by_rank[2]  # rank 0 holds FSDP2's longer chunk of the 163 vocabulary rows
