@@ -236,11 +236,11 @@ def markdown(results: list[dict], large: list[dict], part: str | None = None) ->
         if timed:
             lines += ["", "## Simulating a 1,024-rank step", "",
                       "One simulation child (`planner.measure.distributed --simulate`): the simulated ranks' wall time "
-                      "(model built on fake tensors, mesh, TP plan and FSDP2, four steps: two warm-up, two tracked) and the "
+                      "(model built on fake tensors, mesh, TP plan and FSDP2, two steps a rank: one warm-up, one tracked) and the "
                       "child's RSS high-water mark (VmHWM). Bars: 60 s and 2 GiB. CPU time is the process's own "
                       "(user + system): the wall time grows with the machine's load, the CPU time does not. A layout's "
                       "further distinct ranks are simulated in fresh processes beside the first, one per spare core "
-                      "(planner.measure.distributed._FreshRanks); a simulated FSDP2 / TP rank runs 2 steps (one "
+                      "(planner.measure.distributed._FreshRanks; their CPU time includes their own imports); a simulated FSDP2 / TP rank runs 2 steps (one "
                       "warm-up, one tracked: _steady_after_one_step). Idle-equivalent wall: the largest process's "
                       "CPU time when every process has a core (else their sum); the load is the 1-minute load "
                       "average when the simulation ended.", "",

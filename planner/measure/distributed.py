@@ -660,9 +660,10 @@ def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
 
 
 def _simulate_rank_in_child(cfg_dict: dict, spec_dict: dict, pspec_dict: dict, rank: int) -> tuple[dict, float, int]:
-    c0 = time.process_time()
+    """The rank's record, the child's CPU time since it started (its imports of torch and transformers included:
+    the cost of a fresh process, paid beside the first rank) and its RSS high-water mark."""
     rec = simulate_rank(config_from_dict(cfg_dict), TrainSpec(**spec_dict), ParallelSpec(**pspec_dict), rank)
-    return rec, time.process_time() - c0, procmem.read_status().get("VmHWM", 0)
+    return rec, time.process_time(), procmem.read_status().get("VmHWM", 0)
 
 
 class _FreshRanks:
