@@ -18,7 +18,7 @@ from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
 from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_label, with_attention
 from planner.fitted import is_fitted
 from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
-from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable
+from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable, sequence_parallel_applies
 from planner.plan import longest_context, plan
 from planner.infer_spec import INFER_PRECISIONS, InferSpec, infer_args
 from planner.jobs import Job, JobBusy
@@ -558,12 +558,16 @@ mp = q4.selectbox("FSDP mixed precision", list(MP_CHOICES), key="mp", bind="quer
                   help="MixedPrecisionPolicy(param_dtype=...): FSDP casts the fp32 weights it gathers (needs precision fp32)")
 offload = q5.toggle("CPU offload", False, key="offload", bind="query-params", disabled=layout != "fsdp",
                     help="FSDP2 CPUOffloadPolicy: sharded weights, grads and optimizer state in host RAM")
-p1, p2, _ = st.columns([1, 1, 3])
+p1, p2, p3, _ = st.columns([1, 1, 1, 2])
 tp_size = p1.number_input("TP size", 2, 64, 2, key="tp", bind="query-params", disabled=layout != "fsdp+tp",
                           help="fsdp+tp: ranks per tensor-parallel group (the 2-D mesh's inner size; divides the ranks)")
 loss_par = p2.toggle("Loss parallel", False, key="loss_parallel", bind="query-params",
                      disabled=layout not in ("tp", "fsdp+tp"),
                      help="torch's loss_parallel(): the head's output stays sharded on the vocabulary")
+seq_par = p3.toggle("Sequence parallel", False, key="sequence_parallel", bind="query-params",
+                    disabled=not sequence_parallel_applies(layout),
+                    help="torchtitan's SequenceParallel on the norms (it applies it by default): the residual stream "
+                         "and the norms' saved tensors sharded on the sequence; tp only")
 t1, t2, t3, t4, t5 = st.columns([2.2, 1, 2, 1, 1])
 tune = t1.selectbox("Fine-tuning", list(TUNE_MODES), key="tune", bind="query-params",
                     help="What trains: " + "; ".join(f"{k}: {v}" for k, v in TUNE_MODES.items()) + ". Frozen weights "
@@ -608,7 +612,8 @@ par = None if layout == LAYOUTS[0] else {
                                                        "mp_param_dtype": MP_CHOICES[mp], "cpu_offload": bool(offload)}
                                                       if layout == "fsdp" else {}),
     **({"tp": int(tp_size)} if layout == "fsdp+tp" else {}),
-    **({"loss_parallel": bool(loss_par)} if layout in ("tp", "fsdp+tp") else {})}
+    **({"loss_parallel": bool(loss_par)} if layout in ("tp", "fsdp+tp") else {}),
+    **({"sequence_parallel": bool(seq_par)} if sequence_parallel_applies(layout) else {})}
 run_fields = {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt), "grad_accum": int(accum),
               "optimizer_impl": impl, "device": device, "loss": loss,
               "checkpoint_policy": ckpt_policy if ckpt else "full",

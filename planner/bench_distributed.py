@@ -159,6 +159,9 @@ def run_large(rows, progress=print) -> list[dict]:
                "simulated_ranks": s.get("simulated_ranks", len(s["ranks"])),
                "simulation_wall_s": s.get("simulation_wall_s"), "simulation_cpu_s": s.get("simulation_cpu_s"),
                "simulation_rss_bytes": s.get("simulation_peak_rss_bytes"),
+               "simulation_process_cpu_s": s.get("simulation_process_cpu_s"),
+               "simulation_concurrent_processes": s.get("simulation_concurrent_processes"),
+               "simulation_load_avg_1min": s.get("simulation_load_avg_1min"),
                "world_size": pspec.world_size, "zero3_paper_bytes": ref["zero_paper"]["ZeRO-3"],
                "zero3_deepspeed_bytes": ref["deepspeed"]["ZeRO-3"]}
         out.append(row)
@@ -233,16 +236,27 @@ def markdown(results: list[dict], large: list[dict], part: str | None = None) ->
         if timed:
             lines += ["", "## Simulating a 1,024-rank step", "",
                       "One simulation child (`planner.measure.distributed --simulate`): the simulated ranks' wall time "
-                      "(model built on fake tensors, mesh, TP plan and FSDP2, four steps: two warm-up, two tracked) and the "
+                      "(model built on fake tensors, mesh, TP plan and FSDP2, two steps a rank: one warm-up, one tracked) and the "
                       "child's RSS high-water mark (VmHWM). Bars: 60 s and 2 GiB. CPU time is the process's own "
-                      "(user + system): the wall time grows with the machine's load, the CPU time does not.", "",
-                      "| config | ranks | ranks simulated | wall (s) | CPU (s) | CPU per simulated rank (s) | RSS (GiB) |",
-                      "|---|---:|---:|---:|---:|---:|---:|"]
+                      "(user + system): the wall time grows with the machine's load, the CPU time does not. A layout's "
+                      "further distinct ranks are simulated in fresh processes beside the first, one per spare core "
+                      "(planner.measure.distributed._FreshRanks; their CPU time includes their own imports); a simulated FSDP2 / TP rank runs 2 steps (one "
+                      "warm-up, one tracked: _steady_after_one_step). Idle-equivalent wall: the largest process's "
+                      "CPU time when every process has a core (else their sum); the load is the 1-minute load "
+                      "average when the simulation ended.", "",
+                      "| config | ranks | ranks simulated | wall (s) | CPU (s) | CPU per simulated rank (s) | RSS (GiB) "
+                      "| CPU per process (s) | processes at once | idle-equivalent wall (s) | load (1 min) |",
+                      "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
             for r in timed:
                 cpu = r.get("simulation_cpu_s") or 0.0
+                procs = r.get("simulation_process_cpu_s") or [cpu]
+                at_once = r.get("simulation_concurrent_processes") or 1
+                idle = max(procs) if at_once >= len(procs) else sum(procs)
+                load = r.get("simulation_load_avg_1min")
                 lines.append(f"| {r['config']} | {r['world_size']:,} | {r['simulated_ranks']} | "
                              f"{r['simulation_wall_s']:.1f} | {cpu:.1f} | {cpu / max(1, r['simulated_ranks']):.1f} | "
-                             f"{r['simulation_rss_bytes'] / 2**30:.2f} |")
+                             f"{r['simulation_rss_bytes'] / 2**30:.2f} | {' + '.join(f'{c:.1f}' for c in procs)} | "
+                             f"{at_once} | {idle:.1f} | {f'{load:.1f}' if load is not None else '-'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,15 @@ def tp_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec, Para
             spec = TrainSpec(b, s, prec, opt, checkpointing=ckpt)
             label = f"{name} {pspec.label} {prec} {opt}{' ckpt' if ckpt else ''}"
             rows.append((label, cfg, spec, pspec))
+    # torchtitan's SequenceParallel on the norms (--sequence-parallel; appended so the rows above keep their places)
+    for name, cfg, b, s in (("llama V320 h64 GQA", TP_LLAMA, 2, 16), ("qwen2 V512 h64", TP_QWEN, 2, 24)):
+        for prec, opt, ckpt, pspec in (
+                ("fp32", "adamw", False, ParallelSpec(2, "tp", sequence_parallel=True)),
+                ("bf16-amp", "adamw", True, ParallelSpec(4, "tp", sequence_parallel=True)),
+                ("bf16-amp", "sgd", False, ParallelSpec(2, "tp", loss_parallel=True, sequence_parallel=True)),
+        ):
+            spec = TrainSpec(b, s, prec, opt, checkpointing=ckpt)
+            rows.append((f"{name} {pspec.label} {prec} {opt}{' ckpt' if ckpt else ''}", cfg, spec, pspec))
     if quick:
         return [rows[0], rows[9]]
     return rows

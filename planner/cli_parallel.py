@@ -26,7 +26,7 @@ from .units import fmt_bytes
 
 EXIT_INVALID = 2
 _FLAGS = ("world_size", "parallel", "reshard_after_forward", "mp_param_dtype", "mp_reduce_dtype", "cpu_offload",
-          "gradient_as_bucket_view", "tp", "loss_parallel")
+          "gradient_as_bucket_view", "tp", "loss_parallel", "sequence_parallel")
 
 
 def _bool(text: str) -> bool:
@@ -57,6 +57,9 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                                           "tp: equal to --world-size (no default: fsdp+tp needs it)")
     g.add_argument("--loss-parallel", action="store_true", help="tp, fsdp+tp: the head's output stays sharded on the "
                                                                  "vocabulary (torch's loss_parallel)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="tp: SequenceParallel on the norms, the residual stream sharded on the sequence (torchtitan "
+                        "applies it by default; off here so earlier figures keep their values)")
 
 
 def parallel_requested(args) -> bool:
@@ -75,7 +78,8 @@ def parse_parallel(args) -> ParallelSpec:
     return ParallelSpec(world_size=args.world_size, parallel=args.parallel, reshard_after_forward=reshard,
                         mp_param_dtype=mp_dtype(args.mp_param_dtype), mp_reduce_dtype=mp_dtype(args.mp_reduce_dtype),
                         cpu_offload=args.cpu_offload, gradient_as_bucket_view=args.gradient_as_bucket_view,
-                        tp=getattr(args, "tp", None), loss_parallel=bool(getattr(args, "loss_parallel", False)))
+                        tp=getattr(args, "tp", None), loss_parallel=bool(getattr(args, "loss_parallel", False)),
+                        sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
 
 
 def _estimate(cfg, spec, pspec) -> dict:

@@ -56,3 +56,25 @@ def test_the_solver_takes_tp_where_fsdp_alone_cannot_fit():
     assert all(c["devices"] == 0 or c["devices"] >= n for c in small["candidates"])
     big = choose_layout(cfg, spec, 80 * 2**30)
     assert big["best"]["layout"] == "fsdp" and big["best"]["devices"] == 2
+
+
+def test_sequence_parallel_toggle_on_the_tp_layout():
+    """The Sequence parallel toggle: offered with tp only (planner.parallel.sequence_parallel_applies), and on it the
+    page shows the per-rank estimate of torchtitan's SequenceParallel plan, below plain TP's in forward."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    at.selectbox(key="preset").set_value("llama-3-8b").run()
+    at.selectbox(key="parallel").set_value("fsdp+tp").run()
+    assert at.toggle(key="sequence_parallel").disabled
+    at.selectbox(key="parallel").set_value("tp").run()
+    at.number_input(key="world").set_value(8).run()
+    assert not at.toggle(key="sequence_parallel").disabled
+    at.toggle(key="sequence_parallel").set_value(True).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    spec, attention = shown(at)
+    cfg = prepare(PRESETS["llama-3-8b"], spec, attention)
+    est = estimate_distributed(cfg, spec, ParallelSpec(8, "tp", sequence_parallel=True))
+    plain = estimate_distributed(cfg, spec, ParallelSpec(8, "tp"))
+    assert metric(at, "Estimated peak per rank") == fmt_bytes(est.peak_bytes)
+    assert est.phase_peak_bytes["forward"] < plain.phase_peak_bytes["forward"]
+    assert at.session_state["run_settings"]["parallel"]["sequence_parallel"] is True
+    assert any("seq-parallel" in c.value for c in at.caption)

@@ -581,13 +581,21 @@ def estimate_tp(cfg: ModelConfig, spec, pspec):
                       "formula": "b*s*(V - V/tp)*(e_m [+4] + e_ce ...)", "bytes": d["logits"] + d["fp32_copy"] + d["log_softmax"]})
     # The embedding's backward is the last: every gradient exists, the embedding's whole.
     phase = step.shifted(phase, after_backward=embed_full, backward_at_least=(base + loc.grads_bytes + embed_full,))
+    if pspec.sequence_parallel:  # torchtitan's SequenceParallel on the norms (tensor_parallel.sp_phase_delta)
+        from .tensor_parallel import sp_phase_delta
+
+        sp = sp_phase_delta(cfg, spec, pspec)
+        phase = {k: v + sp.get(k, 0) for k, v in phase.items()}
+        terms.append({"name": "sequence parallel: norms' saved tensors (or the checkpoint stash) /tp, final norm "
+                              "output b*s/tp*h", "formula": "sp_phase_delta", "bytes": sp["backward"]})
     phase = step.shifted(phase, every=mesh)
     pk = step.peak(phase)[0]
     n = pspec.world_size
     group = {"first_rank": 0, "last_rank": n - 1, "count": n, "peak_bytes": phase[pk], "peak_phase": pk,
              "phase_peak_bytes": phase, "optimizer_bytes": loc.optimizer_bytes}
     notes = [f"tensor parallel over {tp} ranks (torchtitan's plan: q/k/v, gate/up Colwise; o, down Rowwise; "
-             f"embedding Rowwise, head Colwise{' with loss parallel' if pspec.loss_parallel else ', all-gathered'}); "
+             f"embedding Rowwise, head Colwise{' with loss parallel' if pspec.loss_parallel else ', all-gathered'}"
+             f"{'; SequenceParallel on the norms' if pspec.sequence_parallel else ''}); "
              "every rank holds the same shapes."]
     return DistEstimate(
         world_size=n, parallel=asdict(pspec), peak_bytes=phase[pk], peak_phase=pk, peak_rank=0,

@@ -305,9 +305,15 @@ def _any_rank(flag: bool, step: TrainingStep) -> bool:
 
 
 def fake(step: TrainingStep) -> bool:
-    from ..routines import fake_mode_of
+    """A simulated step: its parameters are fake tensors, or DTensors whose local shards are (FSDP2, TP). Seeing
+    only plain FakeTensors, as planner.routines.fake_mode_of does, took every FSDP2 / TP simulation for a real run:
+    _any_rank then all-reduced the late-release flag on the fake process group and read it back with `.item()`,
+    whose stand-in (_fake_scalar) is 1, so each simulated rank ran 1 + LATE_RELEASE_RETRIES tracked steps where
+    one gives the same bytes (measured: 7 steps a rank, 5 of them tracked, on the 70B FSDP 128 x TP 8 layout)."""
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    return fake_mode_of(step.model) is not None
+    p = next(step.model.parameters(), None)
+    return p is not None and any(isinstance(t, FakeTensor) for t in _leaf_tensors(p))
 
 
 def fsdp_mem_tracker_peak(step: TrainingStep) -> dict:
@@ -329,13 +335,51 @@ def fsdp_mem_tracker_peak(step: TrainingStep) -> dict:
     return {"fsdp_mem_tracker_peak_bytes": cats.pop("Total"), "fsdp_mem_tracker_categories": cats}
 
 
+def steady_attempt(attempts: list[tuple]):
+    """Of the tracked steps (peak, recorder, samples, persistent, late_frees), the one that shows the wrapper's own
+    schedule: a step in which this rank saw no late release (gloo's worker thread dropping a collective's buffers
+    after the step had: planner.measure.distributed.DistLiveBytesTracker._forget), else the one with the lowest
+    peak, then the lowest phase peaks (a late release only adds to a step). The whole peak alone does not decide:
+    measured on 2 real TP ranks with --sequence-parallel (1 run in 24 under load), the lm_head's logits all-gather
+    (its Work holding the 20,480 B local input and the 40,960 B gathered output) was released late and raised the
+    loss and backward phases by 61,440 B while the step's peak, the optimizer's, was the same in both attempts, so
+    the first, late one was kept. Shared by every layout measured here (DDP, FSDP2, TP, FSDP2 + TP)."""
+    return min(attempts, key=lambda a: (a[4] > 0, a[0], sum(a[1].phase_peak.values())))
+
+
+def _steady_after_one_step(step: TrainingStep) -> bool:
+    """A simulated FSDP2 / TP / FSDP2 + TP rank is in its steady state after one step: the first creates the
+    optimizer's state and runs FSDP2's lazy init, and on fake tensors nothing else changes from step to step (no
+    DDP Reducer rebuilding its buckets, no gloo thread, no allocator). So its second warm-up step is skipped (a
+    70B layer stack costs ~10 s of CPU a step). Real ranks and DDP's simulation keep both warm-up steps."""
+    return fake(step) and getattr(step, "mesh", None) is not None and not hasattr(step, "reducer")
+
+
+def _tracked_step(step: TrainingStep, tracker: DistLiveBytesTracker, device: torch.device) -> tuple:
+    """One step under the tracker with its phases recorded: (peak, recorder, samples, bytes at its start, late frees)."""
+    tracker.reset_peak()
+    tracker.late_frees = tracker.late_free_bytes = 0
+    tracker.samples = []
+    persistent = tracker.current
+    recorder = _PhaseRecorder(tracker, device)
+    tracker.recording = True
+    tracker.t0 = time.perf_counter()
+    with tracker:
+        step.run(on_phase=recorder)
+    tracker.recording = False
+    gc.collect()
+    return max(recorder.phase_peak.values()), recorder, tracker.samples, persistent, tracker.late_frees
+
+
 def _run_steps(step: TrainingStep, tracker_factory: Callable[[], DistLiveBytesTracker], emit, rank: int,
                timed: bool, device: torch.device, max_timeline_points: int, third_opinion: bool = False) -> dict:
     result: dict = {"rank": rank, "device": str(device)}
     say = emit if rank == 0 else (lambda e: None)
     say({"event": "progress", "stage": "warm-up steps", "fraction": 0.2})
+    short = _steady_after_one_step(step)
     step.run()
-    step.run()  # DDP rebuilds its buckets in this step's forward (both sets alive for a moment)
+    if not short:
+        step.run()  # DDP rebuilds its buckets in this step's forward (both sets alive for a moment)
     gc.collect()
     if timed:
         say({"event": "progress", "stage": "timed step", "fraction": 0.4})
@@ -360,30 +404,28 @@ def _run_steps(step: TrainingStep, tracker_factory: Callable[[], DistLiveBytesTr
     extra = mesh_tensors(getattr(step, "mesh", None))
     tracker = tracker_factory()
     tracker.track(step.persistent_tensors(), extra)
-    with tracker:  # finds what outlives a step (DDP's buckets)
-        step.run()
-    gc.collect()
+    start = tracker.current
+    if short:  # recorded as a tracked step is: it is one when nothing outlives it (below)
+        first = _tracked_step(step, tracker, device)
+    else:
+        with tracker:  # finds what outlives a step (DDP's buckets)
+            step.run()
+        gc.collect()
     discovered = tracker.current - _bytes_of(step.persistent_tensors() + extra)
     attempts = []
-    for attempt in range(1 + LATE_RELEASE_RETRIES):
-        tracker.reset_peak()
-        tracker.late_frees = tracker.late_free_bytes = 0
-        tracker.samples = []
-        persistent = tracker.current
-        recorder = _PhaseRecorder(tracker, device)
-        tracker.recording = True
-        tracker.t0 = time.perf_counter()
-        with tracker:
-            step.run(on_phase=recorder)
-        tracker.recording = False
-        gc.collect()
-        attempts.append((max(recorder.phase_peak.values()), recorder, tracker.samples, persistent, tracker.late_frees))
+    if short and discovered == 0 and tracker.current == start:
+        # The step started from what lives across steps and left exactly that: the next step would start from the
+        # same tensors and run the same ops on the same shapes (fake tensors, no gloo thread), so it is the
+        # tracked step (simulate_rank: 2 steps instead of 4; the records' bytes unchanged, tested).
+        attempts.append(first)
+    for attempt in range(0 if attempts else 1 + LATE_RELEASE_RETRIES):
+        attempts.append(_tracked_step(step, tracker, device))
         if not _any_rank(tracker.late_frees > 0, step):
             break
         # A buffer outlived FSDP2's release on gloo's thread, maybe while the step peaked: a timing of the CPU
-        # backend, not the schedule. The step is measured again and the lowest peak kept (a late release
-        # only adds to a step), up to LATE_RELEASE_RETRIES times.
-    _, recorder, samples, persistent, late = min(attempts, key=lambda a: a[0])
+        # backend, not the schedule. The step is measured again, up to LATE_RELEASE_RETRIES times, and
+        # steady_attempt picks the step that shows the schedule.
+    _, recorder, samples, persistent, late = steady_attempt(attempts)
     tracker.samples = samples
     peak_phase = max(recorder.phase_peak, key=recorder.phase_peak.get)
     opt = [v for st in step.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
@@ -461,7 +503,7 @@ def simulate_rank(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
         raise ValueError("simulation runs on the CPU (fake CUDA kernels need a CUDA build)")
     device = torch.device("cpu")
     world = fake_world(rank, pspec.world_size) if pspec is not None else nullcontext()
-    with world, _steps_never_skipped(), _mesh_ops_real():
+    with world, _steps_never_skipped(), _mesh_ops_real(), _fsdp_chunks_lazy():
         mesh = None
         if pspec is not None and pspec.parallel == "fsdp":
             mesh = make_mesh(pspec, device)
@@ -500,6 +542,54 @@ def _mesh_ops_real():
         DeviceMesh._concatenate = orig
 
 
+class _LazyChunks:
+    """FSDP2's `_chunk_with_empty(tensor, num_chunks, dim)` (torch/distributed/fsdp/_fully_shard/_fsdp_common.py:
+    `torch.chunk`, padded with empty tensors to num_chunks) made one chunk at a time, when indexed: FSDP2 reads only
+    chunks[0] (the padded size) and chunks[its rank] (_fsdp_param.py _init_sharded_param,
+    _init_sharded_post_forward_param_metadata). On fake tensors every one of torch.chunk's views is a FakeTensor to
+    build: measured on the 70B shape at dp 128 (16 layers, cProfile), 294 calls took 10.9 s of a rank's 110 s, all
+    but 2 of the 128 views of each thrown away. Chunk i is torch.chunk's: `narrow(dim, i * c, min(c, size - i * c))`
+    with c = ceil(size / num_chunks) (ATen's chunk -> split -> narrow), an empty tensor past the last one."""
+
+    def __init__(self, tensor: torch.Tensor, num_chunks: int, dim: int):
+        self.tensor, self.num_chunks, self.dim = tensor, num_chunks, dim
+        self.size = tensor.size(dim)
+        self.step = -(-self.size // num_chunks)
+
+    def __len__(self) -> int:
+        return self.num_chunks
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not isinstance(i, int) or not -self.num_chunks <= i < self.num_chunks:
+            raise IndexError(i)
+        i %= self.num_chunks
+        start = i * self.step
+        if start >= self.size:
+            return self.tensor.new_empty(0)
+        return self.tensor.narrow(self.dim, start, min(self.step, self.size - start))
+
+    def __iter__(self):
+        return (self[i] for i in range(self.num_chunks))
+
+
+@contextmanager
+def _fsdp_chunks_lazy():
+    """_LazyChunks in place of FSDP2's _chunk_with_empty while a simulation builds its model (fake tensors only; a
+    tensor of size 0 on the dim keeps torch.chunk's own answer)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    orig = _fsdp_param._chunk_with_empty
+
+    def chunk(tensor, num_chunks, dim):
+        return _LazyChunks(tensor, num_chunks, dim) if tensor.size(dim) > 0 else orig(tensor, num_chunks, dim)
+
+    _fsdp_param._chunk_with_empty = chunk
+    try:
+        yield
+    finally:
+        _fsdp_param._chunk_with_empty = orig
+
+
 @contextmanager
 def _steps_never_skipped():
     """GradScaler skips optimizer.step() when its inf check (a `.item()`, a stand-in value on fake
@@ -535,18 +625,22 @@ def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
     records = []
     done: dict[int, dict] = {}
     t0, c0 = time.perf_counter(), time.process_time()
-    fresh_cpu, fresh_rss = 0.0, 0
-    for i, (first, last, rep) in enumerate(runs):
-        emit({"event": "progress", "stage": f"simulating rank {rep}", "fraction": 0.1 + 0.9 * i / len(runs)})
-        if rep not in done:  # a rank stands for every rank with the same shards (2-D meshes repeat them)
-            if done and pspec is not None and pspec.parallel in ("tp", "fsdp+tp"):
-                done[rep], cpu, rss = _simulate_rank_fresh(cfg, spec, pspec, rep)
-                fresh_cpu, fresh_rss = fresh_cpu + cpu, max(fresh_rss, rss)
-            else:
-                done[rep] = simulate_rank(cfg, spec, pspec, rep)
-        rec = {**done[rep], "rank": first}
-        rec["ranks_like_this"] = [first, last]
-        records.append(rec)
+    fresh_cpu, fresh_rss, fresh_cpus = 0.0, 0, []
+    reps = list(dict.fromkeys(rep for _, _, rep in runs))
+    fresh = reps[1:] if pspec is not None and pspec.parallel in ("tp", "fsdp+tp") else []
+    with _FreshRanks(cfg, spec, pspec, fresh) as pending:
+        for i, (first, last, rep) in enumerate(runs):
+            emit({"event": "progress", "stage": f"simulating rank {rep}", "fraction": 0.1 + 0.9 * i / len(runs)})
+            if rep not in done:  # a rank stands for every rank with the same shards (2-D meshes repeat them)
+                if rep in fresh:
+                    done[rep], cpu, rss = pending.result(rep)
+                    fresh_cpu, fresh_rss = fresh_cpu + cpu, max(fresh_rss, rss)
+                    fresh_cpus.append(cpu)
+                else:
+                    done[rep] = simulate_rank(cfg, spec, pspec, rep)
+            rec = {**done[rep], "rank": first}
+            rec["ranks_like_this"] = [first, last]
+            records.append(rec)
     out = combine_ranks(records)
     out["world_size"] = pspec.world_size if pspec else 1
     out["simulated"] = True
@@ -555,15 +649,60 @@ def simulate(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None,
     out["simulation_wall_s"] = time.perf_counter() - t0
     # CPU time of this process and of the fresh ones (what a loaded machine does not inflate); the largest RSS
     out["simulation_cpu_s"] = time.process_time() - c0 + fresh_cpu
+    # each process's own: this one's first, then the fresh ones' (run beside it where there are cores: _FreshRanks);
+    # on an idle machine with a core each, the wall time is about the largest of them
+    out["simulation_process_cpu_s"] = [time.process_time() - c0] + fresh_cpus
+    out["simulation_concurrent_processes"] = 1 + min(len(fresh), max(0, len(os.sched_getaffinity(0)) - 1))
+    out["simulation_load_avg_1min"] = os.getloadavg()[0]
     out["simulation_peak_rss_bytes"] = max(procmem.read_status().get("VmHWM", 0), fresh_rss)
     out["simulated_ranks"] = len(done)
     return out
 
 
 def _simulate_rank_in_child(cfg_dict: dict, spec_dict: dict, pspec_dict: dict, rank: int) -> tuple[dict, float, int]:
-    c0 = time.process_time()
+    """The rank's record, the child's CPU time since it started (its imports of torch and transformers included:
+    the cost of a fresh process, paid beside the first rank) and its RSS high-water mark."""
     rec = simulate_rank(config_from_dict(cfg_dict), TrainSpec(**spec_dict), ParallelSpec(**pspec_dict), rank)
-    return rec, time.process_time() - c0, procmem.read_status().get("VmHWM", 0)
+    return rec, time.process_time(), procmem.read_status().get("VmHWM", 0)
+
+
+class _FreshRanks:
+    """The further distinct ranks of a TP layout, each in a fresh process (see _simulate_rank_fresh), started before
+    this process simulates its own rank so that they run beside it, as many at once as this process has cores
+    beside its own (os.sched_getaffinity, minus one); on one core they run one after the other, after it, as before.
+    A 70B FSDP 128 x TP 8 layout has two (ranks 0 and 1,000: FSDP2's last dp shards are shorter), each ~40 s of
+    CPU: side by side on 2 idle cores the wall time is one rank's, not two. CPU time and RSS are each process's own."""
+
+    def __init__(self, cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec | None, ranks: list[int]):
+        self.args = (cfg, spec, pspec)
+        self.ranks = ranks
+        self.pool = None
+        self.jobs: dict = {}
+
+    def __enter__(self):
+        import multiprocessing as mp
+        from dataclasses import asdict
+
+        from ..config import config_to_dict
+
+        beside = len(os.sched_getaffinity(0)) - 1
+        if self.ranks and beside > 0:
+            cfg, spec, pspec = self.args
+            self.pool = mp.get_context("spawn").Pool(min(len(self.ranks), beside))
+            payload = (config_to_dict(cfg), asdict(spec), asdict(pspec))
+            self.jobs = {r: self.pool.apply_async(_simulate_rank_in_child, (*payload, r)) for r in self.ranks}
+        return self
+
+    def result(self, rank: int) -> tuple[dict, float, int]:
+        if rank in self.jobs:
+            return self.jobs[rank].get()
+        return _simulate_rank_fresh(*self.args, rank)
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.terminate() if exc[0] is not None else self.pool.close()
+            self.pool.join()
+        return False
 
 
 def _simulate_rank_fresh(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, rank: int) -> tuple[dict, float, int]:

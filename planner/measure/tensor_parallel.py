@@ -12,14 +12,13 @@ torchtitan's plan (torchtitan/models/llama3/infra/parallelize.py apply_tp), on t
   lm_head                     ColwiseParallel(output_layouts=Replicate()), or with loss parallel
                               ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) and the
                               cross-entropy under torch.distributed.tensor.parallel.loss_parallel()
-Norms stay replicated (plain tensors). torchtitan also shards the residual stream on the sequence
-(SequenceParallel on the norms, PrepareModuleInput Shard(1) -> Replicate on attention and MLP, o/down
-RowwiseParallel(output_layouts=Shard(1)), the head ColwiseParallel(input_layouts=Shard(1))). Not applied here
-yet: its per-rank formula is not written. It does run on transformers' Llama when the embedding's and the
-Rowwise outputs stay DTensors (use_local_output=False: the model then reads the global sequence length for
-its RoPE positions and causal mask); measured on 2 gloo ranks, its loss and gradients equal the unsharded
-model's (to 2e-9). The block plan here is the one transformers' own `base_model_tp_plan` uses (colwise
-q/k/v/gate/up, rowwise o/down), with torchtitan's vocabulary-parallel embedding and head.
+Norms stay replicated (plain tensors) unless --sequence-parallel: then torchtitan's whole plan (sp_plan) shards
+the residual stream on the sequence (SequenceParallel on the norms, PrepareModuleInput Shard(1) -> Replicate on
+attention and MLP, o/down RowwiseParallel(output_layouts=Shard(1)), the embedding's output Shard(1), the head
+ColwiseParallel(input_layouts=Shard(1))). Measured on 2 gloo ranks, its loss and gradients equal the unsharded
+model's (to 2e-9). Off by default here (torchtitan applies it by default) so plain-TP figures keep their values.
+The block plan without it is the one transformers' own `base_model_tp_plan` uses (colwise q/k/v/gate/up, rowwise
+o/down), with torchtitan's vocabulary-parallel embedding and head.
 
 With FSDP on a 2-D mesh (dp, tp) the TP plan goes first, then fully_shard(mesh=mesh["dp"]) on every
 block and the root, as torchtitan does.
@@ -42,7 +41,9 @@ def make_tp_mesh(pspec, device: torch.device):
     return mesh
 
 
-def tp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
+def tp_plan(model: torch.nn.Module, loss_parallel: bool, sequence_parallel: bool = False) -> dict:
+    if sequence_parallel:
+        return sp_plan(model, loss_parallel)
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -60,10 +61,46 @@ def tp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
     return plan
 
 
-def apply_tp(model: torch.nn.Module, tp_mesh, loss_parallel: bool) -> torch.nn.Module:
+def sp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
+    """torchtitan's apply_tp as it is (torchtitan/models/llama3/infra/parallelize.py, sequence parallel on): the
+    residual stream sharded on the sequence (Shard(1)) between blocks; SequenceParallel on the attention / MLP
+    norms and the final norm; PrepareModuleInput Shard(1) -> Replicate on attention (transformers passes
+    hidden_states by keyword) and on the MLP; o/down RowwiseParallel(output_layouts=Shard(1)); the embedding
+    RowwiseParallel(output_layouts=Shard(1)); the head ColwiseParallel(input_layouts=Shard(1)). Departure: the
+    embedding's and o/down's outputs stay DTensors (use_local_output=False) because transformers reads the
+    sequence length off the embeddings for its RoPE positions and causal mask (a local tensor would give the
+    rank's s/tp)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    base = getattr(model, model.base_model_prefix)
+    prefix = model.base_model_prefix
+    plan = {f"{prefix}.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                                      use_local_output=False),
+            f"{prefix}.norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                       use_local_output=not loss_parallel)}
+    for i, _ in enumerate(base.layers):
+        p = f"{prefix}.layers.{i}"
+        plan.update({
+            f"{p}.input_layernorm": SequenceParallel(),
+            f"{p}.self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                 desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            f"{p}.self_attn.q_proj": ColwiseParallel(), f"{p}.self_attn.k_proj": ColwiseParallel(),
+            f"{p}.self_attn.v_proj": ColwiseParallel(),
+            f"{p}.self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            f"{p}.post_attention_layernorm": SequenceParallel(),
+            f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            f"{p}.mlp.gate_proj": ColwiseParallel(), f"{p}.mlp.up_proj": ColwiseParallel(),
+            f"{p}.mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)})
+    return plan
+
+
+def apply_tp(model: torch.nn.Module, tp_mesh, loss_parallel: bool, sequence_parallel: bool = False) -> torch.nn.Module:
     from torch.distributed.tensor.parallel import parallelize_module
 
-    return parallelize_module(model, tp_mesh, tp_plan(model, loss_parallel))
+    return parallelize_module(model, tp_mesh, tp_plan(model, loss_parallel, sequence_parallel))
 
 
 def submesh(mesh, name: str):
@@ -78,7 +115,8 @@ def submesh(mesh, name: str):
 def wrap_tp(model: torch.nn.Module, pspec, mesh, blocks: list | None = None) -> torch.nn.Module:
     """TP on the "tp" mesh dimension; with fsdp+tp, then FSDP2 on "dp" (every block of `blocks`, the decoder's
     repeated blocks as planner.measure.distributed.transformer_blocks finds them, then the root)."""
-    apply_tp(model, submesh(mesh, "tp") if pspec.parallel == "fsdp+tp" else mesh, pspec.loss_parallel)
+    apply_tp(model, submesh(mesh, "tp") if pspec.parallel == "fsdp+tp" else mesh, pspec.loss_parallel,
+             getattr(pspec, "sequence_parallel", False))
     if pspec.parallel == "fsdp+tp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
