@@ -202,18 +202,19 @@ def sp_phase_delta(cfg: ModelConfig, spec, pspec) -> dict[str, int]:
     and loss 37,184 B lower, backward 41,276 B lower (this formula: 37,184 and 41,280), optimizer unchanged."""
     import dataclasses
 
+    from ..arch import family_of
     from ..arch.terms import Widths
-    from .training import block_terms, outside_terms
 
     tp = pspec.tp_degree
     b, s, h, L = spec.batch_size, spec.seq_len, cfg.hidden_size, cfg.num_hidden_layers
     s_r = chunk(s, tp)  # rank 0's (the largest) sequence shard: Shard(1) splits as torch.chunk does
     w = Widths.of(spec)
     lcfg = local_config(cfg, pspec)  # the norms see the whole hidden width: their terms are the local model's
+    family = family_of(lcfg)
 
     def norms(sp) -> tuple[int, int, int]:
-        blk = sum(t.bytes for t in block_terms(lcfg, sp, w) if t.part.startswith("norm"))
-        fin = sum(t.bytes for t in outside_terms(lcfg, sp, w) if t.name.startswith("RMSNorm"))
+        blk = sum(t.bytes for t in family.block_terms(lcfg, sp, w) if t.part.startswith("norm"))
+        fin = sum(t.bytes for t in family.outside_terms(lcfg, sp, w) if t.name.startswith("RMSNorm"))
         return (b * sp.seq_len * h * w.e_r if spec.checkpointing else blk), fin, blk
 
     stash, fin, _ = norms(spec)
