@@ -103,6 +103,36 @@ class Phi3(RMSDecoder):
             return 0  # repeat_kv's copy of v is what SDPA saves
         return spec.batch_size * spec.seq_len * (x.a + x.kv) * x.d * w.e_m
 
+    def infer_attention(self, c, ispec, e: int, s: int, kv_len: int) -> int:
+        """Llama's attention tensors plus the whole fused projection output: Phi3Attention.forward
+        (transformers 5.x models/phi3/modeling_phi3.py) binds `qkv = self.qkv_proj(hidden_states)` as a local
+        and takes q, k and v as views of it, so the (b, s, (a + 2 kv) * d) tensor stays alive until the
+        attention returns (Llama's separate v_proj output dies when the cache update rebinds value_states).
+        Measured on the live-bytes op log: in prefill and in decode (s = 1), eager and SDPA, fp32 and bf16;
+        it decides the peak where the attention is the prompt's high point (eager in bf16: -b*s*op*e before).
+        The prompt's points count it through RMSDecoder.infer_prefill_points (`fused_qkv`), which calls
+        infer_attention_at; this hook is what the decode step's point calls (s = 1)."""
+        op = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+        return super().infer_attention(c, ispec, e, s, kv_len) + ispec.batch_size * s * op * e
+
+    def infer_prefill_points(self, c, ispec, e: int) -> dict[str, int]:
+        """Llama's points, and with int8 weights the down projection's input quantization: Phi3MLP.forward
+        (modeling_phi3.py) chunks the fused gate_up output and `gate` stays bound, so the (b, s, 2f) output
+        and the product (b, s, f) are alive while bitsandbytes' MatMul8bitLt (autograd/_functions.py, 0.50)
+        casts down_proj's input to fp16 (2*b*s*f) and int8_vectorwise_quant makes its int8 codes (b*s*f) and
+        one fp32 scale per row (4*b*s). Measured on the live-bytes op log (phi3 h64 f128 b2 s64 bf16 SDPA:
+        the prompt's peak, 16,896 B above the plain MLP point). Outlier columns (threshold 6.0) add a
+        data-dependent (b*s, n_outliers) copy; none at the measured shapes. In Llama the gate and up outputs
+        are gone by then, so this point stays below its MLP point there."""
+        points = super().infer_prefill_points(c, ispec, e)
+        if ispec.quantize_weights == "int8":
+            b, s, f = ispec.batch_size, ispec.prompt_len, c.intermediate_size
+            # the MLP point holds act(gate) (b*s*f*e) instead, freed once the product exists; the rest of it
+            # (context, residual, post-attention norm output, eager's mask and attention weights) is alive
+            points["mlp: down_proj int8 input quantization"] = (points["mlp"] - b * s * f * e
+                                                                + 2 * b * s * f + b * s * f + 4 * b * s)
+        return points
+
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """Llama's points, but the one input projection is fused: q, k and v's grads each come back as a
         full (b, s, (a + 2 kv) * d) tensor (SliceBackward pads its slice with zeros) and are summed, so at
