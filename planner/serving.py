@@ -72,7 +72,7 @@ def weight_quant_choices(cfg: ModelConfig, device: str) -> tuple[str, ...]:
 
 
 def simulate_refusal(ispec: InferSpec) -> str | None:
-    """Why `simulate infer` cannot run this spec (the CLI's refusal, planner/cli_infer.py), or None."""
+    """Why `simulate infer` cannot run this spec (the CLI's refusal, planner/cli/infer.py), or None."""
     if ispec.quantize_weights == "int8":
         return ("simulating int8 weights is not supported (bitsandbytes' Int8Params cannot wrap a fake tensor); "
                 "measure it, or simulate nf4 / fp4")

@@ -116,7 +116,7 @@ def test_each_advice_option_applies_exactly_its_own_settings():
 
 def test_a_model_change_takes_the_models_own_attention_as_the_cli_does(capsys):
     """llama-3.2-1b b4 s512 fp32 was 25.30 GiB in the app (eager kept from gpt2), 23.30 GiB from the CLI."""
-    from planner.cli import main
+    from planner.cli.main import main
 
     at = app()
     assert at.selectbox(key="attention").value == "eager"  # the book's GPT-2

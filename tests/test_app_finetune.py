@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from planner.cli import build_parser, parse_train
+from planner.cli.main import build_parser, parse_train
 from planner.config import PRESETS, config_from_dict
 from planner.estimate.training import estimate_training
 from planner.finetune import TUNE_MODES, tune_fields, tune_mode
@@ -197,7 +197,7 @@ def test_advice_offers_qlora_in_bf16():
 def test_bench_longest_context_writes_ours_beside_theirs(tmp_path):
     """docs/finetune.md's table: this estimate's longest QLoRA context per GPU size, and Unsloth's figures labelled
     as published."""
-    from planner.cli import main
+    from planner.cli.main import main
 
     out = tmp_path / "finetune.md"
     assert main(["bench", "longest-context", "--out", str(out)]) == 0

@@ -10,7 +10,7 @@ import pytest
 
 from planner.accounting import param_count, tensor_inventory
 from planner.arch import families, family_of, supported_model_types
-from planner.bench import FAMILY_BAR_PCT, family_grid, run_accuracy
+from planner.bench.main import FAMILY_BAR_PCT, family_grid, run_accuracy
 from planner.config import PRESETS, ConfigError, config_from_dict, config_to_dict, load_config
 from planner.estimate.training import estimate_training
 from planner.measure.training import measure_training

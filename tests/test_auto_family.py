@@ -66,7 +66,7 @@ def test_layer_type_periods():
 
 def test_the_estimate_side_imports_neither_torch_nor_transformers():
     code = ("import sys, json; from planner.config import load_config; from planner.fitted import fitted_record, "
-            "is_fitted, cached_fit, depth_plan; import planner.cli_fitted, planner.whatif_depth; "
+            "is_fitted, cached_fit, depth_plan; import planner.cli.fitted, planner.whatif_depth; "
             f"cfg = load_config({str(CONFIGS / 'olmo2-tiny.json')!r}); assert is_fitted(cfg); depth_plan(cfg); "
             "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -1,8 +1,8 @@
-"""The CUDA check's plan (planner.bench_gpu): it runs only on a GPU, so here its grid and its report are checked."""
+"""The CUDA check's plan (planner.bench.gpu): it runs only on a GPU, so here its grid and its report are checked."""
 import json
 from dataclasses import asdict
 
-from planner.bench_gpu import cuda_grid, gpu_markdown
+from planner.bench.gpu import cuda_grid, gpu_markdown
 from planner.config import config_to_dict
 from planner.estimate.training import estimate_training
 from planner.spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS

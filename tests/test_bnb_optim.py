@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planner import bnb, cli
-from planner.bench_bnb import BNB_BAR_PCT, bnb_grid, run_bnb
+from planner import bnb
+from planner.cli import main as cli
+from planner.bench.bnb import BNB_BAR_PCT, bnb_grid, run_bnb
 from planner.config import ConfigError, config_from_dict
 from planner.estimate import bnb_optim
 from planner.estimate.training import estimate_training

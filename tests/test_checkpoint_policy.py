@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli_args import EXIT_INVALID
+from planner.cli.args import EXIT_INVALID
 from planner.config import GPT2Config, LlamaConfig, ConfigError
 from planner.measure.simulate import simulate_training
 from planner.measure.training import measure_training

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from planner import cli, runner
+from planner import runner
+from planner.cli import main as cli
 from planner.estimate.loading import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.bench import FINETUNE_BAR_PCT, FINETUNE_GAP_BAR_PCT, finetune_gap, finetune_grid, run_accuracy
+from planner.bench.main import FINETUNE_BAR_PCT, FINETUNE_GAP_BAR_PCT, finetune_gap, finetune_grid, run_accuracy
 from planner.config import ConfigError, config_from_dict
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec, prepare
@@ -172,7 +172,7 @@ def test_qlora_quick_rows_within_2pct():
     """Llama's rows of the QLoRA grid, every 5th (nf4 / fp4, double quantization, LoRA on q,v / q,k,v,o /
     all linear layers, dropout 0 and 0.1, checkpointing off/on, AdamW/SGD, one shape whose peak is a
     dequantized weight in the backward), measured in this process: every estimate within 2%."""
-    from planner.bench import FINETUNE_QUANT_BAR_PCT, finetune_qlora_grid
+    from planner.bench.main import FINETUNE_QUANT_BAR_PCT, finetune_qlora_grid
 
     rows = finetune_qlora_grid(quick=True, families_=("llama",))
     assert {spec.checkpointing for _, _, spec in rows} == {False, True}
@@ -255,7 +255,7 @@ def test_qlora_without_bitsandbytes_measure_exits_2_estimate_runs(tmp_path, monk
     """Only the measuring (or simulating) child needs bitsandbytes: without it `measure` refuses with one line
     before starting a child, and the estimate still answers (the import check is monkeypatched)."""
     import planner.bnb
-    from planner.cli import main
+    from planner.cli.main import main
 
     monkeypatch.setattr(planner.bnb, "bnb_available", lambda: False)
     path = tmp_path / "c.json"
@@ -297,7 +297,7 @@ def test_book_gpt2_quick_grid_within_1pct():
     all-linear, lora_dropout 0 / 0.1, drop_rate 0 / 0.1, qkv_bias off/on, fp32 / a bf16 base, checkpointing
     off/on, AdamW / SGD),
     measured in this process on the book's GPTModel wrapped by peft: every estimate within 1%."""
-    from planner.bench import finetune_book_grid
+    from planner.bench.main import finetune_book_grid
 
     rows = finetune_book_grid(quick=True)
     assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}

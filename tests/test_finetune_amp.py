@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.bench import run_accuracy
-from planner.bench_finetune_amp import AMP_BAR_PCT, finetune_amp_grid
+from planner.bench.main import run_accuracy
+from planner.bench.finetune_amp import AMP_BAR_PCT, finetune_amp_grid
 from planner.config import ConfigError, config_from_dict
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec, prepare
@@ -54,7 +54,7 @@ def test_sdpa_forward_under_autocast_counts_the_fp32_kv_cache(kw):
 
 
 def test_amp_grid_covers_every_finetuning_family_both_dtypes_and_checkpointing():
-    from planner.bench import FINETUNE_FAMILIES
+    from planner.bench.main import FINETUNE_FAMILIES
 
     rows = finetune_amp_grid()
     assert {label.split(" ", 1)[0] for label, _, _ in rows} == set(FINETUNE_FAMILIES)

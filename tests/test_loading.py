@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.config import PRESETS, ConfigError, GPT2Config, LlamaConfig, config_from_dict, config_to_dict
 from planner.estimate.loading import (METHODS, cache_plan, check_cache_disk, cuda_block_bytes, estimate_loading,
                                       measure_refusal, per_tensor_rss, recommend)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.accounting import tensor_inventory
-from planner.cli_args import EXIT_INVALID
+from planner.cli.args import EXIT_INVALID
 from planner.config import ConfigError, LlamaConfig
 from planner.estimate.training import estimate_training
 from planner.fit import advice

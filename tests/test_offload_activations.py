@@ -125,7 +125,7 @@ def test_planner_page_toggle():
 
 def test_module_runs_refuse_the_offload_flags_in_one_line(capsys):
     """A user's module has no family terms: the offload flags are refused, never silently ignored."""
-    from planner import cli
+    from planner.cli import main as cli
 
     for flag in ("--offload-activations", "--offload-optimizer"):
         code = cli.main(["simulate", "train", "--module", "examples/mlp.py:make_model", "--batch-size", "2", flag])

@@ -1,7 +1,7 @@
 """Every recorded measurement of every accuracy grid, re-estimated with the code as it is now.
 
 tests/data/measured/<grid>.jsonl holds the real steps `python -m planner bench record` measured (planner/
-bench_recorded.py); here the estimate of each row is held to its grid's bar, which takes seconds for all of
+bench/recorded.py); here the estimate of each row is held to its grid's bar, which takes seconds for all of
 them, so a change to any estimator meets ~1,700 real measurements on every test run. The measurements are
 checked too: one row of each grid is measured again in a fresh child and must equal its record to the byte
 (a file recorded on other library versions is refused: renew it with `bench record --grid NAME`).
@@ -12,13 +12,13 @@ from dataclasses import asdict
 
 import pytest
 
-from planner.bench_recorded import RECORD_DIR, load, re_estimate, versions
+from planner.bench.recorded import RECORD_DIR, load, re_estimate, versions
 
 FILES = sorted(RECORD_DIR.glob("*.jsonl"))
 
 
 def test_every_grid_is_recorded():
-    from planner.bench_recorded import grids
+    from planner.bench.recorded import grids
 
     assert {p.stem for p in FILES} == set(grids())
 
@@ -30,8 +30,8 @@ def test_every_recorded_row_within_its_grid_bar(path):
     assert release(header["versions"]) == release(versions()), \
         f"{path.name} was measured on other versions: bench record --grid {path.stem}"
     assert len(rows) == header["rows"] > 0
-    from planner.bench_common import FINETUNE_GAP_BAR_PCT
-    from planner.bench_recorded import is_gap
+    from planner.bench.common import FINETUNE_GAP_BAR_PCT
+    from planner.bench.recorded import is_gap
 
     misses = []
     for row in rows:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner import cli
-from planner.bench import ACCURACY_BAR_PCT, accuracy_grid, run_accuracy
+from planner.cli import main as cli
+from planner.bench.main import ACCURACY_BAR_PCT, accuracy_grid, run_accuracy
 from planner.config import GPT2Config, LlamaConfig
 from planner.measure.tracker import LiveBytesTracker
 from planner.measure.training import _PhaseRecorder, measure_training

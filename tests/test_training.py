@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.bench import ACCURACY_BAR_PCT
+from planner.bench.main import ACCURACY_BAR_PCT
 from planner.config import GPT2Config, LlamaConfig
 from planner.estimate.training import estimate_training
 from planner.measure.training import measure_training
@@ -59,7 +59,8 @@ def test_measurement_reports_timeline_and_rss():
 
 PURE = """
 import sys
-from planner import cli, config, fit
+from planner import config, fit
+from planner.cli import main as cli
 from planner.config import PRESETS
 from planner.estimate.loading import estimate_loading
 from planner.estimate.training import estimate_training

@@ -4,7 +4,7 @@ estimated (planner/estimate/finetune.py, `w.amp`) and measured on every transfor
     python -m planner bench finetune-amp [--quick] [--out docs/accuracy.md]
 
 Rows: each family's tiny configs (planner/arch/<family>.py grid_configs) x every other fine-tuning
-mode (planner.bench FINETUNE_MODES; the rest on the next shape), checkpointing off/on, the autocast dtype (bf16-amp / fp16-amp), the attention
+mode (planner.bench.main FINETUNE_MODES; the rest on the next shape), checkpointing off/on, the autocast dtype (bf16-amp / fp16-amp), the attention
 kernel and AdamW/SGD alternating; fp32 master weights (the Trainer's `bf16=True` / `fp16=True`: the model stays
 fp32, autocast runs the matmuls in the low dtype, fp16 adds the GradScaler). Measured in this process
 (planner.measure.training: the exact live tensor bytes of a steady-state step, step 3).
@@ -15,7 +15,7 @@ import datetime
 import platform
 from dataclasses import replace
 
-from .spec import TrainSpec
+from ..spec import TrainSpec
 
 AMP_BAR_PCT = 1.0  # issue #19: LoRA + bf16-AMP and fp16-AMP rows within 1% for every family
 SECTION = "# Fine-tuning under autocast: estimate vs measurement"
@@ -24,8 +24,8 @@ SECTION = "# Fine-tuning under autocast: estimate vs measurement"
 def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = None) -> list[tuple]:
     """(label, config, spec) rows, one per family x shape x every other mode (the other modes on the next
     shape); quick: every 7th row."""
-    from .arch import families
-    from .bench import FINETUNE_FAMILIES, FINETUNE_MODES
+    from ..arch import families
+    from .main import FINETUNE_FAMILIES, FINETUNE_MODES
 
     rows = []
     i = 0
@@ -54,8 +54,8 @@ def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = N
 
 def amp_markdown(results: list[dict], device: str) -> str:
     """The section: the worst |error| per part of the grid (mode, dtype, checkpointing, family), then every row."""
-    from .bench import FINETUNE_MODES
-    from .bench_common import _cpu_count, _torch_version, _version
+    from .main import FINETUNE_MODES
+    from .common import _cpu_count, _torch_version, _version
 
     def mode_of(label: str) -> str:
         for mode, _ in sorted(FINETUNE_MODES, key=lambda m: -len(m[0])):
@@ -70,7 +70,7 @@ def amp_markdown(results: list[dict], device: str) -> str:
         groups.setdefault(mode_of(label), []).append(r)
         groups.setdefault("bf16-amp" if " bf16-amp" in label else "fp16-amp", []).append(r)
         groups.setdefault("checkpointing" if " ckpt" in label else "no checkpointing", []).append(r)
-    from .bench_common import FINETUNE_GAP_BAR_PCT
+    from .common import FINETUNE_GAP_BAR_PCT
 
     modelled = [r for r in results if not r.get("gap")]
     worst = max(abs(r["error_pct"]) for r in modelled)
@@ -102,18 +102,18 @@ def amp_markdown(results: list[dict], device: str) -> str:
 
 def main(quick: bool = False, out: str | None = None, device: str = "cpu", progress=print,
          recorded=None) -> int:
-    """The section from measured rows: `recorded` (the command line passes planner/bench_recorded.py's: the full
+    """The section from measured rows: `recorded` (the command line passes planner/bench/recorded.py's: the full
     grid on the CPU measured once into tests/data/measured/finetune-amp.jsonl, the file tests/test_recorded.py
     re-estimates on every run) returns the recorded rows; without it (--quick, another device) the rows are
     measured here and not recorded."""
-    from .bench import run_accuracy
-    from .bench_common import write_section
+    from .main import run_accuracy
+    from .common import write_section
 
     if recorded is None:
         results = run_accuracy(finetune_amp_grid(quick), device=device, in_process=True, progress=progress)
     else:
-        from .config import config_from_dict
-        from .estimate.training import estimate_training
+        from ..config import config_from_dict
+        from ..estimate.training import estimate_training
 
         results = []
         for row in recorded():
@@ -121,7 +121,7 @@ def main(quick: bool = False, out: str | None = None, device: str = "cpu", progr
             results.append({"config": row["label"], "estimate_bytes": est.peak_bytes, "measured_bytes": row["peak_bytes"],
                             "error_pct": 100.0 * (est.peak_bytes - row["peak_bytes"]) / row["peak_bytes"],
                             "estimated_phase": est.peak_phase, "measured_phase": row["peak_phase"]})
-    from .bench_common import finetune_gap
+    from .common import finetune_gap
 
     by_label = {label: (label, cfg, spec) for label, cfg, spec in finetune_amp_grid(quick)}
     for r in results:

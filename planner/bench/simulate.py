@@ -10,9 +10,9 @@ import datetime
 import platform
 from dataclasses import asdict
 
-from .config import PRESETS, config_to_dict
-from .estimate.training import estimate_training
-from .spec import TrainSpec
+from ..config import PRESETS, config_to_dict
+from ..estimate.training import estimate_training
+from ..spec import TrainSpec
 
 FORMULA_BAR_PCT = 1.0  # issue #11: the formula within 1% of the simulation at full size
 
@@ -54,7 +54,7 @@ def label(name: str, spec: TrainSpec) -> str:
 
 
 def run_simulate_bench(rows=FULL_SIZE_ROWS, timeout_s: float = 600, progress=print) -> list[dict]:
-    from .runner import run_worker
+    from ..runner import run_worker
 
     results = []
     for name, spec in rows:
@@ -77,7 +77,7 @@ def run_simulate_bench(rows=FULL_SIZE_ROWS, timeout_s: float = 600, progress=pri
 
 
 def simulate_markdown(results: list[dict]) -> str:
-    from .bench_common import _cpu_count, _torch_version
+    from .common import _cpu_count, _torch_version
 
     worst = max(abs(r["error_pct"]) for r in results)
     lines = ["# Formula vs simulation at full size (cpu)", "",
@@ -103,7 +103,7 @@ def simulate_markdown(results: list[dict]) -> str:
 
 
 def main(quick: bool = False, out: str | None = None) -> int:
-    from .bench_common import write_section
+    from .common import write_section
 
     results = run_simulate_bench(QUICK_ROWS if quick else FULL_SIZE_ROWS)
     text = simulate_markdown(results)

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .bench import GRID_SHAPES, _gpt, _llama
-from .config import PRESETS, ModelConfig, config_to_dict
-from .spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
+from .main import GRID_SHAPES, _gpt, _llama
+from ..config import PRESETS, ModelConfig, config_to_dict
+from ..spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 GRID_WORKERS = 8  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
 
@@ -103,7 +103,7 @@ def _autocast_backward(a):
 
 
 def _measure(label: str, cfg: ModelConfig, spec: TrainSpec, simulate: bool = True) -> dict:
-    from .runner import run_worker
+    from ..runner import run_worker
 
     t0 = time.perf_counter()
     out = run_worker({"config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=900)
@@ -121,7 +121,7 @@ def _measure(label: str, cfg: ModelConfig, spec: TrainSpec, simulate: bool = Tru
 
 def _simulate(cfg: ModelConfig, spec: TrainSpec) -> dict:
     """The same step on fake CUDA tensors (planner.measure.simulate with this CUDA build): live bytes, no GPU memory."""
-    from .runner import run_worker
+    from ..runner import run_worker
 
     sim = run_worker({"kind": "simulate", "config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=900)
     if sim.exit_code:
@@ -141,8 +141,8 @@ PARTS = ("grid", "realistic", "loading")
 def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, progress=print) -> int:
     """The parts run side by side: the grid's tiny children 8 at a time, the realistic rows one at a time
     (they share the GPU's memory) while their simulations run on the CPU, then the loading table."""
-    from .routines_paths import default_cache_dir
-    from .runner import checkpoint_folder, measure_load
+    from ..routines_paths import default_cache_dir
+    from ..runner import checkpoint_folder, measure_load
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, p
     def loading() -> None:
         name = "gpt2-small" if quick else "gpt2-xl"
         folder = checkpoint_folder(config_to_dict(PRESETS[name]), default_cache_dir(), timeout_s=900)
-        from .estimate.loading import METHODS
+        from ..estimate.loading import METHODS
 
         for method in METHODS:
             o = measure_load(config_to_dict(PRESETS[name]), method, "cuda", folder, timeout_s=600)
@@ -204,10 +204,10 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def gpu_markdown(records_dir: str) -> str:
     """docs/gpu.md from the records of `bench gpu`, with today's estimator beside each measurement."""
-    from .reference import NOTEBOOK_GPT2_XL
-    from .config import config_from_dict
-    from .estimate.loading import estimate_loading
-    from .estimate.training import estimate_training
+    from ..reference import NOTEBOOK_GPT2_XL
+    from ..config import config_from_dict
+    from ..estimate.loading import estimate_loading
+    from ..estimate.training import estimate_training
 
     d = Path(records_dir)
     probe = json.loads((d / "probe.json").read_text())
@@ -255,7 +255,7 @@ def gpu_markdown(records_dir: str) -> str:
                   "|---|---:|---:|---:|---:|---:|"]
         for r in loads:
             m, method = r["measured"], r["method"]
-            from .config import PRESETS
+            from ..config import PRESETS
 
             est = estimate_loading(PRESETS[r["model"]], method, "cuda")
             nb_gpu, nb_cpu = NOTEBOOK_GPT2_XL.get(method, ("", ""))

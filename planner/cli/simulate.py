@@ -21,15 +21,15 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .cli_args import ESTIMATE_KEYS, EXIT_INVALID, _add_model, _add_run, _estimate_record, parse_train, policy_estimated
-from .config import ConfigError, config_to_dict
-from .spec import WHATIF_HOLDOUT, WHATIF_HOLDOUT_NO_SEQ, WHATIF_POINTS, WHATIF_POINTS_NO_SEQ
-from .units import fmt_bytes
-from .cli_paths import export_paths
+from .args import ESTIMATE_KEYS, EXIT_INVALID, _add_model, _add_run, _estimate_record, parse_train, policy_estimated
+from ..config import ConfigError, config_to_dict
+from ..spec import WHATIF_HOLDOUT, WHATIF_HOLDOUT_NO_SEQ, WHATIF_POINTS, WHATIF_POINTS_NO_SEQ
+from ..units import fmt_bytes
+from .paths import export_paths
 
 
 def add_simulate(top, command) -> None:
-    """Add `simulate train` to the top-level subparsers of planner.cli.build_parser (`command` adds a
+    """Add `simulate train` to the top-level subparsers of planner.cli.main.build_parser (`command` adds a
     subcommand with its sentence of help)."""
     sim = command(top, "simulate", "Run the real training step on fake tensors: the exact peak of any model at "
                                    "full size, with no memory used.")
@@ -40,18 +40,18 @@ def add_simulate(top, command) -> None:
                    help="your own model: FUNCTION() returns an nn.Module (this imports and runs your code; "
                         "default: none, give --model or --config instead)")
     _add_run(p, seq_required=False)
-    from .cli_module import add_module_args
+    from .module import add_module_args
 
     add_module_args(p)  # --input-shape
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the child is killed (exit 3; default: %(default)s)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
     add_export_args(p)
-    from . import cli_parallel
+    from . import parallel as cli_parallel
 
     cli_parallel.add_parallel_args(p)
 
-    from .cli_infer import add_infer
+    from .infer import add_infer
 
     add_infer(sub, command, "simulate")
     w = command(sub, "whatif", "Fit instant what-ifs: simulate a few small (batch, sequence) points, fit each op's "
@@ -100,9 +100,9 @@ def _points(text: str) -> tuple[tuple[int, int], ...]:
 def cmd_simulate_whatif(args: argparse.Namespace) -> int:
     """Simulate every point in one child (progress: one line per point), fit the basis the points call for, check
     it on the held-out points, and answer the run's (b, s) with how far the answer can be trusted."""
-    from .cli_module import fit_failure
-    from .module_ref import fit_points, has_sequence, module_label
-    from .whatif import MIN_POINTS, MisalignedError, fit_whatif
+    from .module import fit_failure
+    from ..module_ref import fit_points, has_sequence, module_label
+    from ..whatif import MIN_POINTS, MisalignedError, fit_whatif
 
     cfg, spec, module = parse_simulate(args)
     sequence = has_sequence(module[0], module[2] if len(module) > 2 else None) if module else True
@@ -156,7 +156,7 @@ def cmd_simulate_whatif(args: argparse.Namespace) -> int:
 def parse_simulate(args: argparse.Namespace) -> tuple:
     """(config or None, spec, (path, function) or None) from the parsed arguments."""
     cfg, spec, module = _parse_simulate(args)
-    from .bnb import require_bitsandbytes
+    from ..bnb import require_bitsandbytes
 
     require_bitsandbytes(spec.optimizer)  # the simulating child runs bitsandbytes' optimizer on fake tensors
     return cfg, spec, module
@@ -166,30 +166,30 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
     if not (args.module or args.model or args.config):
         raise ConfigError("give one of --model PRESET, --config FILE.json or --module FILE.py:FUNCTION")
     if args.module:
-        from .cli_module import parse_module_run
+        from .module import parse_module_run
 
         spec, module = parse_module_run(args)
         return None, spec, module
     if getattr(args, "input_shape", None):
         raise ConfigError("--input-shape goes with --module (a preset or config is a text model)")
     cfg, spec = parse_train(args)
-    from .finetune import check_quantize_runnable
+    from ..finetune import check_quantize_runnable
 
     check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
-    from .estimate.offload import refuse_run
+    from ..estimate.offload import refuse_run
 
     refuse_run(spec)  # --offload-optimizer: estimate only
     return cfg, spec, None
 
 
 def _fitted(cfg) -> bool:
-    from .fitted import is_fitted
+    from ..fitted import is_fitted
 
     return is_fitted(cfg)
 
 
 def cmd_simulate_train(args: argparse.Namespace) -> int:
-    from .runner import run_worker
+    from ..runner import run_worker
 
     cfg, spec, module = parse_simulate(args)
     payload = {"kind": "simulate", "spec": asdict(spec)}
@@ -209,11 +209,11 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
     rec = {"kind": "simulate", **{k: v for k, v in outcome.record.items() if k != "event"}}
     est = None
     if module:
-        from .module_ref import module_label
+        from ..module_ref import module_label
 
         rec["module"] = module_label(module)
-    elif _fitted(cfg):  # issue #20: the kept fit's answer, if there is one (planner/cli_fitted.py)
-        from .cli_fitted import estimate_block
+    elif _fitted(cfg):  # issue #20: the kept fit's answer, if there is one (planner/cli/fitted.py)
+        from .fitted import estimate_block
 
         est = estimate_block(cfg, spec)
         rec["estimate"] = est

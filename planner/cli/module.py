@@ -1,4 +1,4 @@
-"""`--module FILE.py:FUNCTION` on `estimate train` and `measure train` (no torch here; planner/cli_simulate.py has
+"""`--module FILE.py:FUNCTION` on `estimate train` and `measure train` (no torch here; planner/cli/simulate.py has
 simulate's). Issue #20: a user's own model is measured, and estimated from its what-if fit.
 
     python -m planner estimate train --module my_model.py:make_model --batch-size 8 [--seq-len 512 | --input-shape 3x224x224] RUN [--json] [--progress] [--refit]
@@ -19,9 +19,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from .cli_args import EXIT_INVALID, progress
-from .config import ConfigError
-from .units import fmt_bytes
+from .args import EXIT_INVALID, progress
+from ..config import ConfigError
+from ..units import fmt_bytes
 
 ESTIMATE_MODULE_KEYS = ["peak_bytes", "peak_phase", "peak_op", "status", "bound_bytes"]
 
@@ -40,9 +40,9 @@ def add_module_args(p) -> None:
 
 def parse_module_run(args) -> tuple:
     """(spec, module tuple) for --module; ConfigError (exit 2) for what a module run cannot take."""
-    from .module_ref import parse_module_ref
-    from .module_ref import has_sequence, module_tuple, parse_input_shape
-    from .spec import TrainSpec, check_device
+    from ..module_ref import parse_module_ref
+    from ..module_ref import has_sequence, module_tuple, parse_input_shape
+    from ..spec import TrainSpec, check_device
 
     if args.model or args.config:
         raise ConfigError("give either --module or --model/--config, not both")
@@ -62,7 +62,7 @@ def parse_module_run(args) -> tuple:
                           "are a family's); with --module, wrap your step in torch.autograd.graph.save_on_cpu yourself")
     path, func = parse_module_ref(args.module)
     shape = parse_input_shape(getattr(args, "input_shape", None))
-    from .module_ref import make_batch_arity
+    from ..module_ref import make_batch_arity
 
     if shape and make_batch_arity(path) is not None:
         raise ConfigError(f"--input-shape replaces make_batch, and {path.name} defines make_batch: give one")
@@ -76,7 +76,7 @@ def parse_module_run(args) -> tuple:
     spec = TrainSpec(batch_size=args.batch_size, seq_len=args.seq_len or 1, precision=args.precision,
                      optimizer=args.optimizer, grad_accum=args.grad_accum, optimizer_impl=args.optimizer_impl,
                      device=args.device)
-    from .bnb import require_bitsandbytes
+    from ..bnb import require_bitsandbytes
 
     require_bitsandbytes(spec.optimizer)
     return spec, module_tuple(path, func, shape)
@@ -98,8 +98,8 @@ def fit_failure(exc: RuntimeError) -> int:
 
 
 def cmd_estimate_module(args) -> int:
-    from .module_ref import module_fit, module_label
-    from .whatif import MisalignedError
+    from ..module_ref import module_fit, module_label
+    from ..whatif import MisalignedError
 
     spec, module = parse_module_run(args)
 
@@ -135,13 +135,13 @@ def cmd_estimate_module(args) -> int:
 
 
 def cmd_measure_module(args) -> int:
-    from .api import check_ram_guard
-    from .cli_paths import export_paths
-    from .module_ref import module_label
-    from .runner import run_worker
+    from ..api import check_ram_guard
+    from .paths import export_paths
+    from ..module_ref import module_label
+    from ..runner import run_worker
 
     spec, module = parse_module_run(args)
-    from . import cli_parallel
+    from . import parallel as cli_parallel
 
     if cli_parallel.parallel_requested(args):
         raise ConfigError("--module with --world-size / --parallel is not available yet")
@@ -161,7 +161,7 @@ def cmd_measure_module(args) -> int:
     if exports:
         payload["exports"] = exports
     if args.memory_limit:
-        from .units import parse_size
+        from ..units import parse_size
 
         try:
             payload["memory_limit_bytes"] = parse_size(args.memory_limit)

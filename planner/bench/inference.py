@@ -11,16 +11,16 @@ import datetime
 import itertools
 import platform
 
-from .bench_common import _torch_version, _version, write_section
-from .config import PRESETS, config_to_dict
-from .infer_spec import InferSpec, check_infer
+from .common import _torch_version, _version, write_section
+from ..config import PRESETS, config_to_dict
+from ..infer_spec import InferSpec, check_infer
 
 BAR_PCT = 1.0
 NEW_TOKENS = 4
 # Families whose block the estimate models (planner/arch/decoder.py RMSDecoder.infer_*); the others are measured
 # and simulated, their estimate refused with a line saying so.
 GRID_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2-hf", "gpt2")
-# the sliding, quantized and offloaded caches have their own grid (planner/bench_infer_caches.py)
+# the sliding, quantized and offloaded caches have their own grid (planner/bench/infer_caches.py)
 GRID_CACHES = ("dynamic", "static", "none")
 FULL_SIZE_ROWS = [
     ("llama-3-8b", InferSpec(8, 4096, 16, precision="bf16")),
@@ -37,7 +37,7 @@ FULL_SIZE_ROWS = [
 
 
 def grid_rows(quick: bool):
-    from .arch import families
+    from ..arch import families
 
     atts = ("sdpa", "eager")
     precs = ("fp32", "bf16") if not quick else ("fp32",)
@@ -65,15 +65,15 @@ def grid_rows(quick: bool):
 
 
 def _child(kind, cfg, ispec, timeout_s=600):
-    from .runner import run_worker
+    from ..runner import run_worker
 
     out = run_worker({"kind": kind, "config": config_to_dict(cfg), "spec": ispec.to_dict()}, timeout_s=timeout_s)
     return out.record if out.exit_code == 0 else {"error": out.record.get("error") or out.stderr[-300:]}
 
 
 def _estimate(cfg, ispec):
-    from .config import ConfigError
-    from .estimate.inference import estimate_inference
+    from ..config import ConfigError
+    from ..estimate.inference import estimate_inference
 
     try:
         return estimate_inference(cfg, ispec)

@@ -1,7 +1,7 @@
 """The command line's shared vocabulary (no torch): the MODEL and RUN options every train command takes,
 their parsing into a validated (config, TrainSpec), the estimate record printed beside a measurement, and
-the exit codes. planner/cli.py (the parser and the commands) and the commands in their own files
-(planner/cli_simulate.py, ...) import it; it imports none of them.
+the exit codes. planner/cli/main.py (the parser and the commands) and the commands in their own files
+(planner/cli/simulate.py, ...) import it; it imports none of them.
 """
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from . import cli_parallel
-from .config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
-from .spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
-from .units import fmt_bytes
+from . import parallel as cli_parallel
+from ..config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, resolve_model
+from ..spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, check_device, prepare
+from ..units import fmt_bytes
 
 EXIT_INVALID, EXIT_FAILED = 2, 3
 
@@ -85,7 +85,7 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
 
 def _loss_arg(text: str) -> str:
     """--loss: one of LOSSES, or chunked-ce:N (argparse answers exit 2 with this message otherwise)."""
-    from .losses import check_loss
+    from ..losses import check_loss
 
     try:
         check_loss(text)
@@ -115,13 +115,13 @@ def parse_train(args) -> tuple:
     if spec.offload_activations:  # issue #24 (planner/estimate/offload_act.py): one line for what is not modelled
         if cli_parallel.parallel_requested(args):
             raise ConfigError("--offload-activations with --world-size / --parallel is not modelled yet")
-        from .estimate.offload_act import check_offload_activations
+        from ..estimate.offload_act import check_offload_activations
 
         check_offload_activations(cfg, spec)
     if spec.quantize_base != "none" and cli_parallel.parallel_requested(args):
         raise ConfigError("--quantize-base with --world-size / --parallel is not modelled yet (QLoRA is estimated "
                           "for one process)")
-    from .losses import is_fused
+    from ..losses import is_fused
 
     if is_fused(spec.loss) and cli_parallel.parallel_requested(args):
         raise ConfigError(f"--loss {spec.loss} with --world-size / --parallel is not modelled yet")
@@ -148,7 +148,7 @@ def default_precision(args) -> None:
 
 
 def _estimate_record(cfg, spec) -> dict:
-    from .estimate.training import estimate_training
+    from ..estimate.training import estimate_training
 
     est = estimate_training(cfg, spec).to_dict()
     # basis (issue #20): "formula" here; "fitted simulation" for what is answered from a what-if fit
@@ -173,7 +173,7 @@ def policy_estimated(cfg, spec) -> bool:
     """False for a checkpointing policy the estimate does not model for this run (fine-tuning, accumulation)."""
     if not (spec.checkpointing and spec.checkpoint_policy != "full"):
         return True
-    from .estimate.ckpt_policy import check_policy_estimable
+    from ..estimate.ckpt_policy import check_policy_estimable
 
     try:
         check_policy_estimable(cfg, spec)

@@ -28,12 +28,12 @@ PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
 
 def grids() -> dict[str, tuple[float, callable]]:
     """grid name -> (its bar in percent, the function that lists its rows), from the benchmarks that own them."""
-    from . import bench
-    from .bench_bnb import BNB_BAR_PCT, bnb_grid
-    from .bench_finetune_amp import AMP_BAR_PCT, finetune_amp_grid
+    from . import main as bench
+    from .bnb import BNB_BAR_PCT, bnb_grid
+    from .finetune_amp import AMP_BAR_PCT, finetune_amp_grid
 
     def families_rows():
-        from .arch import families
+        from ..arch import families
         return [row for fam in families() for row in bench.family_grid(fam)]
 
     return {"accuracy": (bench.ACCURACY_BAR_PCT, bench.accuracy_grid),
@@ -58,8 +58,8 @@ def versions() -> dict[str, str]:
 
 
 def record_row(label: str, cfg, spec) -> dict:
-    from .config import config_to_dict
-    from .measure.training import measure_training
+    from ..config import config_to_dict
+    from ..measure.training import measure_training
 
     meas = measure_training(cfg, spec)
     return {"label": label, "config": config_to_dict(cfg), "spec": asdict(spec), "peak_bytes": meas["peak_bytes"],
@@ -78,7 +78,7 @@ def record(name: str, out_dir: Path = RECORD_DIR, progress=print, family: str | 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.jsonl"
     if family:
-        from .config import ConfigError
+        from ..config import ConfigError
 
         chosen = {f.strip() for f in family.split(",") if f.strip()}
         if name != "families":
@@ -112,9 +112,9 @@ def load(path: Path) -> tuple[dict, list[dict]]:
 
 def re_estimate(row: dict) -> tuple[int, float]:
     """(estimated peak, error in percent against the recorded measurement) with the estimator as it is now."""
-    from .config import config_from_dict
-    from .estimate.training import estimate_training
-    from .spec import TrainSpec
+    from ..config import config_from_dict
+    from ..estimate.training import estimate_training
+    from ..spec import TrainSpec
 
     est = estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"]))
     return est.peak_bytes, 100.0 * (est.peak_bytes - row["peak_bytes"]) / row["peak_bytes"]
@@ -122,12 +122,12 @@ def re_estimate(row: dict) -> tuple[int, float]:
 
 def is_gap(grid: str, row: dict) -> bool:
     """A fine-tuning row the estimate names a documented gap for (planner/estimate/finetune.py known_gap):
-    held to bench_common.FINETUNE_GAP_BAR_PCT, as `bench finetune` and `bench finetune-amp` mark it."""
+    held to planner/bench/common.py FINETUNE_GAP_BAR_PCT, as `bench finetune` and `bench finetune-amp` mark it."""
     if not grid.startswith("finetune"):
         return False
-    from .bench_common import finetune_gap
-    from .config import config_from_dict
-    from .spec import TrainSpec
+    from .common import finetune_gap
+    from ..config import config_from_dict
+    from ..spec import TrainSpec
 
     return finetune_gap((row["label"], config_from_dict(row["config"]), TrainSpec(**row["spec"]))) is not None
 
@@ -157,10 +157,10 @@ def summary_markdown(record_dir: Path = RECORD_DIR) -> str:
 
 
 def families_markdown_from_record(chosen: list[str], out: str | None, record_dir: Path = RECORD_DIR) -> str:
-    """The families section (planner/bench.py families_markdown) for `chosen` families from their recorded rows
+    """The families section (planner/bench/main.py families_markdown) for `chosen` families from their recorded rows
     (each measured by record_row, as `bench families` measures it) re-estimated now; with `out`, merged into that
-    file's section (planner/bench_families_doc.py: the other families' tables are kept)."""
-    from .bench import families_markdown
+    file's section (planner/bench/families_doc.py: the other families' tables are kept)."""
+    from .main import families_markdown
 
     _, rows = load(record_dir / "families.jsonl")
     results: dict[str, list[dict]] = {}
@@ -173,16 +173,16 @@ def families_markdown_from_record(chosen: list[str], out: str | None, record_dir
                 "estimated_phase": _estimated_phase(row), "measured_phase": row["peak_phase"]})
     text = families_markdown({f: results[f] for f in chosen if f in results}, "cpu")
     if out:
-        from .bench_families_doc import merge
+        from .families_doc import merge
 
         text = merge(out, text)
     return text
 
 
 def _estimated_phase(row: dict) -> str:
-    from .config import config_from_dict
-    from .estimate.training import estimate_training
-    from .spec import TrainSpec
+    from ..config import config_from_dict
+    from ..estimate.training import estimate_training
+    from ..spec import TrainSpec
 
     return estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"])).peak_phase
 
@@ -198,7 +198,7 @@ def main(grid: str = "all", out: str | None = None, progress=print, family: str 
     text = summary_markdown()
     print(text)
     if out:
-        from .bench_common import write_section
+        from .common import write_section
 
         write_section(out, text)
         if family:  # the families' own tables in the families section, from the rows just recorded

@@ -15,10 +15,10 @@ import argparse
 import json
 import sys
 
-from .cli_args import EXIT_INVALID, _add_model
-from .config import ConfigError, config_to_dict, resolve_model, with_attention
-from .infer_spec import CACHES, BOOK_CACHES, INFER_PRECISIONS, WEIGHT_QUANT, InferSpec, check_infer
-from .units import fmt_bytes, parse_size
+from .args import EXIT_INVALID, _add_model
+from ..config import ConfigError, config_to_dict, resolve_model, with_attention
+from ..infer_spec import CACHES, BOOK_CACHES, INFER_PRECISIONS, WEIGHT_QUANT, InferSpec, check_infer
+from ..units import fmt_bytes, parse_size
 
 INFER_KEYS = ["peak_bytes", "peak_phase", "persistent_bytes"]
 
@@ -60,7 +60,7 @@ def parse_infer(args: argparse.Namespace):
     cfg = resolve_model(args.model_name or args.model, args.config)
     if args.attention:
         cfg = with_attention(cfg, args.attention)
-    from .arch import family_of
+    from ..arch import family_of
 
     cache = args.cache or family_of(cfg).infer_caches(cfg)[0]
     ispec = InferSpec(batch_size=args.batch_size, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
@@ -71,7 +71,7 @@ def parse_infer(args: argparse.Namespace):
 
 
 def estimate_record(cfg, ispec) -> dict:
-    from .estimate.inference import estimate_inference
+    from ..estimate.inference import estimate_inference
 
     est = estimate_inference(cfg, ispec)  # a family it does not model: ConfigError, one line
     return {"model": config_to_dict(cfg), "run": ispec.to_dict(), **est}
@@ -80,11 +80,11 @@ def estimate_record(cfg, ispec) -> dict:
 def cmd_infer(args: argparse.Namespace) -> int:
     cfg, ispec = parse_infer(args)
     if args.command != "estimate" and ispec.cache == "offloaded" and ispec.device_type != "cuda":
-        from .estimate.infer_caches import CUDA_ONLY
+        from ..estimate.infer_caches import CUDA_ONLY
 
         raise ConfigError(f"{args.command} --cache offloaded: {CUDA_ONLY}")
     if args.command != "estimate" and ispec.quantize_weights != "none":
-        from .bnb import bnb_available
+        from ..bnb import bnb_available
 
         if not bnb_available():
             raise ConfigError(f"--quantize-weights {ispec.quantize_weights} needs bitsandbytes to {args.command} "
@@ -102,7 +102,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
                 print(f"  {k:12s} {fmt_bytes(v)}")
             print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
         return 0
-    from .runner import run_worker
+    from ..runner import run_worker
 
     payload = {"kind": "infer" if args.command == "measure" else "simulate-infer",
                "config": config_to_dict(cfg), "spec": ispec.to_dict()}

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli_args import progress
-from .config import ConfigError
-from .units import fmt_bytes
+from .args import progress
+from ..config import ConfigError
+from ..units import fmt_bytes
 
-from .fitted import estimate_block  # planner/fitted.py (planner/api.py reads it too, without the CLI)
+from ..fitted import estimate_block  # planner/fitted.py (planner/api.py reads it too, without the CLI)
 
 
 def _say(args, stage: str, fraction: float) -> None:
@@ -28,10 +28,10 @@ def _say(args, stage: str, fraction: float) -> None:
 
 
 def cmd_estimate_fitted(args, cfg, spec) -> int:
-    from . import cli_parallel
-    from .cli_module import fit_failure
-    from .fitted import fitted_model, fitted_record
-    from .whatif import MisalignedError
+    from . import parallel as cli_parallel
+    from .module import fit_failure
+    from ..fitted import fitted_model, fitted_record
+    from ..whatif import MisalignedError
 
     if cli_parallel.parallel_requested(args):
         raise ConfigError(f"{cfg.model_type}: --world-size / --parallel needs a formula family")
@@ -67,8 +67,8 @@ def guard_peak(cfg, spec, timeout_s: float) -> int:
         return block["peak_bytes"]
     from dataclasses import asdict
 
-    from .config import config_to_dict
-    from .runner import run_worker
+    from ..config import config_to_dict
+    from ..runner import run_worker
 
     progress("simulating the point first (the RAM guard: no fit is kept for this model yet)")
     out = run_worker({"kind": "simulate", "spec": asdict(spec), "config": config_to_dict(cfg)}, timeout_s=timeout_s)
@@ -86,8 +86,8 @@ def fit_report_fitted(cfg, spec, budget: int, batch_given: bool, args) -> dict:
     changes are not modelled here)."""
     import dataclasses
 
-    from .fit import cuda_context_bytes, tensor_budget
-    from .fitted import fitted_model
+    from ..fit import cuda_context_bytes, tensor_budget
+    from ..fitted import fitted_model
 
     def on_point(p, done, total):
         _say(args, f"fitting {cfg.model_type}: simulated point {done}/{total}", done / total)

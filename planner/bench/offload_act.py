@@ -5,14 +5,14 @@ bf16-AMP, with and without checkpointing; AdamW and SGD) and one shape per other
 the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~20 min on 2 busy cores)."""
 from __future__ import annotations
 
-from .config import LlamaConfig
-from .spec import TrainSpec
+from ..config import LlamaConfig
+from ..spec import TrainSpec
 
 HEADING = "# Activation offloading: --offload-activations (issue #24; the mechanism measured on the CPU)"
 
 
 def grid(quick: bool = False) -> list[tuple[str, object, int, int]]:
-    from .arch.qwen2 import Qwen2Config
+    from ..arch.qwen2 import Qwen2Config
 
     rows = [("llama V300 h48 a6 kv2 f96 L2", LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96,
                                                           num_hidden_layers=2, num_attention_heads=6,
@@ -50,10 +50,10 @@ def family_grid() -> list[tuple[str, object, int, int]]:
 
 def rows(quick: bool = False) -> list[dict]:
     """One dict per run: estimate, measure and simulate, device and host."""
-    from .estimate.training import estimate_training
-    from .measure.simulate import simulate_training
-    from .measure.training import measure_training
-    from .validation import ConfigError
+    from ..estimate.training import estimate_training
+    from ..measure.simulate import simulate_training
+    from ..measure.training import measure_training
+    from ..validation import ConfigError
 
     out = []
     runs = [(row, ("adamw",) if quick else ("adamw", "sgd")) for row in grid(quick)]
@@ -83,7 +83,7 @@ def rows(quick: bool = False) -> list[dict]:
 
 
 def markdown(quick: bool = False) -> str:
-    from .estimate.offload_act import PCIE_GEN4_X16_BYTES_PER_S
+    from ..estimate.offload_act import PCIE_GEN4_X16_BYTES_PER_S
 
     rs = rows(quick)
     worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
@@ -145,9 +145,9 @@ FULL_SIZE = (("llama-3.2-1b", False), ("tinyllama-1.1b", True), ("qwen2.5-0.5b",
 
 def full_size() -> list[str]:
     """The formula against the simulation (fake tensors, the same hooks) at full size, one preset per family."""
-    from .config import PRESETS
-    from .estimate.training import estimate_training
-    from .measure.simulate import simulate_training
+    from ..config import PRESETS
+    from ..estimate.training import estimate_training
+    from ..measure.simulate import simulate_training
 
     lines = ["", "Full size, formula against the simulation (b1 s512 bf16-AMP AdamW, CPU device: the mechanism "
              "above on fake tensors):", "",
@@ -164,7 +164,7 @@ def full_size() -> list[str]:
 
 
 def main(quick: bool = False, out: str | None = None) -> int:
-    from .bench import write_section
+    from .main import write_section
 
     text = markdown(quick)
     print(text)

@@ -1,11 +1,11 @@
 """The export flags' paths (--memory-snapshot, --trace), shared by simulate and measure of a preset, a config or a
-module (their own file so that planner/cli_simulate.py and planner/cli_module.py need not import each other; no torch)."""
+module (their own file so that planner/cli/simulate.py and planner/cli/module.py need not import each other; no torch)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from .config import ConfigError
+from ..config import ConfigError
 
 
 def export_paths(args: argparse.Namespace) -> dict | None:

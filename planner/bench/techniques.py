@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import re
 
-from .bench_common import write_section
-from .arch.qwen2 import Qwen2Config
-from .config import GPT2Config, LlamaConfig, resolve_model
-from .estimate.training import estimate_training
-from .spec import TrainSpec
-from .units import fmt_bytes
+from .common import write_section
+from ..arch.qwen2 import Qwen2Config
+from ..config import GPT2Config, LlamaConfig, resolve_model
+from ..estimate.training import estimate_training
+from ..spec import TrainSpec
+from ..units import fmt_bytes
 
 LOSS_BAR_PCT = 1.0
 HEADING = "# Fused losses: chunked-ce and cce (issue #24)"
@@ -34,9 +34,9 @@ def losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     rows = [(f"{name} b{b} s{s} {prec} {opt} {loss}", cfg, TrainSpec(b, s, prec, opt, loss=loss))
             for name, cfg in models for b, s, prec, opt, loss in runs]
     if not quick:  # every transformers family's first grid config (Gemma 2's soft-capped logits are refused)
-        from .arch import families
-        from .validation import ConfigError
-        from .spec import check_fits_model
+        from ..arch import families
+        from ..validation import ConfigError
+        from ..spec import check_fits_model
 
         for fam_name, fam in families().items():
             if fam.source != "transformers":
@@ -61,9 +61,9 @@ FT_RUNS = (("LoRA r4", dict(lora_r=4), "bf16-amp", "chunked-ce:16"), ("LoRA r4",
 
 
 def finetune_losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
-    from .arch import families
-    from .spec import check_fits_model
-    from .validation import ConfigError
+    from ..arch import families
+    from ..spec import check_fits_model
+    from ..validation import ConfigError
 
     gpt = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.0)
     models = [("gpt2 (book) V500 h48", gpt)]
@@ -107,7 +107,7 @@ FULL_SIZE_FT = (("llama-3-8b", 4096, dict(precision="bf16", checkpointing=True, 
 
 def full_size_rows(progress=print) -> list[dict]:
     """The formula and the simulated step at full size (seconds to a minute each, ~0.3 GB)."""
-    from .measure.simulate import simulate_training
+    from ..measure.simulate import simulate_training
 
     out = []
     for model, seq in FULL_SIZE:
@@ -184,7 +184,7 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
 
 
 def main(quick: bool = False, out: str | None = None, progress=print) -> int:
-    from .bench import run_accuracy
+    from .main import run_accuracy
 
     rows = run_accuracy(losses_grid(quick), in_process=True, simulate=True, progress=progress)
     full = None if quick else full_size_rows(progress)
@@ -204,7 +204,7 @@ def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     """Every family with a formula file (and the book's GPT-2), its first grid shape with 4 blocks, at fp32,
     bf16-AMP and pure bf16, under every:2, every:3, every:4 and selective (quick: llama and the book's GPT-2,
     bf16-AMP, every:3 and selective)."""
-    from .arch import families
+    from ..arch import families
 
     models = [("gpt2 (book) V500 h48 L4", GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3,
                                                     n_layers=4, drop_rate=0.0, qkv_bias=False), 2, 32)]
@@ -232,7 +232,7 @@ POLICY_FULL_SIZE = (("llama-3-8b", 4096), ("gpt2-xl", 1024), ("hf-gpt2-xl", 1024
 
 
 def policy_full_size_rows(progress=print) -> list[dict]:
-    from .measure.simulate import simulate_training
+    from ..measure.simulate import simulate_training
 
     out = []
     for model, seq in POLICY_FULL_SIZE:
@@ -249,8 +249,8 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
     """The policies' grid: each row estimated (planner/estimate/ckpt_policy.py), measured (the real step, live
     bytes on the CPU) and simulated (fake tensors), with the recompute each policy adds (its FLOP share, from the
     ops' FLOPs); then, without --quick, one preset per family at full size against the simulated step."""
-    from .bench import run_accuracy
-    from .estimate.ckpt_policy import RECOMPUTE_SOURCE, recompute_share
+    from .main import run_accuracy
+    from ..estimate.ckpt_policy import RECOMPUTE_SOURCE, recompute_share
 
     grid = policy_grid(quick)
     rows = run_accuracy(grid, in_process=True, simulate=True, progress=progress)
@@ -315,7 +315,7 @@ OFFLOAD_PRESETS = (("llama-3.2-1b", 4096), ("llama-3-8b", 4096), ("qwen2.5-7b", 
 def offload_markdown() -> str:
     """Device peak and host bytes with torchao's CPUOffloadOptimizer beside the same run without it, at full size
     (b1, bf16-AMP, AdamW, full checkpointing, CUDA): formulas only, every figure labelled as not measured here."""
-    from .estimate.offload import NOT_MEASURED
+    from ..estimate.offload import NOT_MEASURED
 
     lines = [OFFLOAD_HEADING, "",
              "`--offload-optimizer` is torchao's `CPUOffloadOptimizer(params, torch.optim.AdamW, fused=True)` with its "

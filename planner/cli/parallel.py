@@ -20,9 +20,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from .config import ConfigError, config_to_dict
-from .parallel import PARALLEL_MODES, ParallelSpec, mp_dtype
-from .units import fmt_bytes
+from ..config import ConfigError, config_to_dict
+from ..parallel import PARALLEL_MODES, ParallelSpec, mp_dtype
+from ..units import fmt_bytes
 
 EXIT_INVALID = 2
 _FLAGS = ("world_size", "parallel", "reshard_after_forward", "mp_param_dtype", "mp_reduce_dtype", "cpu_offload",
@@ -83,7 +83,7 @@ def parse_parallel(args) -> ParallelSpec:
 
 
 def _estimate(cfg, spec, pspec) -> dict:
-    from .estimate.distributed import estimate_distributed
+    from ..estimate.distributed import estimate_distributed
 
     return {"model": config_to_dict(cfg), "run": asdict(spec), **estimate_distributed(cfg, spec, pspec).to_dict()}
 
@@ -127,7 +127,7 @@ def _with_estimate(rec: dict, est: dict) -> dict:
 
 
 def cmd_measure(args, cfg, spec) -> int:
-    from .distributed import check_real_ranks, run_ranks
+    from ..distributed import check_real_ranks, run_ranks
 
     pspec = parse_parallel(args)
     est = _estimate(cfg, spec, pspec)
@@ -141,7 +141,7 @@ def cmd_measure(args, cfg, spec) -> int:
 
 
 def cmd_simulate(args, cfg, spec) -> int:
-    from .distributed import run_simulation
+    from ..distributed import run_simulation
 
     if spec.device_type != "cpu":
         raise ConfigError("simulate runs the CPU kernels on fake tensors; use --device cpu (fake CUDA tensors need a "
@@ -150,7 +150,7 @@ def cmd_simulate(args, cfg, spec) -> int:
     est = _estimate(cfg, spec, pspec) if pspec else None
     outcome = run_simulation(config_to_dict(cfg), asdict(spec), pspec, timeout_s=args.timeout)
     if est is None:
-        from .estimate.training import estimate_training
+        from ..estimate.training import estimate_training
 
         single = estimate_training(cfg, spec)
         est = {"peak_bytes": single.peak_bytes, "peak_phase": single.peak_phase, "peak_rank": 0,

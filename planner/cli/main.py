@@ -6,7 +6,7 @@
     python -m planner estimate|measure|simulate train ... --world-size N --parallel tp|fsdp+tp [--tp T] [--loss-parallel]
     python -m planner simulate train MODEL|--module FILE.py:FUNCTION RUN [--world-size N --parallel ddp|fsdp [PARALLEL]] [--device ...] [--json] [--timeout S] [--progress]
     python -m planner simulate whatif MODEL|--module FILE.py:FUNCTION RUN [--points 2x16,3x40,...] [--holdout 7x64,...] [--out FIT.json] [--json] [--progress]
-    python -m planner estimate|measure train --module FILE.py:FUNCTION [--input-shape 3x224x224] RUN   (planner/cli_module.py)
+    python -m planner estimate|measure train --module FILE.py:FUNCTION [--input-shape 3x224x224] RUN   (planner/cli/module.py)
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
@@ -23,7 +23,7 @@
            [--lora-r R [--lora-alpha A] [--lora-dropout P] [--lora-targets q_proj,v_proj,...|all-linear]]
            [--quantize-base nf4|fp4|int8 [--double-quant]]   (QLoRA: needs --lora-r; implies --precision bf16)
     PARALLEL: [--reshard-after-forward true|false] [--mp-param-dtype D] [--mp-reduce-dtype D] [--cpu-offload]
-              [--gradient-as-bucket-view]   (planner/cli_parallel.py)
+              [--gradient-as-bucket-view]   (planner/cli/parallel.py)
 
 Exit codes: 0 success; 2 invalid input (one line on stderr, no traceback); 3 a measurement that ran
 out of memory or time, or whose process was killed (JSON with an "error" field on stdout); 130 / 143
@@ -42,14 +42,14 @@ import sys
 import threading
 from dataclasses import asdict, replace
 
-from . import cli_parallel
-from .api import check_ram_guard  # the guard the Training step page applies too (RAM_GUARD_FRACTION)
-from .bnb import require_bitsandbytes
-from .cli_args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_run, _estimate_record, _print_table,
+from . import parallel as cli_parallel
+from ..api import check_ram_guard  # the guard the Training step page applies too (RAM_GUARD_FRACTION)
+from ..bnb import require_bitsandbytes
+from .args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_run, _estimate_record, _print_table,
                        default_precision, parse_train, policy_estimated, progress)
-from .config import ConfigError, config_to_dict, resolve_model, with_dtype
-from .spec import check_device
-from .units import fmt_bytes, parse_size
+from ..config import ConfigError, config_to_dict, resolve_model, with_dtype
+from ..spec import check_device
+from ..units import fmt_bytes, parse_size
 
 
 
@@ -85,8 +85,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_load(p: argparse.ArgumentParser, measure: bool = False) -> None:
-    from .config import CHECKPOINT_DTYPES
-    from .estimate.loading import METHODS
+    from ..config import CHECKPOINT_DTYPES
+    from ..estimate.loading import METHODS
 
     p.add_argument("--method", required=True, choices=METHODS + ("all",),
                    help="a loading method of the book's notebook, safetensors, or all of them (required)")
@@ -120,14 +120,14 @@ def build_parser() -> _Parser:
     _add_model(p)
     _add_run(p, seq_required=False)
     cli_parallel.add_parallel_args(p)
-    from .cli_module import add_module_args  # --module: answered from its what-if fit (planner/cli_module.py)
+    from .module import add_module_args  # --module: answered from its what-if fit (planner/cli/module.py)
 
     add_module_args(p)
     p.add_argument("--timeout", type=float, default=600.0,
                    help="--module: seconds before a fit's simulating child is killed, per point (exit 3)")
     p.add_argument("--progress", action="store_true", help="--module with --json: JSON progress lines before the result")
     p.add_argument("--refit", action="store_true", help="--module: make the what-if fit again, even if one is kept")
-    from .cli_infer import add_infer  # estimate|measure|simulate infer: planner/cli_infer.py
+    from .infer import add_infer  # estimate|measure|simulate infer: planner/cli/infer.py
 
     add_infer(est, command, "estimate")
     p = command(est, "load", "The device and CPU peaks of loading the weights with a method, or every method.")
@@ -138,14 +138,14 @@ def build_parser() -> _Parser:
     p = command(mea, "train", "Run one real training step in a child process; measured against estimated.")
     _add_model(p)
     _add_run(p, device_required=True, seq_required=False)
-    from .cli_module import add_module_args  # --module: the real step of your model (planner/cli_module.py)
+    from .module import add_module_args  # --module: the real step of your model (planner/cli/module.py)
 
     add_module_args(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3)")
     p.add_argument("--memory-limit", help="cap the child's extra address space (e.g. 2GiB) to rehearse a smaller "
                                           "machine (default: no cap)")
     p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result")
-    from .cli_simulate import add_export_args  # --memory-snapshot, --trace (planner/measure/export.py)
+    from .simulate import add_export_args  # --memory-snapshot, --trace (planner/measure/export.py)
 
     add_export_args(p)
     cli_parallel.add_parallel_args(p)
@@ -154,7 +154,7 @@ def build_parser() -> _Parser:
                              "process; measured against estimated.")
     _add_model(p)
     _add_load(p, measure=True)
-    from .cli_simulate import add_simulate  # simulate train: planner/cli_simulate.py
+    from .simulate import add_simulate  # simulate train: planner/cli/simulate.py
 
     add_simulate(top, command)
     p = command(top, "fit", "The largest batch (or, with --batch-size, the longest sequence) that fits a memory "
@@ -190,14 +190,14 @@ def build_parser() -> _Parser:
 
 def cmd_estimate_train(args) -> int:
     if getattr(args, "module", None):
-        from .cli_module import cmd_estimate_module
+        from .module import cmd_estimate_module
 
         return cmd_estimate_module(args)
     cfg, spec = parse_train(args)
-    from .fitted import is_fitted
+    from ..fitted import is_fitted
 
-    if is_fitted(cfg):  # no formula family: a fit of simulations (planner/cli_fitted.py)
-        from .cli_fitted import cmd_estimate_fitted
+    if is_fitted(cfg):  # no formula family: a fit of simulations (planner/cli/fitted.py)
+        from .fitted import cmd_estimate_fitted
 
         return cmd_estimate_fitted(args, cfg, spec)
     if cli_parallel.parallel_requested(args):
@@ -209,7 +209,7 @@ def cmd_estimate_train(args) -> int:
         _print_table(rec, ESTIMATE_KEYS)
         print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
         if "host_activation_offload" in rec.get("transients", {}):  # --offload-activations: the host's own line
-            from .estimate.offload_act import DEVICE_NOTE
+            from ..estimate.offload_act import DEVICE_NOTE
 
             print(f"host (offloaded activations): {fmt_bytes(rec['transients']['host_activation_offload'])}; "
                   f"the peak above is the {DEVICE_NOTE}")
@@ -217,24 +217,24 @@ def cmd_estimate_train(args) -> int:
 
 
 def cmd_measure_train(args) -> int:
-    from .runner import run_worker
+    from ..runner import run_worker
 
     if getattr(args, "module", None):
-        from .cli_module import cmd_measure_module
+        from .module import cmd_measure_module
 
         return cmd_measure_module(args)
     cfg, spec = parse_train(args)
     require_bitsandbytes(spec.optimizer)  # the measuring child imports it; the estimate does not
-    from .finetune import check_quantize_runnable
+    from ..finetune import check_quantize_runnable
 
     check_quantize_runnable(spec)
-    from .estimate.offload import refuse_run
+    from ..estimate.offload import refuse_run
 
     refuse_run(spec)  # --offload-optimizer: estimate only
-    from .cli_simulate import export_paths
+    from .simulate import export_paths
 
     exports = export_paths(args)
-    from .fitted import is_fitted
+    from ..fitted import is_fitted
 
     fitted = is_fitted(cfg)  # issue #20: no formula family; the kept fit's answer, if any, is the estimate
     if fitted and cli_parallel.parallel_requested(args):
@@ -242,7 +242,7 @@ def cmd_measure_train(args) -> int:
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_measure(args, cfg, spec)
     if fitted:
-        from .cli_fitted import estimate_block, guard_peak
+        from .fitted import estimate_block, guard_peak
 
         guard = guard_peak(cfg, spec, args.timeout) if spec.device_type == "cpu" else 0
         est = estimate_block(cfg, spec)
@@ -308,13 +308,13 @@ LOAD_KEYS = ["peak_device_bytes", "peak_cpu_bytes", "peak_cpu_anon_bytes", "peak
 
 
 def _methods(method: str) -> list[str]:
-    from .estimate.loading import METHODS
+    from ..estimate.loading import METHODS
 
     return list(METHODS) if method == "all" else [method]
 
 
 def _check_loadable(cfg) -> None:
-    from .arch import family_of
+    from ..arch import family_of
 
     if family_of(cfg).basis != "formula":  # issue #20: no parameter inventory without building the model
         raise ConfigError(f"{cfg.model_type}: weight loading is estimated and measured from a formula family's "
@@ -322,7 +322,7 @@ def _check_loadable(cfg) -> None:
 
 
 def cmd_estimate_load(args) -> int:
-    from .estimate.loading import estimate_loading
+    from ..estimate.loading import estimate_loading
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
     _check_loadable(cfg)
@@ -348,9 +348,9 @@ def cmd_estimate_load(args) -> int:
 def cmd_measure_load(args) -> int:
     from pathlib import Path
 
-    from .estimate.loading import check_cache_disk, estimate_loading
-    from .routines_paths import default_cache_dir
-    from .runner import checkpoint_folder, measure_load, user_checkpoint_folder
+    from ..estimate.loading import check_cache_disk, estimate_loading
+    from ..routines_paths import default_cache_dir
+    from ..runner import checkpoint_folder, measure_load, user_checkpoint_folder
 
     cfg = with_dtype(resolve_model(args.model, args.config), args.dtype)
     _check_loadable(cfg)
@@ -413,7 +413,7 @@ def cmd_measure_load(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from .fit import default_budget, fit_report, measure_costs
+    from ..fit import default_budget, fit_report, measure_costs
 
     batch_given = args.batch_size is not None
     if not batch_given:
@@ -430,12 +430,12 @@ def cmd_fit(args) -> int:
         budget, source = default_budget(args.device)
     if budget <= 0:
         raise ConfigError(f"the budget must be positive, got {args.budget}")
-    from .fitted import is_fitted
+    from ..fitted import is_fitted
 
-    if is_fitted(cfg):  # issue #20: answered from the model's fit of simulations (planner/cli_fitted.py)
+    if is_fitted(cfg):  # issue #20: answered from the model's fit of simulations (planner/cli/fitted.py)
         if args.measure_costs:
             raise ConfigError(f"{cfg.model_type}: --measure-costs needs a formula family")
-        from .cli_fitted import fit_report_fitted
+        from .fitted import fit_report_fitted
 
         rec = {**fit_report_fitted(cfg, spec, budget, batch_given, args), "budget_source": source}
     else:
@@ -470,7 +470,7 @@ def checkpoint_size(folder) -> dict | None:
     so it is sized in the child (its measurement record carries file_bytes)."""
     from pathlib import Path
 
-    from .estimate.loading import safetensors_header_sizes
+    from ..estimate.loading import safetensors_header_sizes
 
     path = Path(folder) / "model.safetensors"
     if not path.exists():
@@ -483,20 +483,20 @@ def checkpoint_size(folder) -> dict | None:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from ..bench import main as bench
 
     check_device(args.device)
     if args.what == "record":
-        from .bench_recorded import grids, main as bench_record
+        from ..bench.recorded import grids, main as bench_record
 
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
         if args.family and args.grid != "families":
             raise ConfigError("bench record --family goes with --grid families")
         return bench_record(args.grid, out=args.out, progress=progress, family=args.family)
-    if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench_finetune_amp.py
-        from .bench_finetune_amp import main as bench_amp
-        from .bench_recorded import load, record
+    if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench/finetune_amp.py
+        from ..bench.finetune_amp import main as bench_amp
+        from ..bench.recorded import load, record
 
         if args.family:
             raise ConfigError("--family goes with bench families (and bench finetune --family gpt2: the book's GPT-2)")
@@ -504,52 +504,52 @@ def cmd_bench(args) -> int:
         full_cpu = not args.quick and args.device == "cpu"  # the full CPU grid is recorded (tests/data/measured)
         recorded = (lambda: load(record("finetune-amp", progress=progress))[1]) if full_cpu else None
         return bench_amp(quick=args.quick, out=args.out, device=args.device, progress=progress, recorded=recorded)
-    if args.what == "checkpoint-policies":  # issue #24: planner/bench_techniques.py
-        from .bench_techniques import main_checkpointing
+    if args.what == "checkpoint-policies":  # issue #24: planner/bench/techniques.py
+        from ..bench.techniques import main_checkpointing
 
         return main_checkpointing(quick=args.quick, out=args.out)
     if args.what == "offload-activations":  # issue #24: save_on_cpu measured, simulated, estimated
-        from .bench_offload_act import main as bench_offload_act
+        from ..bench.offload_act import main as bench_offload_act
 
         return bench_offload_act(quick=args.quick, out=args.out)
-    if args.what == "offload":  # issue #24: --offload-optimizer's estimate (planner/bench_techniques.py)
-        from .bench_techniques import main_offload
+    if args.what == "offload":  # issue #24: --offload-optimizer's estimate (planner/bench/techniques.py)
+        from ..bench.techniques import main_offload
 
         return main_offload(out=args.out)
-    if args.what == "losses":  # issue #24: the fused losses' grid (planner/bench_techniques.py)
-        from .bench_techniques import main as bench_losses
+    if args.what == "losses":  # issue #24: the fused losses' grid (planner/bench/techniques.py)
+        from ..bench.techniques import main as bench_losses
 
         return bench_losses(quick=args.quick, out=args.out)
-    if args.what in ("fitted", "fitted-speed"):  # issue #20: any family by config.json (planner/bench_fitted.py)
-        from .bench_fitted import main as bench_fitted
+    if args.what in ("fitted", "fitted-speed"):  # issue #20: any family by config.json (planner/bench/fitted.py)
+        from ..bench.fitted import main as bench_fitted
 
         return bench_fitted(args.what, quick=args.quick, out=args.out)
-    if args.what == "modules":  # issue #20: user modules, simulate vs measure and the what-if check (planner/bench_modules.py)
-        from .bench_modules import main as bench_modules
+    if args.what == "modules":  # issue #20: user modules, simulate vs measure and the what-if check (planner/bench/modules.py)
+        from ..bench.modules import main as bench_modules
 
         return bench_modules(quick=args.quick, out=args.out)
-    if args.what == "inference-quantized":  # generate() with bitsandbytes weights: planner/bench_infer_quant.py
-        from .bench_infer_quant import main as bench_infer_quant
+    if args.what == "inference-quantized":  # generate() with bitsandbytes weights: planner/bench/infer_quant.py
+        from ..bench.infer_quant import main as bench_infer_quant
 
         return bench_infer_quant(quick=args.quick, out=args.out, progress=progress)
-    if args.what == "inference-caches":  # sliding / quantized / offloaded caches: planner/bench_infer_caches.py
-        from .bench_infer_caches import main as bench_infer_caches
+    if args.what == "inference-caches":  # sliding / quantized / offloaded caches: planner/bench/infer_caches.py
+        from ..bench.infer_caches import main as bench_infer_caches
 
         return bench_infer_caches(quick=args.quick, out=args.out, progress=progress)
-    if args.what == "inference":  # generate()'s peak: planner/bench_inference.py
-        from .bench_inference import main as bench_inference
+    if args.what == "inference":  # generate()'s peak: planner/bench/inference.py
+        from ..bench.inference import main as bench_inference
 
         return bench_inference(quick=args.quick, out=args.out, progress=progress)
     if args.what == "distributed":
-        from .bench_distributed import main as bench_distributed
+        from ..bench.distributed import main as bench_distributed
 
         return bench_distributed(quick=args.quick, out=args.out, part=args.family)
     if args.what in ("gpu", "gpu-doc"):
-        from .bench_gpu import gpu_markdown, run_gpu
+        from ..bench.gpu import gpu_markdown, run_gpu
 
         folder = args.out_json or "gpu-records"
         if args.what == "gpu":
-            from .bench_gpu import PARTS
+            from ..bench.gpu import PARTS
 
             parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
             if not parts or set(parts) - set(PARTS):
@@ -563,7 +563,7 @@ def cmd_bench(args) -> int:
             Path(args.out).write_text(text)
         return 0
     if args.family:  # bench.main says which benchmarks take it
-        from .arch import families
+        from ..arch import families
 
         if args.family not in families():
             raise ConfigError(f"unknown family {args.family!r}; choose one of: {', '.join(families())}")
@@ -609,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(argv)
             default_precision(args)
             if getattr(args, "what", None) == "infer":
-                from .cli_infer import cmd_infer
+                from .infer import cmd_infer
 
                 code = cmd_infer(args)
             elif args.command == "estimate":
@@ -617,17 +617,17 @@ def main(argv: list[str] | None = None) -> int:
             elif args.command == "measure":
                 code = cmd_measure_train(args) if args.what == "train" else cmd_measure_load(args)
             elif args.command == "simulate" and cli_parallel.parallel_requested(args):
-                from .cli_simulate import export_paths
+                from .simulate import export_paths
 
                 export_paths(args)  # refused with --world-size (exit 2)
                 cfg, spec = parse_train(args)
                 code = cli_parallel.cmd_simulate(args, cfg, spec)
             elif args.command == "simulate" and args.what == "whatif":
-                from .cli_simulate import cmd_simulate_whatif
+                from .simulate import cmd_simulate_whatif
 
                 code = cmd_simulate_whatif(args)
             elif args.command == "simulate":
-                from .cli_simulate import cmd_simulate_train
+                from .simulate import cmd_simulate_train
 
                 code = cmd_simulate_train(args)
             elif args.command == "fit":

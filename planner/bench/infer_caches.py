@@ -16,9 +16,9 @@ import platform
 import subprocess
 import sys
 
-from .bench_common import _torch_version, _version, write_section
-from .config import PRESETS, config_to_dict
-from .infer_spec import InferSpec, check_infer
+from .common import _torch_version, _version, write_section
+from ..config import PRESETS, config_to_dict
+from ..infer_spec import InferSpec, check_infer
 
 BAR_PCT = 1.0
 SLIDING_FAMILIES = ("mistral", "phi3", "gemma2")
@@ -36,7 +36,7 @@ OUTSIDE_NOTE = ("Every row outside the bar misses bytes that the dynamic cache's
 
 
 def grid_rows(quick: bool):
-    from .arch import families
+    from ..arch import families
 
     precs = ("fp32",) if quick else ("fp32", "bf16")
     for cache, names in (("sliding", SLIDING_FAMILIES), ("quantized", QUANTIZED_FAMILIES)):
@@ -58,9 +58,9 @@ def grid_rows(quick: bool):
 
 def _run_rows(rows: list[dict]) -> None:
     """The child: measure and simulate each row (torch), one JSON line per row on stdout."""
-    from .config import config_from_dict
-    from .measure.inference import measure_inference
-    from .measure.simulate_infer import simulate_inference
+    from ..config import config_from_dict
+    from ..measure.inference import measure_inference
+    from ..measure.simulate_infer import simulate_inference
 
     for row in rows:
         cfg, ispec = config_from_dict(row["config"]), InferSpec(**row["spec"])
@@ -76,11 +76,11 @@ def _run_rows(rows: list[dict]) -> None:
 
 
 def run_grid(quick: bool, progress=print) -> list[dict]:
-    from .estimate.inference import estimate_inference
+    from ..estimate.inference import estimate_inference
 
     rows = list(grid_rows(quick))
     payload = [{"config": config_to_dict(c), "spec": i.to_dict()} for _, _, c, i in rows]
-    proc = subprocess.Popen([sys.executable, "-m", "planner.bench_infer_caches"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "planner.bench.infer_caches"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     proc.stdin.write(json.dumps(payload))
     proc.stdin.close()
@@ -103,7 +103,7 @@ def run_grid(quick: bool, progress=print) -> list[dict]:
 
 
 def offloaded_rows() -> list[dict]:
-    from .estimate.inference import estimate_inference
+    from ..estimate.inference import estimate_inference
 
     out = []
     for name, ispec in OFFLOADED_ROWS:
