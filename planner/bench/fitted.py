@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..spec import TrainSpec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["olmo2-tiny", "granite-tiny", "phi-tiny", "cohere-tiny", "smollm3-tiny"]
 TINY_RUNS = [("fp32", "adamw", 3, 40), ("bf16-amp", "sgd-momentum", 2, 96)]
 FULL = ["olmo2-7b", "granite-3-8b", "smollm3-3b", "phi-2", "command-r"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..spec import TrainSpec
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # (label, file, input shape or None, batch, seq): seq 1 for a model without a sequence axis
 MODULES = [
     ("CNN + BatchNorm (--input-shape 3x32x32)", "cnn.py", (3, 32, 32), 8, 1),

@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-RECORD_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
+RECORD_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured"
 PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
 
 
