@@ -536,7 +536,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
-                           rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+                           rope_bytes=sum(t.bytes for t in out if t.part == "shared"),
+                           post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"))
         if spec.checkpointing:
             points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
@@ -547,10 +548,6 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
                 # before the activation's (the family's point counts the block's whole saved set)
                 value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
-            if name == "ffn":
-                # Gemma 2: the post-feedforward norm's backward ran before the MLP's and freed its saves
-                # (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v fp32 checkpointing)
-                value -= sum(t.bytes for t in blk if t.part == "norm.post_mlp")
             if name == "ffn" and w.amp and grads_exist and any(
                     t.part == "mlp.out" and "input autocast copy" in t.name for t in blk):
                 # autocast, a later micro-batch, the down projection trains: at its weight grad's fp32 cast
