@@ -522,6 +522,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
         blk, n = per_block[i], numels[i]
         if spec.checkpointing:
             others = embed_bytes + i * bsh * w.e_r
+            others -= family.first_block_released(cfg, spec, w) if i == 0 else 0  # (Gemma 2's full mask)
         else:
             others = embed_bytes + sum(saved_blocks[:i])
         ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
@@ -573,7 +574,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             # copy, and four fp32 b*s*h temporaries of the rsqrt chain (as the family's input_norm point;
             # measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v bf16 checkpointing)
             points[f"block {i} post-feedforward norm"] = (others + grads + ctx.current + bsh * w.e_r
-                                                          + (4 * bsh if w.e_r < 4 else 0) + 16 * bsh)
+                                                          + (4 * bsh if w.e_r < 4 else 0) + 16 * bsh
+                                                          - family.ft_post_norm_released(blk, b, s, h, ctx.g))
         if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
             # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
             # block's saved set less what the down projection saved (freed by its backward, which has
