@@ -429,11 +429,6 @@ class RMSDecoder(HFCausalLM):
         """Bytes the final norm's backward has released before its high point (none for Llama's RMSNorm)."""
         return 0
 
-    def first_block_released(self, c, spec, w) -> int:
-        """Bytes kept through the forward (counted in the sweep's embed / kept terms) that are gone by the first
-        block's backward (none here)."""
-        return 0
-
     def ft_post_norm_released(self, blk: list[Term], b: int, s: int, h: int, g: int) -> int:
         """Bytes a norm after the MLP (ft_post_norm: none here) has released before its rsqrt chain's high point."""
         return 0
