@@ -570,11 +570,13 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             points[f"block {i} {name}"] = others + grads + value
         if any(t.part == "norm.post_mlp" and "fp32 input" in t.name for t in blk):
             # Gemma 2's post-feedforward norm, the block's first backward op (after the recompute under
-            # checkpointing): beside the block's saved set, the output's grad (e_r), below fp32 its fp32
-            # copy, and four fp32 b*s*h temporaries of the rsqrt chain (as the family's input_norm point;
-            # measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v bf16 checkpointing)
+            # checkpointing): beside the block's saved set, the output's grad (e_r), the fp32 grad of the
+            # normed x (grad * (1 + weight), fp32 at any precision: GemmaRMSNorm computes in fp32), and four
+            # fp32 b*s*h temporaries of the rsqrt chain (as the family's input_norm point; measured on the op
+            # timeline: gemma2 V97 h96 b4 s8 LoRA q,v bf16 checkpointing; V1000 h64 L2 b2 s32 last:1 fp32 and
+            # V97 h96 L2 b4 s96 LoRA bf16-AMP chunked-ce, where the fp32 grad was missing: -4*b*s*h)
             points[f"block {i} post-feedforward norm"] = (others + grads + ctx.current + bsh * w.e_r
-                                                          + (4 * bsh if w.e_r < 4 else 0) + 16 * bsh
+                                                          + 4 * bsh + 16 * bsh
                                                           - family.ft_post_norm_released(blk, b, s, h, ctx.g))
         if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
             # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
