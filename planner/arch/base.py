@@ -233,6 +233,11 @@ class Family:
         one of the saved tensors)."""
         return 0
 
+    def first_block_released(self, cfg, spec, w) -> int:
+        """Bytes kept through the forward (counted in the sweep's embed / kept terms) that are gone by the first
+        block's backward (none here)."""
+        return 0
+
     def block_points(self, cfg, spec, w, ctx) -> dict[str, int]:
         """The backward's high points inside one block: name -> live bytes on top of what the sweep
         holds outside the block (ctx: planner.estimate.training.SweepContext)."""

@@ -429,6 +429,10 @@ class RMSDecoder(HFCausalLM):
         """Bytes the final norm's backward has released before its high point (none for Llama's RMSNorm)."""
         return 0
 
+    def ft_post_norm_released(self, blk: list[Term], b: int, s: int, h: int, g: int) -> int:
+        """Bytes a norm after the MLP (ft_post_norm: none here) has released before its rsqrt chain's high point."""
+        return 0
+
     def mask_count(self, c) -> int:
         """Additive attention masks the model's forward builds and keeps through its layers (one here)."""
         return 1

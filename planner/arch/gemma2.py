@@ -177,11 +177,25 @@ class Gemma2(Gemma):
 
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """Llama's points; at the attention's backward the post-attention norm (which normalises the
-        attention's output, so its backward runs first) has freed its saved tensors too."""
+        attention's output, so its backward runs first) has freed its saved tensors too.
+        ffn (the GELU's backward, at the gated product's backward where both b*s*f grads are made): the
+        post-feedforward norm normalises the MLP's output, so its backward ran before the MLP's: its saved
+        tensors are freed (x.post_mlp_saved: fine-tuning's own set; else the full set) and, in full training,
+        its weight grad (h*e_p) exists. Measured on the op timeline (simulate's event log, transformers 5.23,
+        torch 2.13): gemma2 V1000 h64 a4 kv2 untied L4 b2 s64 fp32 AdamW checkpointing, first block's point
+        2,326,792 B above the persistent base, the estimate 98,808 B above it before (the norm's 66,304 B of
+        saves, its 256 B grad, the full-attention mask below, and the loss's two 4 B 0-d tensors).
+        (The full-attention mask, gone at the first block under checkpointing: first_block_released.)"""
         points = super().block_points(c, spec, w, x)
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
         if "attention" in points:
-            b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
             points["attention"] -= sum(t.bytes for t in self.norm_terms("post_attention_layernorm", b, s, h, w))
+        if "ffn" in points:
+            if x.post_mlp_saved is None:  # full training: every weight trains, the norm saved its full set
+                points["ffn"] += h * x.g - sum(t.bytes for t in self.norm_terms("post_feedforward_layernorm",
+                                                                                  b, s, h, w))
+            else:
+                points["ffn"] -= x.post_mlp_saved
         return points
 
     def mlp_done_extra(self, c, spec, w) -> int:
@@ -195,6 +209,30 @@ class Gemma2(Gemma):
         """The sandwich norms (Gemma2DecoderLayer.forward: post_attention_layernorm on the attention's output,
         post_feedforward_layernorm on the MLP's, each before its residual add; inventory role norm.other)."""
         return self.ft_norm(label, b, s, h, e_r, rg_in, trains, part=part, where=where), rg_in or trains
+
+    def first_block_released(self, c, spec, w) -> int:
+        """Under checkpointing Gemma2Model hands the full-attention layers (odd indices) one additive mask and the
+        sliding ones another (mask_count), each kept as a checkpoint input by the layers that take it (both
+        counted kept: outside_terms, and planner/estimate/finetune.py); block 0 is a sliding layer, and by its
+        backward every full-attention layer's checkpoint has run and let go of the full mask (b*s^2*e_r).
+        Measured on the op timeline (simulate's event log): one mask alive at block 0's points (gemma2 V1000 h64
+        L4 b2 s64 fp32 AdamW; V1000 h64 L2 b2 s32 bf16 last:1 chunked-ce, block 0's post-feedforward norm)."""
+        if not spec.checkpointing or self.mask_count(c) < 2:
+            return 0
+        return spec.batch_size * spec.seq_len * spec.seq_len * w.e_r
+
+    def ft_post_norm_released(self, blk: list[Term], b: int, s: int, h: int, g: int) -> int:
+        """The post-feedforward GemmaRMSNorm's backward (fine-tuning's `post-feedforward norm` point, at its rsqrt
+        chain's four fp32 b*s*h temporaries): the product with 1 + weight has run its backward and released the
+        fp32 normed x (weight trains) and 1 + weight (4*h), the rsqrt's backward has released the rsqrt (4*b*s), and
+        the weight's grad (h*g, g: bytes per new grad) exists when it trains. Measured on the op timeline
+        (simulate's event log): gemma2 V1000 h64 a4 kv2 untied L2 b2 s32 bf16 last:1 checkpointing chunked-ce, the
+        point 592,904 B above the persistent base, the family's point 16,760 B above it before (16,384 + 256 + 256
+        - 128, and the loss's two 4 B 0-d tensors)."""
+        saved = [t for t in blk if t.part == "norm.post_mlp"]
+        normed = sum(t.bytes for t in saved if "normed x (weight trains)" in t.name)
+        rg_in = any("fp32 input" in t.name for t in saved)
+        return normed + (4 * h + 4 * b * s if rg_in else 0) - (h * g if normed else 0)
 
     def ft_attention_extra(self, c: Gemma2Config, x, b: int, s: int, e: int, q: bool, k: bool) -> list[Term]:
         """eager_attention_forward soft-caps the scores (/ cap, tanh, * cap): tanh saves its output for the

@@ -154,13 +154,16 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
               "families the chunked-ce backward point is up to ~2% high (the hidden chunks' grads, counted as held "
               "until split's backward, are not all alive at the measured peak there), and cce on Llama fp32 b4 s32 "
               "with one block is +1.9%; both on the safe side. With fine-tuning (measured, not in the grid): Gemma 2 "
-              "under bf16-AMP with LoRA and checkpointing at b4 s96 is -2.2% (the blocks' backward sweep, which the "
-              "b*s*V logits hid before), and without checkpointing under autocast the forward's in-attention high point "
+              "under bf16-AMP with LoRA r8 and checkpointing at b4 s96 (V1000 h64 L2, chunked-ce) was -2.1% (the "
+              "post-feedforward norm's fp32 grad of its normed x, missing from the fine-tuning sweep's point below "
+              "bf16; now -8 B of 4,500,908), and without checkpointing under autocast the forward's in-attention high point "
               "(planner/estimate/finetune.py known_gap, now flagged whenever the loss is fused) is -2.9% there. In the grid, "
               "Gemma 2 last:1 (a trainable head) bf16 with checkpointing is +1.08% with chunked-ce, with or without the "
               "soft cap: not the loss but the fine-tuning sweep's point at the last block's post-feedforward norm "
-              "(planner/estimate/finetune.py _sweep), 16,760 B high, which the b*s*V logits hid before (with the default "
-              "loss the same point is 19 % under the loss backward's peak); on the safe side, not patched."]
+              "(planner/estimate/finetune.py _sweep), which the b*s*V logits hid before (with the default "
+              "loss the same point is 19 % under the loss backward's peak): it was 16,760 B high (the norm's backward "
+              "has released its normed x, 1 + weight and rsqrt: planner/arch/gemma2.py ft_post_norm_released), "
+              "now 8 B low."]
     if full:
         lines += ["", "Full size, one preset per family, bf16-AMP, AdamW (formula vs the simulated step; `default` "
                   "is transformers' labels= loss, the book's cross-entropy for gpt2-xl):", "",

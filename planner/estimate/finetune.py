@@ -522,6 +522,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
         blk, n = per_block[i], numels[i]
         if spec.checkpointing:
             others = embed_bytes + i * bsh * w.e_r
+            others -= family.first_block_released(cfg, spec, w) if i == 0 else 0  # (Gemma 2's full mask)
         else:
             others = embed_bytes + sum(saved_blocks[:i])
         ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
@@ -536,7 +537,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
-                           rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+                           rope_bytes=sum(t.bytes for t in out if t.part == "shared"),
+                           post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"))
         if spec.checkpointing:
             points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
@@ -547,10 +549,6 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
                 # before the activation's (the family's point counts the block's whole saved set)
                 value -= sum(t.bytes for t in blk if t.part == "mlp.out" and t.name.endswith("lora_A output"))
-            if name == "ffn":
-                # Gemma 2: the post-feedforward norm's backward ran before the MLP's and freed its saves
-                # (measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v fp32 checkpointing)
-                value -= sum(t.bytes for t in blk if t.part == "norm.post_mlp")
             if name == "ffn" and w.amp and grads_exist and any(
                     t.part == "mlp.out" and "input autocast copy" in t.name for t in blk):
                 # autocast, a later micro-batch, the down projection trains: at its weight grad's fp32 cast
@@ -572,11 +570,14 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             points[f"block {i} {name}"] = others + grads + value
         if any(t.part == "norm.post_mlp" and "fp32 input" in t.name for t in blk):
             # Gemma 2's post-feedforward norm, the block's first backward op (after the recompute under
-            # checkpointing): beside the block's saved set, the output's grad (e_r), below fp32 its fp32
-            # copy, and four fp32 b*s*h temporaries of the rsqrt chain (as the family's input_norm point;
-            # measured on the op timeline: gemma2 V97 h96 b4 s8 LoRA q,v bf16 checkpointing)
+            # checkpointing): beside the block's saved set, the output's grad (e_r), the fp32 grad of the
+            # normed x (grad * (1 + weight), fp32 at any precision: GemmaRMSNorm computes in fp32), and four
+            # fp32 b*s*h temporaries of the rsqrt chain (as the family's input_norm point; measured on the op
+            # timeline: gemma2 V97 h96 b4 s8 LoRA q,v bf16 checkpointing; V1000 h64 L2 b2 s32 last:1 fp32 and
+            # V97 h96 L2 b4 s96 LoRA bf16-AMP chunked-ce, where the fp32 grad was missing: -4*b*s*h)
             points[f"block {i} post-feedforward norm"] = (others + grads + ctx.current + bsh * w.e_r
-                                                          + (4 * bsh if w.e_r < 4 else 0) + 16 * bsh)
+                                                          + 4 * bsh + 16 * bsh
+                                                          - family.ft_post_norm_released(blk, b, s, h, ctx.g))
         if any(t.part in ("mlp.act_out", "mlp.up_out") for t in blk):
             # the gated product's backward: its output grad and both input grads (b*s*f each) beside the
             # block's saved set less what the down projection saved (freed by its backward, which has

@@ -208,7 +208,7 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
         others_last = embed_bytes + (L - 1) * bsh * w.e_r
     else:
         others_last = saved_after_loss - head_bytes - blk_bytes - casts_blk - casts_head
-    others_first = embed_bytes
+    others_first = embed_bytes - family.first_block_released(cfg, spec, w)  # (Gemma 2's full-attention mask)
     current = blk_bytes + casts_blk + (family.stash_extra(cfg, spec, w) if spec.checkpointing else 0)
     # A tied head's weight grad is not added to .grad at the head's backward: the engine holds it in the
     # input buffer of the shared weight's AccumulateGrad node until the embedding's backward (the last
