@@ -536,11 +536,13 @@ class RMSDecoder(HFCausalLM):
         eager: the model's additive masks (mask_count of (b, 1, s, kv_len)). Measured on the live-bytes op log
         (qwen3 V2000 h48 a6 kv6 d24 b2 s48 sdpa fp32: the prompt's peak at k's product with sin, 147,456 B
         above the attention point). The last layer's K/V is not written yet (infer_prefill_unwritten_kv)."""
+        masks = self.mask_count(c) * ispec.batch_size * s * kv_len * e if c.attention == "eager" else 0
+        return self.infer_rope_rotation(c, ispec, e, s) + masks
+
+    def infer_rope_rotation(self, c, ispec, e: int, s: int) -> int:
+        """The q, k, v projections' outputs and the rotation's tensors at its high point (infer_rope_at)."""
         x = self.shape(c)
-        b = ispec.batch_size
-        rope = b * s * x.d * e * max(4 * x.a + 2 * x.kv, 2 * x.a + 5 * x.kv)
-        masks = self.mask_count(c) * b * s * kv_len * e if c.attention == "eager" else 0
-        return rope + masks
+        return ispec.batch_size * s * x.d * e * max(4 * x.a + 2 * x.kv, 2 * x.a + 5 * x.kv)
 
     def infer_prefill_unwritten_kv(self, c, ispec, e: int) -> dict[str, int]:
         """At the RoPE point the last layer's K and V (b, kv, kv_len, d) are not in the cache yet (DynamicLayer
