@@ -566,7 +566,12 @@ class RMSDecoder(HFCausalLM):
         # repeat_kv (expand + reshape) copies unless kv = 1: one K/V head reshapes to a stride-0 view (measured)
         if c.attention == "eager":
             kv_rep = 2 * b * x.a * kv_len * x.d * e if 1 < x.kv < x.a else 0
-            return q + kv_rep + b * s * kv_len * e + b * x.a * s * kv_len * (e + 4 + (e if e < 4 else 0))
+            scores = b * x.a * s * kv_len * (e + 4 + (e if e < 4 else 0))
+            # after the softmax (eager_attention_forward): its output in e, matmul(weights, v) and its
+            # transpose(1, 2).contiguous() copy, 2 q; above the scores when 2 d > s (measured: gemma V2000 h48 a6
+            # d32 b2 s48 eager fp32 quantized cache, the prompt's peak at that contiguous)
+            after = b * x.a * s * kv_len * e + 2 * q if s > 1 else 0
+            return q + kv_rep + b * s * kv_len * e + max(scores, after)
         # measured: a StaticCache's padded mask is not passed at these shapes either (K/V are not repeated)
         # (masked: a sliding-window mask is passed, and transformers then repeats K/V instead of enable_gqa; one
         # query packs the heads into the K/V groups instead, integrations/sdpa_attention.py pack_gqa: no copy)
