@@ -533,10 +533,11 @@ class RMSDecoder(HFCausalLM):
         projections' outputs (a + 2*kv heads of (b, s, d); Qwen 3's q/k norm outputs in q and k's place, Phi-3's
         fused qkv output the same bytes), and at q's `rotate_half(q) * sin` q * cos, the cat and the product (3 a),
         or at k's q_embed (a) with k * cos, the cat and the product (3 kv): b*s*d*e*max(4a + 2kv, 2a + 5kv);
-        eager: the model's additive masks (mask_count of (b, 1, s, kv_len)). Measured on the live-bytes op log
+        eager: the model's additive masks (mask_count of (b, 1, s, kv_len); Gemma 2's two measured). Measured on the live-bytes op log
         (qwen3 V2000 h48 a6 kv6 d24 b2 s48 sdpa fp32: the prompt's peak at k's product with sin, 147,456 B
         above the attention point). The last layer's K/V is not written yet (infer_prefill_unwritten_kv)."""
-        masks = self.mask_count(c) * ispec.batch_size * s * kv_len * e if c.attention == "eager" else 0
+        # eager: the model's additive mask (its other masks, mask_count - 1, are in the points' context)
+        masks = ispec.batch_size * s * kv_len * e if c.attention == "eager" else 0
         return self.infer_rope_rotation(c, ispec, e, s) + masks
 
     def infer_rope_rotation(self, c, ispec, e: int, s: int) -> int:
