@@ -147,6 +147,11 @@ class Family:
         """The last decode forward's high points above the weights, the prompt and the cache at p + n - 1."""
         return {}
 
+    def infer_prefill_unwritten_kv(self, cfg, ispec, e: int) -> dict[str, int]:
+        """Prefill points (infer_prefill_points' names) that come before the last layer's cache update: the
+        bytes of that layer's K/V not yet written there (subtracted from the cache at that point)."""
+        return {}
+
     def infer_logits_terms(self, cfg, ispec, e: int) -> list:
         """What the token selection holds beside the cache (Term objects)."""
         return []

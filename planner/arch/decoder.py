@@ -15,6 +15,10 @@ from .base import HFCausalLM, linear
 from .terms import TensorSpec, Term
 
 
+# the prefill point of the last layer's RoPE (infer_prefill_points; before its cache update)
+ROPE_POINT = "RoPE of q and k (before the cache update)"
+
+
 class DecoderConfigMixin:
     """Properties the planner reads from every config, and the checks transformers' decoders share."""
 
@@ -523,7 +527,34 @@ class RMSDecoder(HFCausalLM):
             # the model's other additive masks (mask_count: Gemma 2 builds a full and a sliding-window mask
             # before its layers, both alive through every layer; measured)
             ctx += (self.mask_count(c) - 1) * b * s * kv_len * e
-        return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm}
+        return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm,
+                ROPE_POINT: ctx + bsh * e + self.infer_rope_at(c, ispec, e, s, kv_len)}
+
+    def infer_rope_at(self, c, ispec, e: int, s: int, kv_len: int) -> int:
+        """The prompt's RoPE in the last layer, before its cache update: apply_rotary_pos_emb (transformers 5.23
+        models/llama/modeling_llama.py, copied by every RMSNorm decoder here) computes q_embed = (q * cos) +
+        (rotate_half(q) * sin), then k_embed alike; rotate_half is torch.cat((-x2, x1)). Alive: the q, k and v
+        projections' outputs (a + 2*kv heads of (b, s, d); Qwen 3's q/k norm outputs in q and k's place, Phi-3's
+        fused qkv output the same bytes), and at q's `rotate_half(q) * sin` q * cos, the cat and the product (3 a),
+        or at k's q_embed (a) with k * cos, the cat and the product (3 kv): b*s*d*e*max(4a + 2kv, 2a + 5kv);
+        eager: the model's additive masks (mask_count of (b, 1, s, kv_len); Gemma 2's two measured). Measured on the live-bytes op log
+        (qwen3 V2000 h48 a6 kv6 d24 b2 s48 sdpa fp32: the prompt's peak at k's product with sin, 147,456 B
+        above the attention point). The last layer's K/V is not written yet (infer_prefill_unwritten_kv)."""
+        # eager: the model's additive mask (its other masks, mask_count - 1, are in the points' context)
+        masks = ispec.batch_size * s * kv_len * e if c.attention == "eager" else 0
+        return self.infer_rope_rotation(c, ispec, e, s) + masks
+
+    def infer_rope_rotation(self, c, ispec, e: int, s: int) -> int:
+        """The q, k, v projections' outputs and the rotation's tensors at its high point (infer_rope_at)."""
+        x = self.shape(c)
+        return ispec.batch_size * s * x.d * e * max(4 * x.a + 2 * x.kv, 2 * x.a + 5 * x.kv)
+
+    def infer_prefill_unwritten_kv(self, c, ispec, e: int) -> dict[str, int]:
+        """At the RoPE point the last layer's K and V (b, kv, kv_len, d) are not in the cache yet (DynamicLayer
+        and StaticLayer allocate at their first update): one layer of the prefill cache planner/estimate/inference.py
+        counts (every layer at the prompt, a StaticCache's at p + n - 1)."""
+        kv_len = ispec.total_len - 1 if ispec.cache == "static" else ispec.prompt_len
+        return {ROPE_POINT: 2 * ispec.batch_size * c.num_key_value_heads * c.head_dim * kv_len * e}
 
     def infer_attention(self, c, ispec, e: int, s: int, kv_len: int) -> int:
         return self.infer_attention_at(c, ispec, e, s, kv_len, False)
@@ -540,7 +571,12 @@ class RMSDecoder(HFCausalLM):
         # repeat_kv (expand + reshape) copies unless kv = 1: one K/V head reshapes to a stride-0 view (measured)
         if c.attention == "eager":
             kv_rep = 2 * b * x.a * kv_len * x.d * e if 1 < x.kv < x.a else 0
-            return q + kv_rep + b * s * kv_len * e + b * x.a * s * kv_len * (e + 4 + (e if e < 4 else 0))
+            scores = b * x.a * s * kv_len * (e + 4 + (e if e < 4 else 0))
+            # after the softmax (eager_attention_forward): its output in e, matmul(weights, v) and its
+            # transpose(1, 2).contiguous() copy, 2 q; above the scores when 2 d > s (measured: gemma V2000 h48 a6
+            # d32 b2 s48 eager fp32 quantized cache, the prompt's peak at that contiguous)
+            after = b * x.a * s * kv_len * e + 2 * q if s > 1 else 0
+            return q + kv_rep + b * s * kv_len * e + max(scores, after)
         # measured: a StaticCache's padded mask is not passed at these shapes either (K/V are not repeated)
         # (masked: a sliding-window mask is passed, and transformers then repeats K/V instead of enable_gqa; one
         # query packs the heads into the K/V groups instead, integrations/sdpa_attention.py pack_gqa: no copy)

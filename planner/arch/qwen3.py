@@ -10,7 +10,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..validation import ConfigError
-from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
+from .decoder import ROPE_POINT, DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
+
+Q_NORM_POINT = "q norm's fp32 temporaries (before the cache update)"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,28 @@ class Qwen3(RMSDecoder):
     def from_dict(self, data: dict):
         check_zero(data, ("attention_dropout",))
         return super().from_dict(data)
+
+    def infer_prefill_points(self, c, ispec, e: int) -> dict[str, int]:
+        """Llama's points, and the last layer's q norm before its cache update: Qwen3RMSNorm (models/qwen3/
+        modeling_qwen3.py) on q_proj's output (b, s, a, d) in the weights' dtype: `hidden_states.to(float32)`
+        (a copy below fp32), `variance = pow(2).mean(-1)` and at `hidden_states * rsqrt(variance + eps)` the copy,
+        the product, the variance and the rsqrt (b, s, a, 1) fp32 beside q_proj's output:
+        b*s*a*d*(e + 4*[e < 4] + 4) + 8*b*s*a, with the context and the input norm's output (RMSDecoder's RoPE
+        point without its rotation). Above the RoPE point below fp32 when a >= 2 kv (measured on the live-bytes op
+        log: qwen3 V97 h32 a4 kv2 d24 b2 s256 SDPA bf16, the prompt's peak at that product, 16,384 B above the
+        RoPE point: the variance and the rsqrt)."""
+        points = super().infer_prefill_points(c, ispec, e)
+        x = self.shape(c)
+        b, s = ispec.batch_size, ispec.prompt_len
+        q = b * s * x.a * x.d
+        points[Q_NORM_POINT] = (points[ROPE_POINT] - self.infer_rope_rotation(c, ispec, e, s)
+                                + q * (e + (4 if e < 4 else 0) + 4) + 8 * b * s * x.a)
+        return points
+
+    def infer_prefill_unwritten_kv(self, c, ispec, e: int) -> dict[str, int]:
+        """The q norm comes before the last layer's cache update too (as its RoPE)."""
+        out = super().infer_prefill_unwritten_kv(c, ispec, e)
+        return {**out, Q_NORM_POINT: out[ROPE_POINT]}
 
 
 FAMILY = Qwen3()

@@ -101,8 +101,9 @@ def quantized_options(fam, cfg, ispec, e: int, pre_points: dict, dec_points: dic
     # the attention's tensors at the update call: the points' context, the input norm's output and q after RoPE
     at_update = (pre_points["attention"] - fam.infer_attention_at(cfg, ispec, e, p, p, masked)
                  + b * x.a * p * x.d * e)
+    unwritten = fam.infer_prefill_unwritten_kv(cfg, ispec, e)  # the family's RoPE point: its own entry below
     pre = {f"activations ({k})": ((q_p + own_p if k == "attention" else q_p) + v, v, 0)
-           for k, v in pre_points.items()}
+           for k, v in pre_points.items() if k not in unwritten}
     pre["activations (the last layer's value quantization)"] = (q_p - k8(p) + own_p + quant_tmp + at_update,
                                                                 at_update + quant_tmp, 0)
     # the last layer's RoPE of q, before its update: the q/k/v projections' outputs (one fused output for Phi-3,
@@ -110,11 +111,17 @@ def quantized_options(fam, cfg, ispec, e: int, pre_points: dict, dec_points: dic
     qb = b * x.a * p * x.d * e
     # (at_update holds the q projection's output; Phi-3's fused qkv output holds k and v's too)
     rope = at_update + 3 * qb + (-qb if fam.fused_qkv else 2 * b * x.kv * p * x.d * e)
-    pre["activations (the last layer's RoPE of q)"] = (q_p - 2 * k8(p) - 8 + rope, rope, 0)
+    # the family's own points before the last layer's update (RMSDecoder.infer_rope_at: q's or k's rotation and
+    # eager's masks; Qwen 3's q norm) replace that one; all stand on the other layers' fp8 K/V and scales
+    before = {f"activations (the last layer's {k})": pre_points[k] for k in unwritten} or {
+        "activations (the last layer's RoPE of q)": rope}
+    for k, v in before.items():
+        pre[k] = (q_p - 2 * k8(p) - 8 + v, v, 0)
     pre["logits"] = (q_p + logits, 0, logits)
     kv = {"prefill": {k: q_p + (own_p if k == "activations (attention)" else 0) for k in pre},
           "decode": {}}
-    kv["prefill"]["activations (the last layer's RoPE of q)"] = q_p - 2 * k8(p) - 8
+    for k in before:
+        kv["prefill"][k] = q_p - 2 * k8(p) - 8
     kv["prefill"]["activations (the last layer's value quantization)"] = q_p - k8(p) + own_p
     dec = {"logits": (q_T + decode_logits_total, 0, decode_logits)}
     kv["decode"]["logits"] = q_T

@@ -71,9 +71,12 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     logit_terms = family.infer_logits_terms(cfg, ispec, e)
     logits = sum(t.bytes for t in logit_terms)
     dec_points = family.infer_decode_points(cfg, ispec, e) if n > 1 else {}
-    pre_act = max(pre_points.values())
-    pre_name = max(pre_points, key=pre_points.get)
-    prefill_options = {"activations": (kv_prefill + pre_act, pre_act, 0),
+    # points before the last layer's cache update (the family's RoPE point) stand on one layer's K/V less
+    unwritten = family.infer_prefill_unwritten_kv(cfg, ispec, e)
+    pre_above = {k: v - unwritten.get(k, 0) for k, v in pre_points.items()}
+    pre_name = max(pre_above, key=pre_above.get)
+    pre_act = pre_points[pre_name]
+    prefill_options = {"activations": (kv_prefill + pre_above[pre_name], pre_act, 0),
                        "logits": (kv_prefill + logits, 0, logits)}
     # decode: the previous step's processed scores (next_token_scores, b*V fp32) are still bound in _sample
     prev_scores = 4 * b * cfg.vocab_size
@@ -114,6 +117,8 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     peak_phase = max(phase, key=phase.get)
     _, act, lg = parts[peak_phase]
     kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
+    if peak_phase == "prefill" and chosen["prefill"] == "activations":
+        kv_at_peak -= unwritten.get(pre_name, 0)
     if off is not None:  # the device's K/V at the chosen high point
         kv_at_peak = off["kv"][peak_phase][chosen[peak_phase]]
     cache_how = {"offloaded": " (offloaded: the device's one or two layers)",
