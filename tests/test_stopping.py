@@ -44,9 +44,13 @@ def tmp(tmp_path):
 
 
 def start_cli(tmp, *extra):
+    # As a terminal starts it: SIGINT at its default. A child inherits an ignored SIGINT, and Python (and the CLI,
+    # planner/cli/main.py _signals_stop_the_command) keeps an inherited ignore; inside the full suite the test
+    # process's SIGINT can be ignored when this runs, and Ctrl-C then never reached the CLI (60 s timeouts in CI).
     proc = subprocess.Popen([sys.executable, "-m", "planner", "measure", "train", "--config", str(tmp / "slow.json"),
                              *RUN, *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp / "tmp")})
+                            env={**os.environ, "TMPDIR": str(tmp / "tmp")},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert json.loads(proc.stdout.readline())["event"] == "progress"  # the worker is running
     tree = [psutil.Process(proc.pid), *workers_of(proc.pid)]
     assert len(tree) == 2 and list((tmp / "tmp").iterdir())  # the CLI, its worker, and the worker's TMPDIR
