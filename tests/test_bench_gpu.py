@@ -32,3 +32,26 @@ def test_gpu_markdown_compares_todays_estimate_with_the_records(tmp_path):
     text = gpu_markdown(str(tmp_path))
     assert "worst |error| against allocated 1.00%" in text and "against reserved 10.00%" in text
     assert f"| {label} | {est:,} |" in text
+
+
+def test_gpu_rows_are_the_recorded_and_inference_grids_on_cuda(tmp_path):
+    """The recorded CPU grids and the inference grids, each row set to cuda; the report re-estimates a row
+    and sets CUDA's live bytes beside the CPU's recorded peak."""
+    from planner.bench.gpu_grids import ROWS_FILE, infer_rows, recorded_rows, rows_markdown
+
+    train, infer = recorded_rows(), infer_rows()
+    assert len(train) > 1000 and {r["spec"]["device"] for r in train + infer} == {"cuda"}
+    assert {"accuracy", "families", "finetune-amp", "qlora"} <= {r["grid"] for r in train}
+    assert {"dynamic", "static", "offloaded"} <= {r["spec"]["cache"] for r in infer}
+    row = next(r for r in train if r["grid"] == "accuracy")
+    from planner.bench.gpu_grids import _estimate
+
+    est, _ = _estimate(row)
+    cpu = row["cpu"]["peak_bytes"]
+    rec = {**row, "measured": {"peak_allocated_bytes": round(est / 0.99), "tracked_peak_bytes": round(cpu * 1.02),
+                               "peak_phase": "backward"}}
+    bad = {**infer[0], "error": "RuntimeError: boom"}
+    (tmp_path / ROWS_FILE).write_text(json.dumps(rec) + "\n" + json.dumps(bad) + "\n")
+    text = "\n".join(rows_markdown(str(tmp_path), 1.0))
+    assert "2 rows" in text and "+2.00% / +2.00%" in text and "| -1.000 |" in text
+    assert "Rows that failed on CUDA (1)" in text and "RuntimeError: boom" in text

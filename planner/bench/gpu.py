@@ -24,7 +24,7 @@ from .main import GRID_SHAPES, _gpt, _llama
 from ..config import PRESETS, ModelConfig, config_to_dict
 from ..spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
-GRID_WORKERS = 8  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
+GRID_WORKERS = 4  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
 
 
 def cuda_grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec]]:
@@ -135,7 +135,8 @@ def _append(path: Path, rec: dict, lock: threading.Lock) -> None:
         fh.write(json.dumps(rec) + "\n")
 
 
-PARTS = ("grid", "realistic", "loading")
+PARTS = ("grid", "realistic", "loading", "recorded", "infer")  # the last two: planner/bench/gpu_grids.py
+ROWS_BUDGET_S = 420  # the recorded / inference rows stop starting new rows after this (a device call is 10 min)
 
 
 def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, progress=print) -> int:
@@ -185,7 +186,13 @@ def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, p
         if "realistic" in parts:
             realistic()
 
+    def rows() -> None:
+        from .gpu_grids import run_rows
+
+        run_rows(out, parts, ROWS_BUDGET_S, progress)
+
     jobs = [big] + ([grid] if "grid" in parts else []) + ([realistic_simulated] if "realistic" in parts else [])
+    jobs += [rows] if {"recorded", "infer"} & set(parts) else []
     threads = [threading.Thread(target=f) for f in jobs]
     for t in threads:
         t.start()
@@ -248,6 +255,9 @@ def gpu_markdown(records_dir: str) -> str:
                   "| run | estimate (B) | allocated (B) | err % | reserved (B) | err % | phase est / meas | "
                   "simulated (B) (% vs tracked live bytes) |",
                   "|---|---:|---:|---:|---:|---:|---|---:|", *rows, ""]
+    from .gpu_grids import rows_markdown
+
+    lines += rows_markdown(records_dir, TRAIN_BAR_PCT)
     loads = _read_jsonl(d / "loading.jsonl")
     if loads:
         lines += ["## Weight loading (GPT-2 XL fp32 unless noted)", "",
@@ -255,8 +265,6 @@ def gpu_markdown(records_dir: str) -> str:
                   "|---|---:|---:|---:|---:|---:|"]
         for r in loads:
             m, method = r["measured"], r["method"]
-            from ..config import PRESETS
-
             est = estimate_loading(PRESETS[r["model"]], method, "cuda")
             nb_gpu, nb_cpu = NOTEBOOK_GPT2_XL.get(method, ("", ""))
             if r["exit_code"]:

@@ -180,8 +180,9 @@ def build_parser() -> _Parser:
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     b.add_argument("--out-json", help="gpu / gpu-doc: the folder of the raw JSON-lines records (default gpu-records)")
-    b.add_argument("--parts", default="grid,realistic,loading",
-                   help="gpu: which parts to run, comma-separated from grid, realistic, loading (default all)")
+    b.add_argument("--parts", default="grid,realistic,loading,recorded,infer",
+                   help="gpu: which parts to run, comma-separated from grid, realistic, loading, recorded (every "
+                        "recorded CPU grid on cuda), infer (the inference grids on cuda) (default all)")
     b.add_argument("--grid", default="all",
                    help="record: the grid whose rows are measured into tests/data/measured/<grid>.jsonl (accuracy, "
                         "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them")

@@ -19,7 +19,7 @@ from ..infer_spec import InferSpec
 from ..routines.inference import GenerationRun
 from . import procmem
 from .tracker import LiveBytesTracker
-from .training import _PhaseRecorder, _sync, downsample
+from .training import _PhaseRecorder, _sync, downsample, resolve_device
 
 INFER_PHASES = ("prefill", "decode")
 
@@ -36,9 +36,7 @@ def measure_inference(cfg: ModelConfig, ispec: InferSpec, emit: Callable[[dict],
 
 
 def _measure(cfg, ispec, emit, max_timeline_points, holder) -> dict:
-    device = torch.device(ispec.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = resolve_device(ispec.device)
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
     run = holder["run"] = GenerationRun(cfg, ispec)
     emit({"event": "progress", "stage": "warm-up generate", "fraction": 0.2})

@@ -64,11 +64,21 @@ def measure_training(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], N
         raise
 
 
+def resolve_device(name: str) -> "torch.device":
+    """The device a run measures on, with its index: torch.cuda.set_device refuses a bare "cuda" (torch 2.11,
+    _get_device_index: "Expected a torch.device with a specified index"; seen on the H100 run of docs/gpu.md),
+    so "cuda" means the current device, as torch's own tensors placed on "cuda" do."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device
+
+
 def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], max_timeline_points: int,
              holder: dict, exports: dict | None = None, module: tuple | None = None) -> dict:
-    device = torch.device(spec.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = resolve_device(spec.device)
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
     if module is not None:
         from pathlib import Path
