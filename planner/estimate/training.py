@@ -115,9 +115,15 @@ def _autocast_bias_bytes(cfg: ModelConfig, amp: bool) -> int:
 
 # CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every block is a multiple of 512 B.
 CUDA_BLOCK_BYTES = 512
-# cuBLAS workspace, allocated through the caching allocator and so counted by max_memory_allocated
-# (CublasHandlePool.cpp default ":4096:2:16:8" = 8,519,680 B; 32 MiB on Hopper). Not verified on a GPU.
-CUBLAS_WORKSPACE_BYTES = 8_519_680
+# cuBLAS workspaces, allocated through the caching allocator and so counted by max_memory_allocated, and kept
+# for the life of the process. One per (cuBLAS handle, stream) (CublasHandlePool.cpp, map keyed by both), and
+# handles are per thread: the forward's matmuls run on the Python thread, autograd's backward on the device's
+# own worker thread, so a training step holds two. Each is parseChosenWorkspaceSize's default: 32 MiB on Hopper
+# (sm_90), ":4096:2:16:8" = 8,519,680 B on other GPUs (then this term is an upper bound by 2 x 23.9 MiB).
+# Measured on an H100 (torch 2.11, docs/gpu.md): +33,554,432 B after the first matmul, +67,125,248 B after a
+# Linear's backward (two workspaces and 16 KiB more).
+CUBLAS_WORKSPACE_BYTES_PER_HANDLE = 32 * 2**20
+CUBLAS_WORKSPACE_BYTES = 2 * CUBLAS_WORKSPACE_BYTES_PER_HANDLE
 # The CUDA context (driver, kernels) is outside the allocator: ~300-500 MB with lazy module loading
 # (PyTorch PR #86509; issue #109888). Shown as a separate line, never in peak_bytes.
 CUDA_CONTEXT_BYTES = 400 * 2**20
@@ -351,7 +357,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     fused_bwd_point = fused.backward_point if fused is not None else 0
     cuda_lines = {}
     if spec.device_type == "cuda":
-        # [GPU-verify] terms from PyTorch source, not yet checked against max_memory_allocated.
+        # 512-B rounding and the two cuBLAS workspaces measured on an H100 (docs/gpu.md); the step's other CUDA
+        # terms are from PyTorch's source, not yet checked against max_memory_allocated [GPU-verify].
         cuda_lines = {"allocator_rounding": cuda_rounding_bytes(cfg, spec), "cublas_workspace": CUBLAS_WORKSPACE_BYTES,
                       "cuda_context_not_counted": CUDA_CONTEXT_BYTES}
     # The phases (planner/estimate/step.py), above the base:
