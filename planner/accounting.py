@@ -10,10 +10,7 @@ from __future__ import annotations
 import functools
 
 from .arch import family_of
-from .arch.terms import TensorSpec  # re-exported: the inventory's row type
-
-# Bytes per element of each dtype the planner reasons about.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
+from .arch.terms import DTYPE_BYTES, TensorSpec  # re-exported: bytes per dtype and the inventory's row type
 
 
 def per_config(fn):

@@ -116,6 +116,14 @@ def linears(inventory) -> list[Linear]:
     return out
 
 
+def quantized_linears(cfg):
+    """The linears bitsandbytes replaces: all but the output head (transformers' get_keys_to_not_convert
+    keeps the output embedding, and a tied head is the input embedding)."""
+    from .accounting import tensor_inventory
+
+    return [lin for lin in linears(tensor_inventory(cfg)) if lin.role != "head"]
+
+
 def linear_names(inventory) -> list[str]:
     """The distinct short names of the model's linear layers (what --lora-targets may name)."""
     return list(dict.fromkeys(lin.short for lin in linears(inventory)))

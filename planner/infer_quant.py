@@ -10,7 +10,7 @@ Bytes held per quantized (out x in) weight, n = out*in (bitsandbytes 0.50 functi
   4-bit  Params4bit: two codes per uint8 ((n + 1) // 2) and its QuantState: absmax, one fp32 per 64-weight
          block (4*ceil(n/64)), the 16-entry fp32 code (64 B); with double quantization (compress_statistics)
          absmax is itself uint8 (ceil(n/64)) with state2: an fp32 absmax per 256 blocks, the 256-entry fp32
-         dynamic code, and the fp32 offset (4 B).  (planner/estimate/quantized.py quantized_linear_bytes.)
+         dynamic code, and the fp32 offset (4 B).  (planner/bnb.py quantized_linear_bytes.)
   4-bit on a CPU with AVX512-BF16 (bitsandbytes' lib.has_avx512bf16_cpu, the CPUID flag Linux lists as
   avx512_bf16): the first eval forward repacks the weight for its CPU kernel (Linear4bit.forward,
   functional._convert_weight_packed_for_cpu): the packed weight keeps n/2 bytes (shape (out, in/2)), absmax
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .bnb import BLOCKSIZE_4BIT  # Params4bit(blocksize=64); BitsAndBytesConfig's bnb_4bit_blocksize default
 from .config import ConfigError
 
-BLOCKSIZE_4BIT = 64            # Params4bit(blocksize=64); BitsAndBytesConfig's bnb_4bit_blocksize default
 CODE_4BIT_BYTES = 16 * 4       # QuantState.code: get_4bit_type(nf4 | fp4), 16 fp32
 CPU_PACK_BLOCK_N = 32          # functional._convert_weight_packed_for_cpu(block_n=32): out % 32 == 0
 OFFSET_BYTES = 4               # the double-quantized absmax's fp32 offset (a 0-d tensor)
@@ -55,7 +55,7 @@ def quantized_weight_bytes(n_out: int, n_in: int, ispec) -> int:
         return n // 2 + 2 * (n // BLOCKSIZE_4BIT) + CODE_4BIT_BYTES + (OFFSET_BYTES if ispec.double_quant else 0)
     from types import SimpleNamespace
 
-    from .estimate.quantized import quantized_linear_bytes
+    from .bnb import quantized_linear_bytes
 
     return quantized_linear_bytes(n_out, n_in, SimpleNamespace(quantize_base=ispec.quantize_weights,
                                                                double_quant=ispec.double_quant))
@@ -63,7 +63,7 @@ def quantized_weight_bytes(n_out: int, n_in: int, ispec) -> int:
 
 def quantized_linears(cfg):
     """The linears transformers' bitsandbytes quantizer replaces: all but the output head."""
-    from .estimate.quantized import quantized_linears as q
+    from .finetune import quantized_linears as q
 
     return q(cfg)
 

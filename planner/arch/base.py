@@ -174,7 +174,7 @@ class Family:
     def infer_static_mask_bytes(self, cfg, ispec) -> int:
         """Bytes per (sequence, cached position) of the additive masks an eager model builds in a StaticCache's
         decode step (one float mask in the weights' dtype per mask kind, planner/arch/decoder.py mask_count)."""
-        from ..accounting import DTYPE_BYTES
+        from .terms import DTYPE_BYTES
 
         return DTYPE_BYTES[ispec.param_dtype] * (self.mask_count(cfg) if hasattr(self, "mask_count") else 1)
 

@@ -744,7 +744,7 @@ the prefill's.
 
 def _generate_text_simple_points(cfg, ispec, t: int, decode: bool) -> dict[str, tuple[int, int]]:
     """name -> (bytes above weights, buffers and prompt, of which logits / probas) in the forward over t tokens."""
-    from ..accounting import DTYPE_BYTES
+    from .terms import DTYPE_BYTES
 
     e = DTYPE_BYTES[ispec.param_dtype]
     b, h, a, V, ctx, L = ispec.batch_size, cfg.emb_dim, cfg.n_heads, cfg.vocab_size, cfg.context_length, cfg.n_layers
@@ -779,14 +779,13 @@ def _generate_text_simple_points(cfg, ispec, t: int, decode: bool) -> dict[str, 
 def estimate_generate_text_simple(cfg, ispec) -> dict:
     """The record planner.estimate.inference.estimate_inference gives, for generate_text_simple (module note
     above: _GENERATE_TEXT_SIMPLE)."""
-    from ..accounting import buffer_bytes, param_count
-
-    from ..accounting import DTYPE_BYTES
+    from .terms import DTYPE_BYTES
 
     e = DTYPE_BYTES[ispec.param_dtype]
     b, p, n = ispec.batch_size, ispec.prompt_len, ispec.new_tokens
-    weights = param_count(cfg) * e
-    buffers = buffer_bytes(cfg, ispec.param_dtype)
+    inventory = FAMILY.inventory(cfg)
+    weights = sum(t.numel for t in inventory if t.kind == "param") * e
+    buffers = sum(t.numel * DTYPE_BYTES[t.dtype or ispec.param_dtype] for t in inventory if t.kind == "buffer")
     inputs = 8 * b * p  # the prompt's input_ids (int64); the book passes no attention mask
     base = weights + buffers + inputs
     phases = {"prefill": (p, False)}

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+# Bytes per element of each dtype the planner reasons about (torch's element sizes).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
+
 
 @dataclass(frozen=True)
 class TensorSpec:

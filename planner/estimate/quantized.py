@@ -28,50 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..accounting import tensor_inventory
 from ..arch import family_of
+from ..bnb import quantized_linear_bytes
 from ..config import ConfigError
-from ..finetune import linears
+from ..finetune import quantized_linears
 from .finetune import estimate_finetune, finetune_activations
 from .finetune import known_gap as twin_gap
 from . import step
 
-# bitsandbytes/nn/modules.py Params4bit(blocksize=64) and BitsAndBytesConfig(bnb_4bit_blocksize=None -> 64):
-# one absmax per 64 weights (functional.quantize_4bit)
-BLOCKSIZE_4BIT = 64
-# functional.quantize_4bit with compress_statistics: the fp32 absmax is itself quantized blockwise, 256 per
-# block (quantize_blockwise(absmax, blocksize=256)), to uint8 with an fp32 absmax per block, the 256-entry
-# fp32 dynamic code (create_dynamic_map) and the fp32 offset (absmax.mean()) subtracted first
-BLOCKSIZE_NESTED = 256
-CODE_4BIT_ENTRIES = 16     # QuantState.code: get_4bit_type(nf4 | fp4), 16 fp32 values
-CODE_NESTED_ENTRIES = 256  # state2.code: create_dynamic_map(signed=True), 256 fp32 values
 COMPUTE_BYTES = 2          # bnb_4bit_compute_dtype bf16 (planner/routines/quantized.py quantization_config)
 
 
 def fp32_twin(spec):
     """The same run on an fp32 base: what a QLoRA step holds besides its weights (see the module doc)."""
     return dataclasses.replace(spec, precision="fp32", quantize_base="none", double_quant=False)
-
-
-def quantized_linear_bytes(n_out: int, n_in: int, spec) -> int:
-    """Storage of one quantized weight and its statistics (bitsandbytes/functional.py quantize_4bit /
-    QuantState; int8: bitsandbytes/nn/modules.py Int8Params, int8 weight and an fp32 SCB per row)."""
-    n = n_out * n_in
-    if spec.quantize_base == "int8":
-        return n + 4 * n_out
-    packed = (n + 1) // 2  # two 4-bit codes per uint8, shape ((n + 1) // 2, 1)
-    blocks = -(-n // BLOCKSIZE_4BIT)
-    if not spec.double_quant:
-        return packed + 4 * blocks + 4 * CODE_4BIT_ENTRIES
-    nested_blocks = -(-blocks // BLOCKSIZE_NESTED)
-    return (packed + blocks + 4 * nested_blocks + 4 * CODE_NESTED_ENTRIES + 4 * CODE_4BIT_ENTRIES
-            + 4)  # offset: a 0-d fp32 tensor
-
-
-def quantized_linears(cfg):
-    """The linears bitsandbytes replaces: all but the output head (transformers' get_keys_to_not_convert
-    keeps the output embedding, and a tied head is the input embedding)."""
-    return [lin for lin in linears(tensor_inventory(cfg)) if lin.role != "head"]
 
 
 def weights_delta(cfg, spec) -> int:
@@ -172,7 +142,7 @@ def estimate_quantized(cfg, spec):
     phase = step.shifted(phase, every=-delta)
     peak_phase = step.peak(phase)[0]
     notes = [f"QLoRA: {len(quantized_linears(cfg))} linears quantized to {spec.quantize_base}"
-             + (" with double quantization" if spec.double_quant else "") + f" (bitsandbytes), compute dtype bf16; "
+             + (" with double quantization" if spec.double_quant else "") + " (bitsandbytes), compute dtype bf16; "
              "norms, embeddings and the head fp32 (prepare_model_for_kbit_training)"] + twin.notes
     return dataclasses.replace(twin, params_bytes=twin.params_bytes - delta, peak_bytes=phase[peak_phase],
                                peak_phase=peak_phase, phase_peak_bytes=phase, notes=notes,
