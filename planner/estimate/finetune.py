@@ -110,14 +110,21 @@ def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: 
     unit = b * sh.a * s * sh.d * w.e_m
     ss = b * sh.a * s * s
     terms = []
-    n = int(k) + int(q) + int(probs_rg)
+    # (parts, for the forward's in-attention point: attn.scores saved before the softmax, attn.softmax its
+    # output, attn.probs saved by the second matmul after it)
+    n = int(k) + int(q)
     if n:
-        terms.append(Term("eager attention q / k^T / v (as the grads need them)", "n*b*a*s*d*e_m", n * unit, True))
+        terms.append(Term("eager attention q / k^T (as the scores' grads need them)", "n*b*a*s*d*e_m", n * unit,
+                          True, part="attn.scores"))
+    if probs_rg:
+        terms.append(Term("eager attention v (for the probabilities' grad)", "b*a*s*d*e_m", unit, True,
+                          part="attn.probs"))
     fp32_probs = probs_rg or (v and w.e_m == 4)
     if fp32_probs:
-        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss, True))
+        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss, True, part="attn.softmax"))
     if v and w.e_m < 4:
-        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m, True))
+        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m, True,
+                          part="attn.probs"))
     return terms
 
 
@@ -538,7 +545,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"),
-                           post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"))
+                           post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"),
+                           post_attn_saved=sum(t.bytes for t in blk if t.part == "norm.post_attn"))
         if spec.checkpointing:
             points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
@@ -567,6 +575,13 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # o_proj's backward; here what o_proj saved (its input, or its adapter's tensors) is
                 value += (b * s * cfg.num_attention_heads * cfg.head_dim * w.e_m
                           - sum(t.bytes for t in blk if t.part == "attn.out"))
+                if not input_rg:
+                    # the family's point holds the residual's grad (b*s*h*e_r) for the block's input; when that
+                    # input needs no grad (a frozen prefix) the residual add hands its grad to the attention's
+                    # output only, and nothing holds it once o_proj's backward has run (measured on the op
+                    # timeline: llama / qwen2 / qwen3 V97 h32 b2 s256 last:1 eager, fp32 and bf16-amp, the
+                    # softmax backward 65,528 B = b*s*h*4 - 8 below the point before)
+                    value -= bsh * w.e_r
             points[f"block {i} {name}"] = others + grads + value
         if any(t.part == "norm.post_mlp" and "fp32 input" in t.name for t in blk):
             # Gemma 2's post-feedforward norm, the block's first backward op (after the recompute under
@@ -648,6 +663,49 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
     return max(product, down)
 
 
+# the last block's saves made after its attention's softmax, in forward order from the first of them
+_AFTER_SOFTMAX = ("attn.probs", "attn.out", "norm.post_attn", "norm.mlp", "mlp.act_out", "mlp.up_out", "mlp.out",
+                  "norm.post_mlp")
+
+
+def _forward_attention_point(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], a_before_loss: int,
+                             fwd: int) -> int:
+    """The forward's high point inside the last block's eager attention under autocast, at its softmax
+    (transformers' eager_attention_forward: softmax(scores + mask, dtype=float32); read off the op timeline,
+    planner.measure.tracker's event log: gemma2 / qwen2 / llama V97 h32 a4 kv2 b2 s256 last:1 and LoRA
+    all-linear, bf16-amp and fp16-amp; it decides the forward, and the step, when b*a*s^2 outweighs b*s*V).
+    Alive: everything saved so far but what the last block saves after the softmax (the second matmul's v and
+    probabilities, o_proj onwards) and the head; the K/V cache (`fwd`: RoPE's fp32 k and an fp32 v per layer);
+    and, not saved: the embeddings' output, the block's input (unless its input norm saved it as its fp32
+    input), the input norm's output (fp32: under autocast the linears save their own e_m copies), RoPE's
+    cos/sin (unless saved) and the position ids, the model's additive masks (mask_count * b*s^2*e_r), q after
+    RoPE (fp32: q * cos promotes), repeat_kv's copies of the fp32 K and V when kv < a, and two fp32 b*a*s^2
+    tensors: the masked scores (e_m scores + the e_r mask promote) and the softmax's output (counted once if
+    saved). (A family's own saved scores, Gemma 2's soft-capping tanh output, are part "attn.scores": counted
+    as saved before the softmax.) After the softmax the masked scores die and the second matmul's e_m cast of
+    the probabilities is smaller, so this is the attention's top."""
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh, ad, bas2 = b * s * h, b * s * sh.a * sh.d, b * sh.a * s * s
+    last = per_block[-1] if per_block else []
+    first_after = next((k for k, t in enumerate(last) if t.part in _AFTER_SOFTMAX or t.where == "mlp"), len(last))
+    later = sum(t.bytes for t in last[first_after:] if t.part not in ("attn.scores", "attn.softmax"))
+    later += sum(t.bytes for t in terms if t.where == "head")
+    softmax_saved = sum(t.bytes for t in last if t.part == "attn.softmax")
+    block_input_saved = any(t.part == "norm.attn" and "fp32 input" in t.name for t in last)  # (e_r = 4 here)
+    rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
+    e_q = max(w.e_m, w.e_r)  # q after RoPE (cos/sin are e_r) and the masked scores (the mask is e_r)
+    alive = (bsh * w.e_r  # inputs_embeds
+             + (0 if block_input_saved else bsh * w.e_r)  # the block's input
+             + bsh * w.e_r  # the input norm's output (the attention's hidden_states)
+             + rope + 8 * s + family.mask_count(cfg) * b * s * s * w.e_r
+             + ad * e_q  # q after RoPE
+             + (2 * ad * w.e_r if sh.kv < sh.a else 0)  # repeat_kv's copies of the cache's K and V
+             + bas2 * e_q + 4 * bas2 - softmax_saved)  # the masked scores and the softmax's fp32 output
+    return a_before_loss - later + fwd + alive
+
+
 def persistent_bytes(cfg, spec, train) -> tuple[int, int, int, int]:
     """(weights, buffers, inputs, grads) of a fine-tuning step: the whole base in its dtype plus the adapters
     (fp32), the buffers, the int64 batch and targets, and a grad for each trainable tensor only."""
@@ -694,6 +752,8 @@ def estimate_finetune(cfg, spec):
     a_before_loss = activations - ce_saved
     backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
     forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
+    forward_attn = (_forward_attention_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
+                    if w.amp and cfg.attention == "eager" and not spec.checkpointing else 0)
     # gradient accumulation: a later micro-batch runs its forward, loss and backward with every trainable
     # .grad of the earlier ones alive (TrainingStep.run zeroes them only after optimizer.step)
     accum = grads if spec.grad_accum > 1 else 0
@@ -711,7 +771,7 @@ def estimate_finetune(cfg, spec):
         largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
     step = Step(  # the phases (planner/estimate/step.py), above the base
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
+        forward=accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast, forward_attn),
         loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
         + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
         backward=[accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0), grads, sweep])
