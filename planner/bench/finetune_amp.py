@@ -89,6 +89,13 @@ def amp_markdown(results: list[dict], device: str) -> str:
              "GradScaler), measuring the exact peak of live tensor storage bytes of a steady-state step (step 3, in "
              "one process).", "",
              f"**{len(modelled)} rows, worst |error| {worst:.3f}%** (bar: {AMP_BAR_PCT}%).{gap_line}", "",
+             "With eager attention and no checkpointing the forward's high point inside the last block's attention "
+             "is modelled (planner/estimate/finetune.py _forward_attention_point: at the softmax, the fp32 masked "
+             "scores and softmax output beside RoPE's fp32 q, repeat_kv's fp32 K/V copies, the masks and the K/V "
+             "cache); it decides the step where b*a*s^2 outweighs b*s*V (the s256 eager rows), and with a fused "
+             "loss the final norm's point does (_forward_final_norm_point). Not modelled: under checkpointing the "
+             "forward phase's own in-block points (the est. forward phase is below the measured one there), "
+             "below the backward in every row, whose recompute holds the same tensors and the grads besides.", "",
              "| part of the grid | rows | worst \\|error\\| % |", "|---|---:|---:|"]
     for name, rows in groups.items():
         lines.append(f"| {name} | {len(rows)} | {max(abs(r['error_pct']) for r in rows):.3f} |")

@@ -652,6 +652,14 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
              + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
              + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
              + (0 if x_saved("") else bsh * w.e_r) + rope + 8 * s + mask)  # the MLP's input (the norm's output: e_r)
+    if cfg.attention == "eager" and not any(t.part.startswith("attn.") and t.part not in ("attn.in", "attn.out")
+                                            for t in last):
+        # the decoder layer's `hidden_states, _ = self.self_attn(...)`: `_` keeps eager attention's returned
+        # probabilities (softmax(fp32).to(query.dtype): fp32 under autocast, where q is RoPE's fp32) alive through
+        # the MLP; counted here when the attention saved none of its own (measured on the op timeline: qwen3 V97
+        # h96 b4 s8 head eager bf16-amp, fp32 rows of the fine-tuning grid: b*a*s^2*4 under before)
+        sh = family.shape(cfg)
+        alive += b * sh.a * s * s * (4 if w.amp else w.e_m)
     common = a_before_loss - later + fwd + alive
     product = common + 3 * bsf * w.e_m
     lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
@@ -794,9 +802,10 @@ def estimate_finetune(cfg, spec):
                     if w.amp and cfg.attention == "eager" and not spec.checkpointing else 0)
     forward_norm = (_forward_final_norm_point(cfg, spec, w, terms, a_before_loss, fwd)
                     if w.amp and not spec.checkpointing else 0)
-    # autocast caches a trainable head's copy at the head's matmul, after those two points: it is not made yet
-    # there unless the head's saved copy is counted in the saved set instead (measured: gemma2 V97 h96 b2 s128
-    # head bf16-amp chunked-ce, the softmax point V*h*e_m below the cache)
+    # autocast caches a trainable head's copy at the head's matmul, after the in-model points (the MLP's, the
+    # attention's, the final norm's): it is not made yet there unless the head's saved copy is counted in the
+    # saved set instead (measured: gemma2 V97 h96 b2 s128 head bf16-amp chunked-ce, the softmax and the MLP
+    # points V*h*e_m below the cache)
     head_copy = _head_cache_bytes(cfg, spec, w, terms)
     # gradient accumulation: a later micro-batch runs its forward, loss and backward with every trainable
     # .grad of the earlier ones alive (TrainingStep.run zeroes them only after optimizer.step)
@@ -813,10 +822,18 @@ def estimate_finetune(cfg, spec):
                         and not t.is_bias), default=0) * w.e_m if w.amp else 0
     if per_block and any("weight autocast copy" in t.name for t in per_block[-1]):
         largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
+    mlp_cast = forward_mlp + largest_cast
+    if largest_cast and not spec.checkpointing and not family.fused_gate_up:
+        # the fresh copy lives through its own matmul, before the gated product exists: at the last block's
+        # up_proj matmul the activation's output and up's output (b*s*f*e_m each), up's e_m cast of its input
+        # (b*s*h*e_m) and its weight's copy (f*h*e_m) (measured on the op timeline: qwen2 V97 h96 b4 s8 head
+        # sdpa fp16-amp, b*s*f*e_m - b*s*h*e_m = 10,240 B under the product point plus the largest copy)
+        mlp_cast = (forward_mlp - b * s * cfg.intermediate_size * w.e_m + b * s * cfg.hidden * w.e_m
+                    + cfg.intermediate_size * cfg.hidden * w.e_m)
     step = Step(  # the phases (planner/estimate/step.py), above the base
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast,
-                                      max(forward_attn, forward_norm) - head_copy),
+        forward=accum + cache + max(a_before_loss + logits + fwd,
+                                      max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy),
         loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
         + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
         backward=[accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0), grads, sweep])
