@@ -75,9 +75,8 @@ def amp_markdown(results: list[dict], device: str) -> str:
     modelled = [r for r in results if not r.get("gap")]
     worst = max(abs(r["error_pct"]) for r in modelled)
     gap_rows = [r for r in results if r.get("gap")]
-    gap_line = (f" {len(gap_rows)} more rows (marked *gap*: autocast with eager attention where the s^2 scores "
-                f"outweigh the logits, whose in-attention forward point is not modelled; planner/estimate/finetune.py "
-                f"known_gap) reach {max(abs(r['error_pct']) for r in gap_rows):.3f}% (their bar: "
+    gap_line = (f" {len(gap_rows)} more rows (marked *gap*: a combination whose high point is not modelled, as "
+                f"planner/estimate/finetune.py known_gap says) reach {max(abs(r['error_pct']) for r in gap_rows):.3f}% (their bar: "
                 f"{FINETUNE_GAP_BAR_PCT}%)." if gap_rows else "")
     lines = [SECTION + f" ({device})", "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
