@@ -42,9 +42,9 @@ def known_gap(cfg, spec) -> str | None:
     last:1 bf16-amp, -1.084% before, -0.000% now), and with a fused loss (no logits) the final norm's point by
     _forward_final_norm_point (gemma2 V1000 h64 b4 s96 LoRA bf16-amp chunked-ce, -2.9% before, -0.000% now).
     (The one before it, a bf16 base, checkpointing and LoRA on the MLP projections, is modelled by
-    recompute_alive / recompute_points.) Not modelled: under checkpointing, the forward phase's in-block points
-    (up to 4.9 MB above the forward estimated on the grid's s256 eager rows), below the backward in every
-    measured row: the backward's recompute holds the same block tensors, and the grads besides."""
+    recompute_alive / recompute_points.) Not modelled, and below the backward in every measured row: with SDPA
+    under checkpointing the forward phase's in-block points (up to 0.9 MB above the forward estimated on the
+    grid's s256 rows; eager attention's is _forward_attention_point_ckpt), and a few smaller forward points."""
     return None
 
 
@@ -728,6 +728,32 @@ def _forward_attention_point(cfg, spec, w, terms: list[Term], per_block: list[li
     return a_before_loss - later + fwd + alive
 
 
+def _forward_attention_point_ckpt(cfg, spec, w, terms: list[Term], a_before_loss: int) -> int:
+    """The forward's high point inside the last block's eager attention under autocast with checkpointing, at
+    its softmax (read off the op timeline: llama V97 h32 a4 kv2 b2 s256 LoRA all-linear bf16-amp accum2
+    checkpointing, the forward 4,294,080 B above the estimate before). The checkpointed forward saves nothing:
+    alive are what the checkpoints keep (the blocks' inputs, RoPE's cos/sin, the masks, the position ids), the
+    input norm's output (e_r), q and k after RoPE (fp32: q * cos promotes), v (e_m: no KV cache under
+    checkpointing), repeat_kv's copies of k (fp32) and v (e_m) when 1 < kv < a, the fp32 masked scores and the
+    softmax's fp32 output; and autocast's cache of the trainable copies made so far: not yet those of the last
+    block's o_proj and MLP (weights and adapters), which the caller's cache counts (returned less them)."""
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    ad, kvd, bas2 = b * s * sh.a * sh.d, b * s * sh.kv * sh.d, b * sh.a * s * s
+    kept = a_before_loss - sum(t.bytes for t in terms if t.where == "head")
+    e_q = max(w.e_m, w.e_r)
+    alive = (b * s * h * w.e_r + ad * e_q + kvd * e_q + kvd * w.e_m
+             + ((ad * e_q + ad * w.e_m) if 1 < sh.kv < sh.a else 0) + bas2 * e_q + 4 * bas2)
+    keep = trainable_names(family, cfg, spec)
+    later_roles = ("attn.out", "mlp.in", "mlp.out")
+    not_yet = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast
+                  and t.block == cfg.layers - 1 and t.role in later_roles and (keep is None or t.name in keep))
+    not_yet += sum(spec.lora_r * (lin.n_in + lin.n_out) for lin in adapted_linears(family, cfg, spec)
+                   if lin.block == cfg.layers - 1 and lin.role in later_roles)
+    return kept + alive - not_yet * w.e_m
+
+
 def _forward_final_norm_point(cfg, spec, w, terms: list[Term], a_before_loss: int, fwd: int) -> int:
     """The forward's high point at the model's final norm under autocast, its last op (read off the op timeline:
     gemma2 V1000 h64 a4 kv2 b4 s96 LoRA q,v bf16-amp chunked-ce, where no b*s*V logits follow it): the saved
@@ -798,8 +824,10 @@ def estimate_finetune(cfg, spec):
     a_before_loss = activations - ce_saved
     backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
     forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
-    forward_attn = (_forward_attention_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
-                    if w.amp and cfg.attention == "eager" and not spec.checkpointing else 0)
+    forward_attn = 0
+    if w.amp and cfg.attention == "eager":
+        forward_attn = (_forward_attention_point_ckpt(cfg, spec, w, terms, a_before_loss) if spec.checkpointing
+                        else _forward_attention_point(cfg, spec, w, terms, per_block, a_before_loss, fwd))
     forward_norm = (_forward_final_norm_point(cfg, spec, w, terms, a_before_loss, fwd)
                     if w.amp and not spec.checkpointing else 0)
     # autocast caches a trainable head's copy at the head's matmul, after the in-model points (the MLP's, the
