@@ -835,6 +835,17 @@ def estimate_finetune(cfg, spec):
     # saved set instead (measured: gemma2 V97 h96 b2 s128 head bf16-amp chunked-ce, the softmax and the MLP
     # points V*h*e_m below the cache)
     head_copy = _head_cache_bytes(cfg, spec, w, terms)
+    head_mm = 0
+    if w.amp and loss_kind == "labels" and fused is None:
+        # labels= (the loss inside the model): the forward phase ends at the output head's forward hook, so its
+        # high point is the head's matmul: the final norm's output (the causal LM's hidden_states, e_r) and the
+        # head's e_m cast of it (saved, and counted, when the head trains) beside the logits; what the model
+        # does to the logits after the head (Gemma 2's saved soft-capping tanh output) is the loss phase's
+        # (measured on the op timeline: gemma2 V2000 h48 b2 s48 LoRA q,v bf16-amp, the forward 356,336 B high
+        # before; llama V1000 h64 b2 s64 LoRA fp16-amp, 49,152 B = b*s*h*(4 + 2) short)
+        head_trains = any(t.where == "head" and t.name.startswith("lm_head input") for t in terms)
+        head_mm = (b * s * cfg.hidden * (w.e_r + (0 if head_trains else w.e_m))
+                   - sum(t.bytes for t in terms if t.where == "head" and t.name.startswith("final logit soft-capping")))
     # gradient accumulation: a later micro-batch runs its forward, loss and backward with every trainable
     # .grad of the earlier ones alive (TrainingStep.run zeroes them only after optimizer.step)
     accum = grads if spec.grad_accum > 1 else 0
@@ -860,7 +871,7 @@ def estimate_finetune(cfg, spec):
                     + cfg.intermediate_size * cfg.hidden * w.e_m)
     step = Step(  # the phases (planner/estimate/step.py), above the base
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum + cache + max(a_before_loss + logits + fwd,
+        forward=accum + cache + max(a_before_loss + logits + fwd + head_mm,
                                       max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy),
         loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
         + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
