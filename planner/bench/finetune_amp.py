@@ -93,9 +93,9 @@ def amp_markdown(results: list[dict], device: str) -> str:
              "scores and softmax output beside RoPE's fp32 q, repeat_kv's fp32 K/V copies, the masks and the K/V "
              "cache); it decides the step where b*a*s^2 outweighs b*s*V (the s256 eager rows), and with a fused "
              "loss the final norm's point does (_forward_final_norm_point); under checkpointing the same point "
-             "(_forward_attention_point_ckpt) sets the forward phase. Not modelled: with SDPA under checkpointing "
-             "the forward phase's own in-block points, and a few smaller forward points (the est. forward phase is "
-             "below the measured one there), below the backward in every row.", "",
+             "(_forward_attention_point_ckpt) sets the forward phase. Not modelled: under checkpointing the forward "
+             "phase's in-block points with SDPA and on the b4 s8 rows (the est. forward phase is below the measured "
+             "one there), below the backward in every row.", "",
              "| part of the grid | rows | worst \\|error\\| % |", "|---|---:|---:|"]
     for name, rows in groups.items():
         lines.append(f"| {name} | {len(rows)} | {max(abs(r['error_pct']) for r in rows):.3f} |")

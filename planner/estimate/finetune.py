@@ -42,9 +42,10 @@ def known_gap(cfg, spec) -> str | None:
     last:1 bf16-amp, -1.084% before, -0.000% now), and with a fused loss (no logits) the final norm's point by
     _forward_final_norm_point (gemma2 V1000 h64 b4 s96 LoRA bf16-amp chunked-ce, -2.9% before, -0.000% now).
     (The one before it, a bf16 base, checkpointing and LoRA on the MLP projections, is modelled by
-    recompute_alive / recompute_points.) Not modelled, and below the backward in every measured row: with SDPA
-    under checkpointing the forward phase's in-block points (up to 0.9 MB above the forward estimated on the
-    grid's s256 rows; eager attention's is _forward_attention_point_ckpt), and a few smaller forward points."""
+    recompute_alive / recompute_points.) Not modelled, and below the backward in every measured row: under
+    checkpointing, the forward phase's in-block points with SDPA (the measured forward up to 0.84 MB above the
+    estimated one on the grid's s256 rows; eager attention's is _forward_attention_point_ckpt) and on the b4 s8
+    rows (up to 47 KB)."""
     return None
 
 
