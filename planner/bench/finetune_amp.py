@@ -75,9 +75,8 @@ def amp_markdown(results: list[dict], device: str) -> str:
     modelled = [r for r in results if not r.get("gap")]
     worst = max(abs(r["error_pct"]) for r in modelled)
     gap_rows = [r for r in results if r.get("gap")]
-    gap_line = (f" {len(gap_rows)} more rows (marked *gap*: autocast with eager attention where the s^2 scores "
-                f"outweigh the logits, whose in-attention forward point is not modelled; planner/estimate/finetune.py "
-                f"known_gap) reach {max(abs(r['error_pct']) for r in gap_rows):.3f}% (their bar: "
+    gap_line = (f" {len(gap_rows)} more rows (marked *gap*: a combination whose high point is not modelled, as "
+                f"planner/estimate/finetune.py known_gap says) reach {max(abs(r['error_pct']) for r in gap_rows):.3f}% (their bar: "
                 f"{FINETUNE_GAP_BAR_PCT}%)." if gap_rows else "")
     lines = [SECTION + f" ({device})", "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, {_cpu_count()} cores, "
@@ -89,6 +88,14 @@ def amp_markdown(results: list[dict], device: str) -> str:
              "GradScaler), measuring the exact peak of live tensor storage bytes of a steady-state step (step 3, in "
              "one process).", "",
              f"**{len(modelled)} rows, worst |error| {worst:.3f}%** (bar: {AMP_BAR_PCT}%).{gap_line}", "",
+             "With eager attention and no checkpointing the forward's high point inside the last block's attention "
+             "is modelled (planner/estimate/finetune.py _forward_attention_point: at the softmax, the fp32 masked "
+             "scores and softmax output beside RoPE's fp32 q, repeat_kv's fp32 K/V copies, the masks and the K/V "
+             "cache); it decides the step where b*a*s^2 outweighs b*s*V (the s256 eager rows), and with a fused "
+             "loss the final norm's point does (_forward_final_norm_point); under checkpointing the same point "
+             "(_forward_attention_point_ckpt) sets the forward phase. Not modelled: under checkpointing the forward "
+             "phase's in-block points with SDPA and on the b4 s8 rows (the est. forward phase is below the measured "
+             "one there), below the backward in every row.", "",
              "| part of the grid | rows | worst \\|error\\| % |", "|---|---:|---:|"]
     for name, rows in groups.items():
         lines.append(f"| {name} | {len(rows)} | {max(abs(r['error_pct']) for r in rows):.3f} |")

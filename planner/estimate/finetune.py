@@ -34,18 +34,18 @@ ADAPTER_BYTES = 4  # peft autocast_adapter_dtype=True: adapters are fp32 on fp32
 
 
 def known_gap(cfg, spec) -> str | None:
-    """A combination whose peak this estimate is known to miss by more than 1% (measured), or None.
-    Under autocast with eager attention and no checkpointing, the forward's high point inside the last
-    block's attention (the fp32 s^2 scores beside RoPE's fp32 q and repeat_kv's copies of the fp32 K/V cache)
-    is not modelled; it decides when the s^2 tensors outweigh the logits (a*s >= V): measured -1.08% on
-    gemma2 V97 h32 a4 kv2 b2 s256 last:1 bf16-amp (Gemma 2's soft-capped scores; the other families' rows
-    of that shape land within 1%). (The one there was before, a bf16 base, checkpointing and LoRA on the MLP
-    projections, is modelled by recompute_alive / recompute_points.)"""
-    if (spec.autocast_dtype is not None and not spec.checkpointing and cfg.attention == "eager"
-            and (cfg.num_attention_heads * spec.seq_len >= cfg.vocab_size or is_fused(spec.loss))):
-        # (with a fused loss no b*s*V logits hide it: measured -2.9% on gemma2 V1000 h64 b4 s96 LoRA bf16-amp)
-        return ("fine-tuning under autocast with eager attention: the forward's in-attention high point (fp32 "
-                "s^2 scores) is not modelled; measured up to 1.1% above this estimate")
+    """A combination whose peak this estimate is known to miss by more than 1% (measured), or None: none is
+    known now. The last one, fine-tuning under autocast with eager attention and no checkpointing, where the
+    forward's high point inside the last block's attention (the fp32 masked scores and softmax output beside
+    RoPE's fp32 q and repeat_kv's copies of the fp32 K/V cache) decides the step once the b*a*s^2 tensors
+    outweigh the b*s*V logits, is modelled by _forward_attention_point (measured: gemma2 V97 h32 a4 kv2 b2 s256
+    last:1 bf16-amp, -1.084% before, -0.000% now), and with a fused loss (no logits) the final norm's point by
+    _forward_final_norm_point (gemma2 V1000 h64 b4 s96 LoRA bf16-amp chunked-ce, -2.9% before, -0.000% now).
+    (The one before it, a bf16 base, checkpointing and LoRA on the MLP projections, is modelled by
+    recompute_alive / recompute_points.) Not modelled, and below the backward in every measured row: under
+    checkpointing, the forward phase's in-block points with SDPA (the measured forward up to 0.84 MB above the
+    estimated one on the grid's s256 rows; eager attention's is _forward_attention_point_ckpt) and on the b4 s8
+    rows (up to 47 KB)."""
     return None
 
 
@@ -110,14 +110,21 @@ def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: 
     unit = b * sh.a * s * sh.d * w.e_m
     ss = b * sh.a * s * s
     terms = []
-    n = int(k) + int(q) + int(probs_rg)
+    # (parts, for the forward's in-attention point: attn.scores saved before the softmax, attn.softmax its
+    # output, attn.probs saved by the second matmul after it)
+    n = int(k) + int(q)
     if n:
-        terms.append(Term("eager attention q / k^T / v (as the grads need them)", "n*b*a*s*d*e_m", n * unit, True))
+        terms.append(Term("eager attention q / k^T (as the scores' grads need them)", "n*b*a*s*d*e_m", n * unit,
+                          True, part="attn.scores"))
+    if probs_rg:
+        terms.append(Term("eager attention v (for the probabilities' grad)", "b*a*s*d*e_m", unit, True,
+                          part="attn.probs"))
     fp32_probs = probs_rg or (v and w.e_m == 4)
     if fp32_probs:
-        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss, True))
+        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss, True, part="attn.softmax"))
     if v and w.e_m < 4:
-        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m, True))
+        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m, True,
+                          part="attn.probs"))
     return terms
 
 
@@ -293,6 +300,19 @@ def autocast_cache_bytes(cfg, spec, w, terms) -> int:
     total += sum(spec.lora_r * (lin.n_in + lin.n_out) for lin in adapted_linears(family, cfg, spec)) * w.e_m
     saved = sum(t.bytes for t in terms if "autocast-cached" in t.name)
     return max(0, total - saved)
+
+
+def _head_cache_bytes(cfg, spec, w, terms) -> int:
+    """The part of autocast_cache_bytes that is a trainable output head's e_m copy, unless a saved term holds
+    that copy instead (the head's "lm_head weight autocast copy" when its input needs grad, or cce's saved
+    classifier copy, planner/estimate/losses.py finetune_fused)."""
+    if not w.amp or any(t.name.startswith("lm_head weight autocast copy")
+                        or (t.where == "loss" and "autocast-cached" in t.name) for t in terms):
+        return 0
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    return sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "head" and t.autocast
+               and (keep is None or t.name in keep)) * w.e_m
 
 
 def forward_only_bytes(cfg, spec, w, terms) -> int:
@@ -538,7 +558,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"),
-                           post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"))
+                           post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"),
+                           post_attn_saved=sum(t.bytes for t in blk if t.part == "norm.post_attn"))
         if spec.checkpointing:
             points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
@@ -567,6 +588,13 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                 # o_proj's backward; here what o_proj saved (its input, or its adapter's tensors) is
                 value += (b * s * cfg.num_attention_heads * cfg.head_dim * w.e_m
                           - sum(t.bytes for t in blk if t.part == "attn.out"))
+                if not input_rg:
+                    # the family's point holds the residual's grad (b*s*h*e_r) for the block's input; when that
+                    # input needs no grad (a frozen prefix) the residual add hands its grad to the attention's
+                    # output only, and nothing holds it once o_proj's backward has run (measured on the op
+                    # timeline: llama / qwen2 / qwen3 V97 h32 b2 s256 last:1 eager, fp32 and bf16-amp, the
+                    # softmax backward 65,528 B = b*s*h*4 - 8 below the point before)
+                    value -= bsh * w.e_r
             points[f"block {i} {name}"] = others + grads + value
         if any(t.part == "norm.post_mlp" and "fp32 input" in t.name for t in blk):
             # Gemma 2's post-feedforward norm, the block's first backward op (after the recompute under
@@ -625,6 +653,14 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
              + (0 if fp32_saved("norm.attn") else bsh * w.e_r)  # the block's input
              + (0 if fp32_saved("norm.mlp") else bsh * w.e_r)   # the residual after attention
              + (0 if x_saved("") else bsh * w.e_r) + rope + 8 * s + mask)  # the MLP's input (the norm's output: e_r)
+    if cfg.attention == "eager" and not any(t.part.startswith("attn.") and t.part not in ("attn.in", "attn.out")
+                                            for t in last):
+        # the decoder layer's `hidden_states, _ = self.self_attn(...)`: `_` keeps eager attention's returned
+        # probabilities (softmax(fp32).to(query.dtype): fp32 under autocast, where q is RoPE's fp32) alive through
+        # the MLP; counted here when the attention saved none of its own (measured on the op timeline: qwen3 V97
+        # h96 b4 s8 head eager bf16-amp, fp32 rows of the fine-tuning grid: b*a*s^2*4 under before)
+        sh = family.shape(cfg)
+        alive += b * sh.a * s * s * (4 if w.amp else w.e_m)
     common = a_before_loss - later + fwd + alive
     product = common + 3 * bsf * w.e_m
     lora_down = any(lin.role == "mlp.out" and lin.block == cfg.layers - 1
@@ -646,6 +682,101 @@ def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Ter
                 + bsf * ADAPTER_BYTES
                 + (bsf * ADAPTER_BYTES - spec.lora_r * h * w.e_m if spec.lora_dropout > 0 else 2 * bsh * w.e_m))
     return max(product, down)
+
+
+# the last block's saves made after its attention's softmax, in forward order from the first of them
+_AFTER_SOFTMAX = ("attn.probs", "attn.out", "norm.post_attn", "norm.mlp", "mlp.act_out", "mlp.up_out", "mlp.out",
+                  "norm.post_mlp")
+
+
+def _forward_attention_point(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], a_before_loss: int,
+                             fwd: int) -> int:
+    """The forward's high point inside the last block's eager attention under autocast, at its softmax
+    (transformers' eager_attention_forward: softmax(scores + mask, dtype=float32); read off the op timeline,
+    planner.measure.tracker's event log: gemma2 / qwen2 / llama V97 h32 a4 kv2 b2 s256 last:1 and LoRA
+    all-linear, bf16-amp and fp16-amp; it decides the forward, and the step, when b*a*s^2 outweighs b*s*V).
+    Alive: everything saved so far but what the last block saves after the softmax (the second matmul's v and
+    probabilities, o_proj onwards) and the head; the K/V cache (`fwd`: RoPE's fp32 k and an fp32 v per layer);
+    and, not saved: the embeddings' output, the block's input (unless its input norm saved it as its fp32
+    input), the input norm's output (fp32: under autocast the linears save their own e_m copies), RoPE's
+    cos/sin (unless saved) and the position ids, the model's additive masks (mask_count * b*s^2*e_r), q after
+    RoPE (fp32: q * cos promotes), repeat_kv's copies of the fp32 K and V when kv < a, and two fp32 b*a*s^2
+    tensors: the masked scores (e_m scores + the e_r mask promote) and the softmax's output (counted once if
+    saved). (A family's own saved scores, Gemma 2's soft-capping tanh output, are part "attn.scores": counted
+    as saved before the softmax.) After the softmax the masked scores die and the second matmul's e_m cast of
+    the probabilities is smaller, so this is the attention's top."""
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh, ad, bas2 = b * s * h, b * s * sh.a * sh.d, b * sh.a * s * s
+    last = per_block[-1] if per_block else []
+    first_after = next((k for k, t in enumerate(last) if t.part in _AFTER_SOFTMAX or t.where == "mlp"), len(last))
+    later = sum(t.bytes for t in last[first_after:] if t.part not in ("attn.scores", "attn.softmax"))
+    later += sum(t.bytes for t in terms if t.where == "head")
+    softmax_saved = sum(t.bytes for t in last if t.part == "attn.softmax")
+    block_input_saved = any(t.part == "norm.attn" and "fp32 input" in t.name for t in last)  # (e_r = 4 here)
+    rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
+    e_q = max(w.e_m, w.e_r)  # q after RoPE (cos/sin are e_r) and the masked scores (the mask is e_r)
+    alive = (bsh * w.e_r  # inputs_embeds
+             + (0 if block_input_saved else bsh * w.e_r)  # the block's input
+             + bsh * w.e_r  # the input norm's output (the attention's hidden_states)
+             + rope + 8 * s + family.mask_count(cfg) * b * s * s * w.e_r
+             + ad * e_q  # q after RoPE
+             # repeat_kv's copies of the cache's K and V (expand + reshape: with one K/V head the reshape is a
+             # view, no copy; measured: gemma2 V97 h96 a3 kv1 head bf16-amp chunked-ce)
+             + (2 * ad * w.e_r if 1 < sh.kv < sh.a else 0)
+             + bas2 * e_q + 4 * bas2 - softmax_saved)  # the masked scores and the softmax's fp32 output
+    return a_before_loss - later + fwd + alive
+
+
+def _forward_attention_point_ckpt(cfg, spec, w, terms: list[Term], a_before_loss: int) -> int:
+    """The forward's high point inside the last block's eager attention under autocast with checkpointing, at
+    its softmax (read off the op timeline: llama V97 h32 a4 kv2 b2 s256 LoRA all-linear bf16-amp accum2
+    checkpointing, the forward 4,294,080 B above the estimate before). The checkpointed forward saves nothing:
+    alive are what the checkpoints keep (the blocks' inputs, RoPE's cos/sin, the masks, the position ids), the
+    input norm's output (e_r), q and k after RoPE (fp32: q * cos promotes), v (e_m: no KV cache under
+    checkpointing), repeat_kv's copies of k (fp32) and v (e_m) when 1 < kv < a, the fp32 masked scores and the
+    softmax's fp32 output; and autocast's cache of the trainable copies made so far: not yet those of the last
+    block's o_proj and MLP (weights and adapters), which the caller's cache counts (returned less them)."""
+    family = family_of(cfg)
+    sh = family.shape(cfg)
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    ad, kvd, bas2 = b * s * sh.a * sh.d, b * s * sh.kv * sh.d, b * sh.a * s * s
+    kept = a_before_loss - sum(t.bytes for t in terms if t.where == "head")
+    e_q = max(w.e_m, w.e_r)
+    alive = (b * s * h * w.e_r + ad * e_q + kvd * e_q + kvd * w.e_m
+             + ((ad * e_q + ad * w.e_m) if 1 < sh.kv < sh.a else 0) + bas2 * e_q + 4 * bas2)
+    keep = trainable_names(family, cfg, spec)
+    later_roles = ("attn.out", "mlp.in", "mlp.out")
+    not_yet = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast
+                  and t.block == cfg.layers - 1 and t.role in later_roles and (keep is None or t.name in keep))
+    not_yet += sum(spec.lora_r * (lin.n_in + lin.n_out) for lin in adapted_linears(family, cfg, spec)
+                   if lin.block == cfg.layers - 1 and lin.role in later_roles)
+    return kept + alive - not_yet * w.e_m
+
+
+def _forward_final_norm_point(cfg, spec, w, terms: list[Term], a_before_loss: int, fwd: int) -> int:
+    """The forward's high point at the model's final norm under autocast, its last op (read off the op timeline:
+    gemma2 V1000 h64 a4 kv2 b4 s96 LoRA q,v bf16-amp chunked-ce, where no b*s*V logits follow it): the saved
+    set but what the head and the loss save after the norm, the K/V cache, and alive inside the model's forward
+    beside them: the embeddings' output (inputs_embeds), the position ids, RoPE's cos/sin (unless saved), the
+    model's additive masks (eager: mask_count * b*s^2*e_r), the last block's output (unless the norm saved it as
+    its fp32 input), the norm's fp32 normed x (x * rsqrt; unless saved: its weight trains) and its output
+    (b*s*h*e_r: under autocast the residual stream is fp32, so x.to(float32) and type_as copy nothing).
+    The model's forward returns after it: the masks and inputs_embeds die, so the logits point (the head's
+    output, counted by the caller) has neither."""
+    family = family_of(cfg)
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh = b * s * h
+    final = [t for t in terms if t.where == "head" and t.name.startswith("final norm")]
+    later = sum(t.bytes for t in terms if t.where == "head") - sum(t.bytes for t in final)
+    rope = 0 if any(t.part == "shared" for t in terms) else 2 * s * family.rope_dim(cfg) * w.e_r
+    mask = family.mask_count(cfg) * b * s * s * w.e_r if cfg.attention == "eager" else 0
+    alive = (bsh * w.e_r + 8 * s + rope + mask  # inputs_embeds, the position ids, cos/sin, the masks
+             + (0 if any("fp32 input" in t.name for t in final) else bsh * w.e_r)  # the last block's output
+             + (0 if any("normed x" in t.name for t in final) else 4 * bsh)  # the normed x (fp32)
+             + bsh * w.e_r)  # the norm's output
+    return a_before_loss - later + fwd + alive
 
 
 def persistent_bytes(cfg, spec, train) -> tuple[int, int, int, int]:
@@ -694,6 +825,28 @@ def estimate_finetune(cfg, spec):
     a_before_loss = activations - ce_saved
     backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
     forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
+    forward_attn = 0
+    if w.amp and cfg.attention == "eager":
+        forward_attn = (_forward_attention_point_ckpt(cfg, spec, w, terms, a_before_loss) if spec.checkpointing
+                        else _forward_attention_point(cfg, spec, w, terms, per_block, a_before_loss, fwd))
+    forward_norm = (_forward_final_norm_point(cfg, spec, w, terms, a_before_loss, fwd)
+                    if w.amp and not spec.checkpointing else 0)
+    # autocast caches a trainable head's copy at the head's matmul, after the in-model points (the MLP's, the
+    # attention's, the final norm's): it is not made yet there unless the head's saved copy is counted in the
+    # saved set instead (measured: gemma2 V97 h96 b2 s128 head bf16-amp chunked-ce, the softmax and the MLP
+    # points V*h*e_m below the cache)
+    head_copy = _head_cache_bytes(cfg, spec, w, terms)
+    head_mm = 0
+    if w.amp and loss_kind == "labels" and fused is None:
+        # labels= (the loss inside the model): the forward phase ends at the output head's forward hook, so its
+        # high point is the head's matmul: the final norm's output (the causal LM's hidden_states, e_r) and the
+        # head's e_m cast of it (saved, and counted, when the head trains) beside the logits; what the model
+        # does to the logits after the head (Gemma 2's saved soft-capping tanh output) is the loss phase's
+        # (measured on the op timeline: gemma2 V2000 h48 b2 s48 LoRA q,v bf16-amp, the forward 356,336 B high
+        # before; llama V1000 h64 b2 s64 LoRA fp16-amp, 49,152 B = b*s*h*(4 + 2) short)
+        head_trains = any(t.where == "head" and t.name.startswith("lm_head input") for t in terms)
+        head_mm = (b * s * cfg.hidden * (w.e_r + (0 if head_trains else w.e_m))
+                   - sum(t.bytes for t in terms if t.where == "head" and t.name.startswith("final logit soft-capping")))
     # gradient accumulation: a later micro-batch runs its forward, loss and backward with every trainable
     # .grad of the earlier ones alive (TrainingStep.run zeroes them only after optimizer.step)
     accum = grads if spec.grad_accum > 1 else 0
@@ -709,9 +862,18 @@ def estimate_finetune(cfg, spec):
                         and not t.is_bias), default=0) * w.e_m if w.amp else 0
     if per_block and any("weight autocast copy" in t.name for t in per_block[-1]):
         largest_cast = 0  # the last block's weight copies are saved (its input needs grad): in forward_mlp already
+    mlp_cast = forward_mlp + largest_cast
+    if largest_cast and not spec.checkpointing and not family.fused_gate_up:
+        # the fresh copy lives through its own matmul, before the gated product exists: at the last block's
+        # up_proj matmul the activation's output and up's output (b*s*f*e_m each), up's e_m cast of its input
+        # (b*s*h*e_m) and its weight's copy (f*h*e_m) (measured on the op timeline: qwen2 V97 h96 b4 s8 head
+        # sdpa fp16-amp, b*s*f*e_m - b*s*h*e_m = 10,240 B under the product point plus the largest copy)
+        mlp_cast = (forward_mlp - b * s * cfg.intermediate_size * w.e_m + b * s * cfg.hidden * w.e_m
+                    + cfg.intermediate_size * cfg.hidden * w.e_m)
     step = Step(  # the phases (planner/estimate/step.py), above the base
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum + cache + max(a_before_loss + logits + fwd, forward_mlp + largest_cast),
+        forward=accum + cache + max(a_before_loss + logits + fwd + head_mm,
+                                      max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy),
         loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
         + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
         backward=[accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0), grads, sweep])

@@ -70,4 +70,5 @@ class SweepContext:
     first: bool = False      # the first block (the last one backward reaches): shared inputs die in it
     rope_bytes: int = 0      # saved tensors shared by all blocks (RoPE's cos/sin), freed by the first block
     post_mlp_saved: int | None = None  # a norm after the MLP (Gemma 2's post-feedforward norm): what it saved
+    post_attn_saved: int | None = None  # a norm after the attention (Gemma 2's post-attention norm): the same
     # in this step (fine-tuning's own set); None: the family's full-training set
