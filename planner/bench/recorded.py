@@ -319,13 +319,13 @@ def sections_from_records(grid: str = "all", record_dir: Path = RECORD_DIR) -> l
     return out
 
 
-def write_from_records(grid: str = "all", out: str | None = None, progress=print) -> int:
+def write_from_records(grid: str = "all", out: str | None = None, progress=print, record_dir: Path = RECORD_DIR) -> int:
     """`bench record --from-records`: print (and with `out`, write into that file) the recorded grids' sections
     re-estimated from their records, then the summary section; nothing is measured."""
     from .bnb import write_subsection
     from .common import write_section
 
-    for text in sections_from_records(grid) + [summary_markdown()]:
+    for text in sections_from_records(grid, record_dir) + [summary_markdown(record_dir)]:
         progress(text)
         if out:
             (write_subsection if text.startswith("## ") else write_section)(out, text)
