@@ -64,3 +64,12 @@ def test_finetune_section_keeps_its_family_and_8bit_subsections(tmp_path):
     big, small = small_tensor_counts(config_from_dict(row8["config"]), TrainSpec(**row8["spec"]))
     assert _row_line(row8).replace(" | ", f" | {big} / {small} | ", 1) in text.splitlines()
     assert "opt. state est = meas" not in text and "The optimizer state column" in text
+
+
+def test_cli_from_records_refuses_family():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "planner", "bench", "record", "--from-records", "--grid", "families",
+                          "--family", "llama"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--from-records re-estimates whole grids" in out.stderr

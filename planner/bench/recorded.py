@@ -139,7 +139,9 @@ def summary_markdown(record_dir: Path = RECORD_DIR) -> str:
              "Command: `python -m planner bench record --grid all --out docs/accuracy.md`. Each grid's rows (the "
              "sections above) are measured once into `tests/data/measured/<grid>.jsonl`; `tests/test_recorded.py` "
              "re-estimates every row with the code as it is and holds it to the grid's bar, and measures one row of "
-             "each grid again in a fresh child, which must equal its record to the byte.", "",
+             "each grid again in a fresh child, which must equal its record to the byte. `python -m planner bench "
+             "record --from-records --out docs/accuracy.md` measures nothing: it rebuilds those sections from the "
+             "records with the estimate of the code as it is.", "",
              "| grid | rows | measured on | torch | transformers | peft | bitsandbytes | worst \\|error\\| | bar |",
              "|---|---:|---|---|---|---|---|---:|---:|"]
     total = gaps = 0
