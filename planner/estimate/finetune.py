@@ -463,6 +463,16 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
         points[f"block {i} recompute down adapter"] = (
             below - post_norm_saved + alive + (0 if product_saved else bsf * w.e_m) + bsh * w.e_m
             + (bsf * ADAPTER_BYTES if cast_copy else 0) + (2 * bsh * ADAPTER_BYTES if post_norm else 0))
+        if not post_norm:
+            # right after the recompute, lora_B's backward (its input-grad matmul): the recompute stopped at
+            # lora_A's output, the block's last saved tensor, and let go of down_proj's base result, the
+            # product's fp32 copy and the unsaved product; alive beside the saved set and recompute_alive's
+            # grads are lora_B's new weight grad (r*h*4) and the grad of lora_A's output (b*s*r*4). The top
+            # when r is large beside h (measured on the op timeline, planner.measure.events: llama V97 h32 a4
+            # kv2 tied b2 s256 LoRA r64 all-linear sdpa fp32 checkpointing AdamW8bit, the step's peak there,
+            # 3,069,480 B; the estimate was 49,160 B under)
+            points[f"block {i} down adapter backward"] = (
+                below + alive + (spec.lora_r * cfg.hidden + b * s * spec.lora_r) * ADAPTER_BYTES)
     if any(lin.short == "up_proj" for lin in adapted):
         later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out", "norm.post_mlp"))
         act_saved = any(t.part == "mlp.act_out" for t in blk)
