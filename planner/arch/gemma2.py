@@ -201,6 +201,14 @@ class Gemma2(Gemma):
                                                                                   b, s, h, w))
             else:
                 points["ffn"] -= x.post_mlp_saved
+                if x.g == 0 and x.down_n and not spec.lora_r:
+                    # a later micro-batch with down_proj's weight training: the point is the down projection's
+                    # backward (Decoder.block_points), whose dY is the post-feedforward norm's input grad, a
+                    # tensor apart from the block output's grad that the residual add handed on (b*s*h*e_r;
+                    # in Llama they are one). Measured on the op timeline (planner.measure.events): gemma2
+                    # V97 h96 a3 kv1 untied b4 s8 accum2 last:1 fp32 SGD, the peak at down_proj's input-grad
+                    # matmul, 1,728,524 B, both grads alive (12,296 B under before)
+                    points["ffn"] += x.bsh * w.e_r
         return points
 
     def mlp_done_extra(self, c, spec, w) -> int:

@@ -69,7 +69,10 @@ def bnb_markdown(rows, results: list[dict], gaps: list[bool]) -> str:
     gap_line = (f" {len(gap_rows)} more rows (*gap*: the fine-tuning estimate's documented bf16 + checkpointing + "
                 f"LoRA-on-the-MLP gap, not the optimizer's) reach {max(abs(r['error_pct']) for r in gap_rows):.3f}%."
                 if gap_rows else "")
+    has_state = all("optimizer_bytes_est" in r for r in results)  # a recorded row has no state bytes (recorded.py)
     opt_exact = sum(r.get("optimizer_bytes_equal", False) for r in results)
+    state_line = (f" Optimizer state bytes: estimate == measured on {opt_exact}/{len(results)} rows." if has_state
+                  else "")
     lines = [SUBSECTION + " (bitsandbytes AdamW8bit)", "",
              f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, bitsandbytes "
              f"{_version('bitsandbytes')}. Command: `python -m planner bench finetune-8bit` (also run by `bench "
@@ -79,18 +82,18 @@ def bnb_markdown(rows, results: list[dict], gaps: list[bool]) -> str:
              "bnb_optim.py), and the tracker follows bitsandbytes' CPU kernel op by op. Columns 8-bit / fp32: the "
              "row's trainable tensors with 8-bit and with fp32 states.", "",
              f"**{len(modelled)} rows, worst |error| {worst:.3f}%** (bar: {BNB_BAR_PCT}% for quantized optimizers; "
-             f"{within_aim}/{len(modelled)} within {BNB_AIM_PCT}%).{gap_line} Optimizer state bytes: estimate == "
-             f"measured on {opt_exact}/{len(results)} rows.", "",
+             f"{within_aim}/{len(modelled)} within {BNB_AIM_PCT}%).{gap_line}{state_line}", "",
              *_beyond_aim(results),
-             "| config | 8-bit / fp32 | estimate (B) | measured (B) | error % | est. phase | meas. phase | "
-             "opt. state est = meas (B) |", "|---|---|---:|---:|---:|---|---|---:|"]
+             "| config | 8-bit / fp32 | estimate (B) | measured (B) | error % | est. phase | meas. phase |"
+             + (" opt. state est = meas (B) |" if has_state else ""),
+             "|---|---|---:|---:|---:|---|---|" + ("---:|" if has_state else "")]
     for (label, cfg, spec), r, g in zip(rows, results, gaps):
         big, small = small_tensor_counts(cfg, spec)
-        state = (f"{r['optimizer_bytes_est']:,}" if r["optimizer_bytes_equal"]
-                 else f"{r['optimizer_bytes_est']:,} != {r['optimizer_bytes_meas']:,}")
+        state = "" if not has_state else (f" {r['optimizer_bytes_est']:,} |" if r["optimizer_bytes_equal"]
+                                          else f" {r['optimizer_bytes_est']:,} != {r['optimizer_bytes_meas']:,} |")
         lines.append(f"| {r['config']}{' *gap*' if g else ''} | {big} / {small} | {r['estimate_bytes']:,} | "
                      f"{r['measured_bytes']:,} | {r['error_pct']:+.3f} | {r['estimated_phase']} | {r['measured_phase']} "
-                     f"| {state} |")
+                     f"|{state}")
     return "\n".join(lines) + "\n"
 
 

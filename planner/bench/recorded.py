@@ -139,7 +139,9 @@ def summary_markdown(record_dir: Path = RECORD_DIR) -> str:
              "Command: `python -m planner bench record --grid all --out docs/accuracy.md`. Each grid's rows (the "
              "sections above) are measured once into `tests/data/measured/<grid>.jsonl`; `tests/test_recorded.py` "
              "re-estimates every row with the code as it is and holds it to the grid's bar, and measures one row of "
-             "each grid again in a fresh child, which must equal its record to the byte.", "",
+             "each grid again in a fresh child, which must equal its record to the byte. `python -m planner bench "
+             "record --from-records --out docs/accuracy.md` measures nothing: it rebuilds those sections from the "
+             "records with the estimate of the code as it is.", "",
              "| grid | rows | measured on | torch | transformers | peft | bitsandbytes | worst \\|error\\| | bar |",
              "|---|---:|---|---|---|---|---|---:|---:|"]
     total = gaps = 0
@@ -207,4 +209,126 @@ def main(grid: str = "all", out: str | None = None, progress=print, family: str 
         write_section(out, text)
         if family:  # the families' own tables in the families section, from the rows just recorded
             write_section(out, families_markdown_from_record([f.strip() for f in family.split(",") if f.strip()], out))
+    return 0
+
+
+# The recorded grids' sections of docs/accuracy.md, rebuilt from their records (`bench record --from-records`):
+# the same table writers as the benchmarks that measure them, fed each recorded row re-estimated now.
+FROM_RECORD_COLUMNS = "measured (B) and meas. phase"  # what a record row holds (record_row): peak and phase peaks
+FINETUNE_OWN_TABLES = ("gemma", "gemma2")  # measured after the first four families: their own subsections
+
+
+def results_from_record(rows: list[dict]) -> list[dict]:
+    """A benchmark's result rows (planner/bench/main.py run_accuracy's keys) from recorded rows: the measured
+    peak and phase from the record, the estimate of the code as it is now."""
+    from ..config import config_from_dict
+    from ..estimate.training import estimate_training
+    from ..spec import TrainSpec
+
+    out = []
+    for row in rows:
+        est = estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"]))
+        out.append({"config": row["label"], "estimate_bytes": est.peak_bytes, "measured_bytes": row["peak_bytes"],
+                    "error_pct": 100.0 * (est.peak_bytes - row["peak_bytes"]) / row["peak_bytes"],
+                    "estimated_phase": est.peak_phase, "measured_phase": row["peak_phase"]})
+    return out
+
+
+def record_note(grid: str, header: dict, extra: str = "") -> str:
+    """The line that replaces a section's "Date: ... Machine: ..." line: when and on what the rows were measured
+    (the record's header), and that the estimates are today's."""
+    v = header["versions"]
+    return (f"Measured on {header['date']} (tests/data/measured/{grid}.jsonl: torch {v['torch']}, transformers "
+            f"{v['transformers']}, peft {v['peft']}, bitsandbytes {v['bitsandbytes']}), re-estimated on "
+            f"{datetime.date.today().isoformat()} with the code of today: `python -m planner bench record "
+            f"--from-records --out docs/accuracy.md`. From the record: the {FROM_RECORD_COLUMNS} columns; the "
+            f"estimate, error and est. phase are today's.{extra}")
+
+
+def _with_note(text: str, note: str) -> str:
+    """The table writers' "Date: <today>. Machine: <this one>, ..." sentence (it runs to the line's end or to its
+    "Command:") replaced by `note`."""
+    import re
+
+    return re.sub(r"^Date: \S+\. Machine: .*?(?=( Command:)|$)", lambda _: note, text, count=1, flags=re.M)
+
+
+def sections_from_records(grid: str = "all", record_dir: Path = RECORD_DIR) -> list[str]:
+    """The docs/accuracy.md sections of the recorded grids (each starting with its `# ` heading; an 8bit-only
+    run gives the `## 8-bit` subsection) re-estimated from their records, in the benchmarks' own layout."""
+    from . import main as bench
+    from .bnb import bnb_markdown
+    from .common import finetune_gap
+    from .finetune_amp import amp_markdown
+    from ..config import config_from_dict
+    from ..spec import TrainSpec
+
+    def rec(name):
+        header, rows = load(record_dir / f"{name}.jsonl")
+        return header, rows, results_from_record(rows)
+
+    def gaps(rows):
+        return [finetune_gap((r["label"], config_from_dict(r["config"]), TrainSpec(**r["spec"]))) is not None
+                for r in rows]
+
+    def eight_bit():
+        header, rows, res = rec("8bit")
+        triples = [(r["label"], config_from_dict(r["config"]), TrainSpec(**r["spec"])) for r in rows]
+        return _with_note(bnb_markdown(triples, res, gaps(rows)), record_note(
+            "8bit", header, " The optimizer state column and `bench finetune-8bit`'s comparison with torch's "
+            "AdamW are not in the record (run `bench finetune-8bit` for them)."))
+
+    names = list(grids()) if grid == "all" else [grid]
+    out = []
+    if "accuracy" in names:
+        header, _, res = rec("accuracy")
+        out.append(_with_note(bench.accuracy_markdown(res, "cpu"), record_note(
+            "accuracy", header, " The simulated column of `bench accuracy` is not in the record.")))
+    if "families" in names:
+        header, rows, res = rec("families")
+        by_family: dict[str, list[dict]] = {}
+        for row, r in zip(rows, res):
+            by_family.setdefault(row["config"]["arch"], []).append(r)
+        out.append(_with_note(bench.families_markdown(by_family, "cpu"), record_note("families", header)))
+    if "finetune" in names:
+        header, rows, res = rec("finetune")
+        g = gaps(rows)
+        note = record_note("finetune", header)
+        main_rows = [i for i, row in enumerate(rows) if row["config"]["arch"] not in FINETUNE_OWN_TABLES]
+        text = _with_note(bench.finetune_markdown([res[i] for i in main_rows], "cpu", [g[i] for i in main_rows]), note)
+        for fam in FINETUNE_OWN_TABLES:
+            idx = [i for i, row in enumerate(rows) if row["config"]["arch"] == fam]
+            if idx:
+                sub = bench.finetune_markdown([res[i] for i in idx], "cpu", [g[i] for i in idx])
+                text += "\n" + _with_note(sub.replace("# Fine-tuning:", f"## Fine-tuning {fam}:", 1), note)
+        if (record_dir / "8bit.jsonl").exists():
+            text += "\n" + eight_bit()
+        out.append(text)
+    elif "8bit" in names:
+        out.append(eight_bit())
+    if "qlora" in names:
+        header, _, res = rec("qlora")
+        out.append(_with_note(bench.qlora_markdown(res, "cpu"), record_note("qlora", header)))
+    if "finetune-book" in names:
+        header, rows, res = rec("finetune-book")
+        out.append(_with_note(bench.finetune_book_markdown(bench.finetune_markdown(res, "cpu")),
+                              record_note("finetune-book", header)))
+    if "finetune-amp" in names:
+        header, rows, res = rec("finetune-amp")
+        for r, gap in zip(res, gaps(rows)):
+            r["gap"] = gap
+        out.append(_with_note(amp_markdown(res, "cpu"), record_note("finetune-amp", header)))
+    return out
+
+
+def write_from_records(grid: str = "all", out: str | None = None, progress=print, record_dir: Path = RECORD_DIR) -> int:
+    """`bench record --from-records`: print (and with `out`, write into that file) the recorded grids' sections
+    re-estimated from their records, then the summary section; nothing is measured."""
+    from .bnb import write_subsection
+    from .common import write_section
+
+    for text in sections_from_records(grid, record_dir) + [summary_markdown(record_dir)]:
+        progress(text)
+        if out:
+            (write_subsection if text.startswith("## ") else write_section)(out, text)
     return 0

@@ -186,6 +186,9 @@ def build_parser() -> _Parser:
     b.add_argument("--grid", default="all",
                    help="record: the grid whose rows are measured into tests/data/measured/<grid>.jsonl (accuracy, "
                         "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them")
+    b.add_argument("--from-records", action="store_true",
+                   help="record: measure nothing; write the grid's section (all: every recorded grid's) from its "
+                        "recorded rows, re-estimated with the code as it is (planner/bench/recorded.py)")
     return parser
 
 
@@ -494,6 +497,12 @@ def cmd_bench(args) -> int:
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
         if args.family and args.grid != "families":
             raise ConfigError("bench record --family goes with --grid families")
+        if args.from_records:
+            if args.family:
+                raise ConfigError("bench record --from-records re-estimates whole grids: leave out --family")
+            from ..bench.recorded import write_from_records
+
+            return write_from_records(args.grid, out=args.out, progress=progress)
         return bench_record(args.grid, out=args.out, progress=progress, family=args.family)
     if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench/finetune_amp.py
         from ..bench.finetune_amp import main as bench_amp

@@ -443,16 +443,38 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
         return _recompute_points_amp(cfg, spec, w, i, blk, below, adapted)
     if not any(lin.role.startswith("mlp") for lin in adapted):
         return {}
-    alive = sum(t.bytes for t in recompute_alive(cfg, spec, w, i, blk))
+    # A norm after the MLP (Gemma 2's post_feedforward_layernorm, block terms of part norm.post_mlp) saves the
+    # block's last tensors: its backward runs first and its first unpack starts the recompute, which then runs
+    # past down_proj up to that norm. So while the MLP is recomputed: the down adapter's grads (recompute_alive's
+    # down_proj terms) do not exist yet; the norm's own saves are not remade yet; its `.type_as(x)` output cast
+    # has run its backward, the block output's grad in fp32 (b*s*h*4, below an fp32 residual); and down_proj's
+    # `lora_B(...) * scaling` runs to the end: lora_B's output and its scaled copy (fp32, b*s*h each). Measured
+    # on the op timeline (planner.measure.events): gemma2 V97 h96 a3 kv1 untied b4 s8 LoRA r4 all-linear p0.1
+    # checkpointing AdamW, the step's peak at that mul in block 0: bf16 1,069,946 B, fp32 1,548,732 B.
+    post_norm_saved = sum(t.bytes for t in blk if t.part == "norm.post_mlp")
+    post_norm = any(t.part == "norm.post_mlp" for t in blk)
+    alive = (sum(t.bytes for t in recompute_alive(cfg, spec, w, i, blk)
+                 if not (post_norm and t.name.startswith("down_proj")))
+             + (bsh * 4 if post_norm and w.e_r < 4 else 0))
     cast_copy = w.e_m != ADAPTER_BYTES and spec.lora_dropout > 0
     points = {}
     if any(lin.role == "mlp.out" for lin in adapted):
         product_saved = any(t.part == "mlp.out" and t.name.endswith("LoRA input x") for t in blk)
         points[f"block {i} recompute down adapter"] = (
-            below + alive + (0 if product_saved else bsf * w.e_m) + bsh * w.e_m
-            + (bsf * ADAPTER_BYTES if cast_copy else 0))
+            below - post_norm_saved + alive + (0 if product_saved else bsf * w.e_m) + bsh * w.e_m
+            + (bsf * ADAPTER_BYTES if cast_copy else 0) + (2 * bsh * ADAPTER_BYTES if post_norm else 0))
+        if not post_norm:
+            # right after the recompute, lora_B's backward (its input-grad matmul): the recompute stopped at
+            # lora_A's output, the block's last saved tensor, and let go of down_proj's base result, the
+            # product's fp32 copy and the unsaved product; alive beside the saved set and recompute_alive's
+            # grads are lora_B's new weight grad (r*h*4) and the grad of lora_A's output (b*s*r*4). The top
+            # when r is large beside h (measured on the op timeline, planner.measure.events: llama V97 h32 a4
+            # kv2 tied b2 s256 LoRA r64 all-linear sdpa fp32 checkpointing AdamW8bit, the step's peak there,
+            # 3,069,480 B; the estimate was 49,160 B under)
+            points[f"block {i} down adapter backward"] = (
+                below + alive + (spec.lora_r * cfg.hidden + b * s * spec.lora_r) * ADAPTER_BYTES)
     if any(lin.short == "up_proj" for lin in adapted):
-        later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out"))
+        later_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "mlp.up_out", "norm.post_mlp"))
         act_saved = any(t.part == "mlp.act_out" for t in blk)
         points[f"block {i} recompute up adapter"] = (
             below - later_saved + alive + (0 if act_saved else bsf * w.e_m) + bsf * w.e_m
