@@ -16,6 +16,14 @@ RECORDED = {
     # the written files' absolute paths were replaced by their names (tests point them at files of their own)
     "simulate_train_tiny_export.jsonl": "python -m planner simulate train --config tiny.json --batch-size 2 --seq-len 32 "
                                         "--device cpu --json --progress --memory-snapshot step.pickle --trace step.json",
+    "measure_train_tiny_accum4.jsonl": "python -m planner measure train --config tiny.json --batch-size 2 --seq-len 64 "
+                                       "--grad-accum 4 --device cpu --json --progress",
+    "measure_load_all_tiny_fp32.jsonl": "python -m planner measure load --config tiny.json --method all --device cpu "
+                                        "--dtype float32 --json --progress",
+    # tiny_llama.json: TINY_LLAMA of tests/test_app_finetune.py
+    "measure_train_tiny_llama_lora4.jsonl": "python -m planner measure train --config tiny_llama.json --batch-size 2 "
+                                            "--seq-len 32 --device cpu --lora-r 4 --lora-targets "
+                                            "q_proj,k_proj,v_proj,o_proj --json --progress",
     "measure_train_tiny_fsdp2.jsonl": "python -m planner measure train --config tiny.json --batch-size 2 --seq-len 32 "
                                       "--device cpu --world-size 2 --parallel fsdp --json --progress",
 }
