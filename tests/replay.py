@@ -24,6 +24,14 @@ RECORDED = {
     "measure_train_tiny_llama_lora4.jsonl": "python -m planner measure train --config tiny_llama.json --batch-size 2 "
                                             "--seq-len 32 --device cpu --lora-r 4 --lora-targets "
                                             "q_proj,k_proj,v_proj,o_proj --json --progress",
+    # llama-3.2-1b.json: planner.config.config_to_dict(PRESETS["llama-3.2-1b"]), the config the page passes
+    "simulate_infer_llama32_1b.jsonl": "python -m planner simulate infer --batch-size 1 --prompt-len 64 --new-tokens 4 "
+                                       "--precision bf16 --cache dynamic --device cpu --attention sdpa --json --progress "
+                                       "--config llama-3.2-1b.json",
+    "simulate_infer_llama32_1b_nf4.jsonl": "python -m planner simulate infer --batch-size 1 --prompt-len 32 "
+                                           "--new-tokens 2 --precision bf16 --cache dynamic --device cpu "
+                                           "--quantize-weights nf4 --attention sdpa --json --progress "
+                                           "--config llama-3.2-1b.json",
     "measure_train_tiny_fsdp2.jsonl": "python -m planner measure train --config tiny.json --batch-size 2 --seq-len 32 "
                                       "--device cpu --world-size 2 --parallel fsdp --json --progress",
 }
