@@ -32,6 +32,15 @@ RECORDED = {
                                            "--new-tokens 2 --precision bf16 --cache dynamic --device cpu "
                                            "--quantize-weights nf4 --attention sdpa --json --progress "
                                            "--config llama-3.2-1b.json",
+    # fit files the children write (olmo2.json: config_to_dict of tests/data/configs/olmo2-tiny.json, the config
+    # the page passes; tiny_lm.py: TINY_LM of tests/test_app_module.py)
+    "fit_olmo2_tiny_b4_s512.json": "python -m planner estimate train --batch-size 4 --seq-len 512 --precision fp32 "
+                                   "--optimizer adamw --grad-accum 1 --optimizer-impl default --device cpu --loss "
+                                   "default --attention sdpa --json --progress --config olmo2.json "
+                                   "(the file it keeps in the data folder's fitted/)",
+    "whatif_tiny_lm_fp32.json": "python -m planner simulate whatif --module tiny_lm.py:make_model --batch-size 2 "
+                                "--precision fp32 --optimizer adamw --optimizer-impl default --grad-accum 1 --json "
+                                "--progress --seq-len 16 --out whatif_tiny_lm_fp32.json",
     "measure_train_tiny_fsdp2.jsonl": "python -m planner measure train --config tiny.json --batch-size 2 --seq-len 32 "
                                       "--device cpu --world-size 2 --parallel fsdp --json --progress",
 }
