@@ -1,4 +1,7 @@
-"""The app as a user drives it (streamlit.testing.v1.AppTest): every page, sliders, bad input, real runs."""
+"""The app as a user drives it (streamlit.testing.v1.AppTest): every page, sliders, bad input, and runs started from
+the pages: each page starts its child with the right arguments, then shows and keeps the child's recorded output
+(tests/replay.py); the children themselves are tested through the CLI (tests/test_cli.py, tests/test_loading.py)
+and end to end in a browser (tests/e2e/test_browser.py)."""
 import json
 import time
 from pathlib import Path
@@ -12,6 +15,7 @@ from planner.estimate.training import CUDA_CONTEXT_BYTES, estimate_training, opt
 from planner.finetune import target_choices, tune_fields
 from planner.spec import TrainSpec, prepare
 from planner.units import fmt_bytes
+from tests.replay import ReplayJob, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -77,6 +81,13 @@ def wait_for(at, key, timeout_s=120):
         time.sleep(0.5)
         at.run()
     assert key not in at.session_state, "the job did not finish"
+
+
+def replay(at, key, name):
+    """End the child the page just started (its arguments checked by the caller) and let the page take the
+    recorded output of the same command instead (tests/replay.py: RECORDED)."""
+    at.session_state[key].cancel()
+    at.session_state[key] = ReplayJob(recorded(name), "done")
 
 
 def test_planner_sliders_change_the_numbers():
@@ -256,6 +267,8 @@ def test_training_measurement_completes_and_is_stored(data_dir):
     at.switch_page("pages/1_training.py").run()
     at.button(key="run").click().run()
     assert at.session_state["job"].config["emb_dim"] == TINY["emb_dim"]  # the pasted model survived the switch
+    assert " ".join(at.session_state["job"].args).startswith("measure train --batch-size 2 --seq-len 32 ")
+    replay(at, "job", "measure_train_tiny.jsonl")
     wait_for(at, "job")
     assert not at.exception and not at.error
     assert abs(float(metric(at, "Error").rstrip("%"))) <= 2.0
@@ -280,6 +293,8 @@ def test_measure_this_option_after_moving_sliders_measures_that_option(data_dir)
     job = at.session_state["job"]
     assert job.config["emb_dim"] == TINY["emb_dim"]
     assert " ".join(job.args).count("--batch-size 2 ") == 1 and "--grad-accum 4" in " ".join(job.args)
+    assert "--seq-len 64 " in " ".join(job.args)
+    replay(at, "job", "measure_train_tiny_accum4.jsonl")
     wait_for(at, "job")
     from planner.store import RunStore
     run = RunStore(data_dir / "data" / "runs.sqlite").list()[0]
@@ -301,6 +316,9 @@ def test_loading_measure_all(data_dir):
     at.switch_page("pages/2_loading.py").run()
     at.button(key="measure_all").click().run()
     assert at.session_state["load_job"].config["emb_dim"] == TINY["emb_dim"]  # the pasted model, not gpt2-small
+    assert at.session_state["load_job"].args[:8] == ["measure", "load", "--method", "all", "--device", "cpu",
+                                                     "--dtype", "float32"]
+    replay(at, "load_job", "measure_load_all_tiny_fp32.jsonl")
     wait_for(at, "load_job", timeout_s=300)
     assert not at.exception and not at.error
     results = at.session_state["load_result"]["results"]

@@ -17,7 +17,7 @@ from planner.plan import longest_context
 from planner.reference import UNSLOTH_LLAMA31_8B
 from planner.spec import TrainSpec, prepare, run_args
 from planner.units import fmt_bytes
-from tests.test_app import metric, paste, shown, wait_for
+from tests.test_app import metric, paste, replay, shown, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 160,
@@ -121,7 +121,8 @@ def test_applying_lora_advice_sets_the_fine_tuning_controls():
 
 
 def test_the_training_step_measures_the_lora_run_it_is_given(data_dir):
-    """A real child: the page passes --lora-* to `measure train`, and the stored run is that LoRA run."""
+    """The page passes --lora-* to `measure train`, and the stored run is that LoRA run (the child's recorded
+    output, tests/replay.py; the LoRA child itself is tested in tests/test_finetune.py)."""
     at = paste(app(), TINY_LLAMA)
     at.slider(key="batch").set_value(2).run()
     at.slider(key="seq").set_value(32).run()
@@ -133,6 +134,11 @@ def test_the_training_step_measures_the_lora_run_it_is_given(data_dir):
     assert any("LoRA r=4" in m.value for m in at.markdown)
     at.button(key="run").click().run()
     assert "--lora-r 4" in " ".join(at.session_state["job"].args)
+    assert " ".join(at.session_state["job"].args).startswith(
+        "measure train --batch-size 2 --seq-len 32 --precision fp32 --optimizer adamw --grad-accum 1 "
+        "--optimizer-impl default --device cpu --loss default --lora-r 4 --lora-alpha 8.0 --lora-dropout 0.0 "
+        "--lora-targets q_proj,k_proj,v_proj,o_proj --json")  # the command of the recording replayed here
+    replay(at, "job", "measure_train_tiny_llama_lora4.jsonl")
     wait_for(at, "job")
     assert not at.exception and not at.error
     assert abs(float(metric(at, "Error").rstrip("%"))) <= 1.0

@@ -9,10 +9,11 @@ from streamlit.testing.v1 import AppTest
 
 from planner.config import load_config
 from planner.fit import tensor_budget
-from planner.fitted import fit_file, make_fit
+from planner.fitted import fit_file, load_fit
 from planner.plan import module_plan
 from planner.spec import TrainSpec
 from planner.units import fmt_bytes
+from tests.replay import DATA as RECORDED_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 OLMO2 = ROOT / "tests" / "data" / "configs" / "olmo2-tiny.json"
@@ -35,12 +36,15 @@ def test_pasted_olmo2_is_fitted_in_a_child_and_labelled_fitted():
     at.button(key="fit_start").click().run()
     job = at.session_state["fit_job"]
     assert job.args[:2] == ["estimate", "train"] and "--progress" in job.args and job.config["arch"] == "auto"
-    job.cancel()  # the child is `estimate train`, tested in tests/test_auto_family.py; here its fit is made in-process
-    cfg, spec = load_config(OLMO2), TrainSpec(4, 512)
-    what, info = make_fit(cfg, spec, simulate_in_process=True)
+    assert job.args == ["estimate", "train", "--batch-size", "4", "--seq-len", "512", "--precision", "fp32",
+                        "--optimizer", "adamw", "--grad-accum", "1", "--optimizer-impl", "default", "--device", "cpu",
+                        "--loss", "default", "--attention", "sdpa", "--json", "--progress", "--timeout", "600"]
+    job.cancel()  # the child is `estimate train`, tested in tests/test_auto_family.py; here the fit file that this
+    cfg, spec = load_config(OLMO2), TrainSpec(4, 512)  # command wrote is put where it writes it (tests/replay.py)
     path = fit_file(cfg, spec)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"fit": what.save_dict(), "info": info}))
+    path.write_text((RECORDED_DIR / "fit_olmo2_tiny_b4_s512.json").read_text())
+    what = load_fit(json.loads(path.read_text())["fit"])
     at.run()
     assert not at.exception and not at.error
     metrics = {m.label: m.value for m in at.metric}

@@ -69,12 +69,21 @@ def test_inference_mode_refuses_a_context_beyond_the_model_in_one_line():
 
 def test_simulate_this_generation_runs_a_child_and_keeps_the_run():
     """One click simulates the generation on the screen in a child process; its record is shown beside the
-    estimate and kept on the Runs page with kind infer."""
+    estimate and kept on the Runs page with kind infer. The child (`simulate infer`, tested in
+    tests/test_inference.py) is started with the settings on the screen; the page takes its recorded output."""
+    from planner.config import config_to_dict
     from planner.store import RunStore
+    from tests.replay import ReplayJob, recorded
 
     at = open_inference("llama-3.2-1b", infer_precision="bf16", infer_batch=1, prompt=64, new_tokens=4,
                         infer_attention="sdpa")
     at.button(key="infer_simulate").click().run()
+    job = at.session_state["infer_job"]
+    assert job.config == config_to_dict(PRESETS["llama-3.2-1b"]) and job.args == [
+        "simulate", "infer", "--batch-size", "1", "--prompt-len", "64", "--new-tokens", "4", "--precision", "bf16",
+        "--cache", "dynamic", "--device", "cpu", "--attention", "sdpa", "--json", "--progress", "--timeout", "600"]
+    job.cancel()
+    at.session_state["infer_job"] = ReplayJob(recorded("simulate_infer_llama32_1b.jsonl"), "done")
     for _ in range(120):
         if "infer_job" not in at.session_state:
             break

@@ -76,13 +76,24 @@ def test_the_controls_offer_only_what_the_planner_allows():
 
 def test_simulate_carries_the_quantization_and_runs_keeps_it():
     """One click simulates the nf4 generation on the screen; the record is the quantized run's (within #21's
-    1% of the estimate) and the Runs page keeps its settings, quantization included."""
+    1% of the estimate) and the Runs page keeps its settings, quantization included. The child (`simulate infer
+    --quantize-weights nf4`, tested in tests/test_infer_quant.py) is started with the settings on the screen; the
+    page takes its recorded output (tests/replay.py)."""
+    from planner.config import config_to_dict
     from planner.store import RunStore
+    from tests.replay import ReplayJob, recorded
 
     at = open_inference("llama-3.2-1b", infer_precision="bf16", infer_batch=1, prompt=32, new_tokens=2,
                         infer_quant="nf4", infer_attention="sdpa")
     assert not at.exception, at.exception
     at.button(key="infer_simulate").click().run()
+    job = at.session_state["infer_job"]
+    assert job.config == config_to_dict(PRESETS["llama-3.2-1b"]) and job.args == [
+        "simulate", "infer", "--batch-size", "1", "--prompt-len", "32", "--new-tokens", "2", "--precision", "bf16",
+        "--cache", "dynamic", "--device", "cpu", "--quantize-weights", "nf4", "--attention", "sdpa", "--json",
+        "--progress", "--timeout", "600"]
+    job.cancel()
+    at.session_state["infer_job"] = ReplayJob(recorded("simulate_infer_llama32_1b_nf4.jsonl"), "done")
     for _ in range(240):
         if "infer_job" not in at.session_state:
             break

@@ -9,8 +9,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from planner.plan import module_plan
-from planner.spec import TrainSpec
 from planner.units import fmt_bytes
+from tests.replay import DATA as RECORDED_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_LM = '''
@@ -74,16 +74,6 @@ def test_simulate_whatif_invalid_input_is_one_line(module):
     assert r.returncode == 2 and "need at least 5 points" in r.stderr
 
 
-def fitted(module: Path) -> dict:
-    """The fit the page would make, here in-process (the child is tested above)."""
-    from planner.measure.simulate import simulate_training
-    from planner.whatif import fit_whatif
-
-    return fit_whatif(None, TrainSpec(2, 16, **RUN), module=(str(module), "make_model"),
-                      simulate=lambda c, spec, m: simulate_training(None, spec, module=m, trace=True)["trace"]
-                      ).save_dict()
-
-
 def page(ref: str | None = None) -> AppTest:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
     at.switch_page("pages/4_module.py").run()
@@ -108,9 +98,12 @@ def test_page_fits_in_a_child_and_answers_from_the_fit(module, data_dir):
     job = at.session_state["module_job"]
     fit_file = fit_path(module, "make_model", RUN)
     assert job.args[:4] == ["simulate", "whatif", "--module", f"{module}:make_model"] and str(fit_file) in job.args
-    job.cancel()  # the child is the CLI tested above; the page answers from the fit file it writes
-    fit_file.parent.mkdir(parents=True, exist_ok=True)
-    fit_file.write_text(json.dumps(fitted(module)))
+    assert job.args == ["simulate", "whatif", "--module", f"{module}:make_model", "--batch-size", "2", "--precision",
+                        "fp32", "--optimizer", "adamw", "--optimizer-impl", "default", "--grad-accum", "1", "--json",
+                        "--progress", "--timeout", "900", "--seq-len", "16", "--out", str(fit_file)]
+    job.cancel()  # the child is the CLI tested above; the page answers from the fit file it writes (that command's
+    fit_file.parent.mkdir(parents=True, exist_ok=True)  # file, recorded: tests/replay.py)
+    fit_file.write_text((RECORDED_DIR / "whatif_tiny_lm_fp32.json").read_text())
     at.run()
     assert not at.exception
     at.slider(key="m_batch").set_value(6).run()

@@ -1,6 +1,7 @@
 """The architecture registry (planner/arch): published configs, presets, inventories against transformers'
 models, the estimator against transformers' measured training steps (1%), the tracker against torch's
 MemTracker, and the estimate side staying free of torch and transformers."""
+import functools
 import json
 import subprocess
 import sys
@@ -91,16 +92,23 @@ def test_llama_accepts_the_activations_transformers_allows():
         assert config_from_dict({**base, "hidden_act": act}).hidden_act == act
 
 
+@functools.cache
+def quick_grid(family: str) -> list[dict]:
+    """A family's quick grid: one row per shape and per precision (attention, checkpointing and optimizer rotate),
+    each estimated, measured and simulated once in this process (run_accuracy); the two tests below read it."""
+    full = family_grid(family)
+    shapes = len(families()[family].grid_configs())
+    per_precision = len(full) // shapes // 4  # attention kernels x checkpointing
+    rows = [full[(i * 4 + i % 4) * per_precision + (i + 1) % per_precision] for i in range(shapes)]
+    return run_accuracy(rows, in_process=True, progress=lambda *_: None, simulate=True)
+
+
 @pytest.mark.parametrize("family", HF_FAMILIES)
 def test_family_quick_grid_within_1pct(family):
     """Every family on its tiny configs, one row per shape and per precision (attention, checkpointing and
     optimizer rotate), measured in this process on transformers' own model: within 1% of the exact peak.
     (`python -m planner bench families` runs the full grid: docs/accuracy.md.)"""
-    full = family_grid(family)
-    shapes = len(families()[family].grid_configs())
-    per_precision = len(full) // shapes // 4  # attention kernels x checkpointing
-    rows = [full[(i * 4 + i % 4) * per_precision + (i + 1) % per_precision] for i in range(shapes)]
-    results = run_accuracy(rows, in_process=True, progress=lambda *_: None)
+    results = quick_grid(family)
     worst = max(results, key=lambda r: abs(r["error_pct"]))
     assert abs(worst["error_pct"]) <= FAMILY_BAR_PCT, worst
 
@@ -214,18 +222,17 @@ def test_mistral_equals_llama_inside_the_window_and_says_what_changes_beyond():
 @pytest.mark.parametrize("family", HF_FAMILIES)
 def test_simulate_equals_measure_on_the_family(family):
     """The fake-tensor step takes the real step's branches on transformers' models too (planner.measure.simulate:
-    real_run_branches, the packed-sequence read): equal to the byte, phase by phase, on two rows per family
-    (SDPA with checkpointing where the family has SDPA, and a bf16 row without)."""
-    from planner.measure.simulate import simulate_training
-
-    rows = family_grid(family, quick=True)
-    ckpt = [r for r in rows if " ckpt" in r[0]]
-    with_ckpt = next((r for r in ckpt if " sdpa " in r[0]), ckpt[0])  # SDPA + checkpointing: the mask branch
-    without = next(r for r in rows if " ckpt" not in r[0] and " bf16" in r[0])
-    for label, cfg, spec in (with_ckpt, without):
-        sim, meas = simulate_training(cfg, spec), measure_training(cfg, spec)
-        assert sim["peak_bytes"] == meas["peak_bytes"], label
-        assert sim["phase_peak_bytes"] == meas["phase_peak_bytes"], label
+    real_run_branches, the packed-sequence read): equal to the byte, phase by phase, on every row of the family's
+    quick grid (its measurements shared with the test above), among them SDPA with checkpointing where the family
+    has SDPA and a bf16 row without."""
+    rows = quick_grid(family)
+    ckpt = [r for r in rows if " ckpt" in r["config"]]
+    assert any(" sdpa " in r["config"] for r in ckpt) or " sdpa " not in " ".join(r["config"] for r in rows)
+    assert any(" ckpt" not in r["config"] and " bf16" in r["config"] for r in rows)  # the mask branch; bf16 without
+    for row in rows:
+        label = row["config"]
+        assert row["simulated_bytes"] == row["measured_bytes"], label
+        assert row["simulated_phase_peak_bytes"] == row["measured_phase_peak_bytes"], label
 
 
 def test_count_note_only_where_the_count_differs_from_the_published_one():
