@@ -18,13 +18,18 @@ TINY = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermedi
 
 
 def test_finetune_quick_grid_within_1pct():
-    """Every 23rd row of `bench finetune`'s grid (llama, qwen2, mistral, qwen3, gemma, gemma2; last:1, head, LoRA r=4/16 on
-    attention and on all linear layers, r=8 on the MLP, dropout 0 and 0.1, two micro-batches, fp32 and a bf16
-    base, checkpointing off/on, AdamW/SGD),
-    measured in this process: every estimate within 1% of the exact peak."""
-    rows = finetune_grid(quick=True)
-    assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}
-    assert {spec.checkpointing for _, _, spec in rows} == {False, True}
+    """Rows of `bench finetune`'s quick grid (every 23rd row of the grid; here the first four of every eight of
+    those, 20 of 36: the quick grid cycles precision x checkpointing with period 4, so these keep every pair)
+    across llama, qwen2, mistral, qwen3, gemma, gemma2; last:1, head, LoRA r=4/16 on attention and on all linear
+    layers, r=8 on the MLP, dropout 0 and 0.1, two micro-batches, fp32 and a bf16 base, checkpointing off/on,
+    AdamW/SGD; measured in this process: every estimate within 1% of the exact peak. (All 816 rows of the grid
+    are re-estimated against their recorded measurements on every run: tests/test_recorded.py.)"""
+    rows = [row for i, row in enumerate(finetune_grid(quick=True)) if i % 8 < 4]
+    assert {(spec.precision, spec.checkpointing) for _, _, spec in rows} == {
+        ("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)}
+    assert {cfg.arch for _, cfg, _ in rows} == {"llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2"}
+    assert {spec.optimizer for _, _, spec in rows} == {"adamw", "sgd"}
+    assert any(spec.grad_accum > 1 for _, _, spec in rows) and any(spec.lora_dropout for _, _, spec in rows)
     assert any(spec.lora_r for _, _, spec in rows) and any(spec.train_layers != "all" for _, _, spec in rows)
     results = run_accuracy(rows, in_process=True, progress=lambda *_: None)
     gaps = [finetune_gap(row) is not None for row in rows]
