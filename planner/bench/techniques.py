@@ -223,8 +223,29 @@ def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     if quick:
         models = [m for m in models if m[0].startswith(("gpt2 (book)", "llama:"))]
         precisions, policies = ("bf16-amp",), ("every:3", "selective")
-    return [(f"{name} b{b} s{s} {prec}", cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol))
-            for name, cfg, b, s in models for prec in precisions for pol in policies]
+    return ([(f"{name} b{b} s{s} {prec}", cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol))
+             for name, cfg, b, s in models for prec in precisions for pol in policies]
+            + policy_finetune_grid(quick))
+
+
+def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
+    """The policies with fine-tuning (planner/estimate/finetune.py policy_terms): llama and Gemma 2 (SDPA and eager
+    attention) at their first grid shape with 4 blocks, LoRA r8 (peft's default targets) and the last block
+    trained (last:1), under every:2 and selective, fp32 and bf16-AMP (quick: llama LoRA bf16-AMP)."""
+    from ..arch import families
+
+    fams = families()
+    models = []
+    for fam_name in ("llama", "gemma2"):
+        label, cfg, b, s = fams[fam_name].grid_configs()[0]
+        models.append((f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4", fams[fam_name].with_layers(cfg, 4), b, s))
+    tunes = (("LoRA r8", {"lora_r": 8}), ("last:1", {"train_layers": "last:1"}))
+    precisions, policies = ("fp32", "bf16-amp"), ("every:2", "selective")
+    if quick:
+        models, tunes, precisions = models[:1], tunes[:1], ("bf16-amp",)
+    return [(f"{name} b{b} s{s} {prec} {tune}", cfg,
+             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
+            for name, cfg, b, s in models for tune, kw in tunes for prec in precisions for pol in policies]
 
 
 # One preset per family at full size, bf16-AMP, AdamW: the formula beside the simulated step

@@ -15,6 +15,10 @@ selective (torchtitan's op policy through create_selective_checkpoint_contexts)
   (planner/checkpointing.py selective_saved over the family's selective_ops): the forward, loss and backward-start
   points are full's plus L such caches; at block i of the sweep blocks 0..i-1 hold theirs (the current block's
   cached outputs are the recompute's own tensors: no extra).
+With fine-tuning (LoRA, frozen layers) the fine-tuning step models the policy itself (planner/estimate/finetune.py
+policy_terms / policy_kept: the uncheckpointed blocks' fine-tuning saved sets, selective's outputs with LoRA's
+adapter matmuls counted in the every-second-mm rule); the book's GPT-2 (its own fine-tuning walk), a quantized
+base and gradient accumulation are refused here.
 Measured against both (bench checkpoint-policies): the estimate is held to 1% of the live-bytes peak.
 """
 from __future__ import annotations
@@ -33,9 +37,11 @@ from . import step
 def check_policy_estimable(cfg, spec) -> None:
     """One line for what the policy estimate does not model."""
     policy = spec.checkpoint_policy
-    if spec.finetuning:
-        raise ConfigError(f"checkpointing policy {policy} with fine-tuning is measured and simulated, not estimated "
-                          "yet (use simulate train or measure train)")
+    if spec.finetuning and (family_of(cfg).own_finetune_step or getattr(spec, "quantize_base", "none") != "none"):
+        # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept;
+        # the book's GPT-2 walks its own block, and a quantized base is not measured under a policy)
+        raise ConfigError(f"checkpointing policy {policy} with fine-tuning of {family_of(cfg).name} or a quantized "
+                          "base is measured and simulated, not estimated yet (use simulate train or measure train)")
     if spec.grad_accum > 1:
         raise ConfigError(f"checkpointing policy {policy} with --grad-accum > 1 is measured and simulated, not "
                           "estimated yet (use simulate train or measure train)")
@@ -139,7 +145,9 @@ def recompute_share(cfg, spec) -> float | None:
     None: no checkpointing, or the family does not list its ops."""
     if not spec.checkpointing:
         return None
-    ops = family_of(cfg).selective_ops(cfg, spec, Widths.of(spec))
+    from .finetune import policy_ops  # (with LoRA: the adapters' matmuls too)
+
+    ops = policy_ops(cfg, spec, Widths.of(spec))
     if ops is None:
         return None
     b, s = spec.batch_size, spec.seq_len
