@@ -37,11 +37,14 @@ from . import step
 def check_policy_estimable(cfg, spec) -> None:
     """One line for what the policy estimate does not model."""
     policy = spec.checkpoint_policy
-    if spec.finetuning and (family_of(cfg).own_finetune_step or getattr(spec, "quantize_base", "none") != "none"):
-        # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept;
-        # the book's GPT-2 walks its own block, and a quantized base is not measured under a policy)
-        raise ConfigError(f"checkpointing policy {policy} with fine-tuning of {family_of(cfg).name} or a quantized "
-                          "base is measured and simulated, not estimated yet (use simulate train or measure train)")
+    # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept; the
+    # book's GPT-2 walks its own block there, and a quantized base is not measured under a policy)
+    if spec.finetuning and family_of(cfg).own_finetune_step:
+        raise ConfigError(f"checkpointing policy {policy} with fine-tuning of this model (its own fine-tuning walk) is "
+                          "measured and simulated, not estimated yet (use simulate train or measure train)")
+    if spec.finetuning and getattr(spec, "quantize_base", "none") != "none":
+        raise ConfigError(f"checkpointing policy {policy} with a quantized base is measured and simulated, not "
+                          "estimated yet (use simulate train or measure train)")
     if spec.grad_accum > 1:
         raise ConfigError(f"checkpointing policy {policy} with --grad-accum > 1 is measured and simulated, not "
                           "estimated yet (use simulate train or measure train)")
