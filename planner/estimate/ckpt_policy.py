@@ -120,9 +120,22 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
                 value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk + extra_n
             points[f"block {i} {name}"] = value
         held += ckpt_in + kept[i]
+    # the masks no checkpointed layer takes die with the forward (planner/arch/gemma2.py checkpoint_mask_count: every:K
+    # with K even leaves Gemma 2's full-attention layers uncheckpointed); full's figures hold every mask until block 0
+    unkept = ((family.mask_count(cfg) - family.checkpoint_mask_count(cfg, spec)) * b * s * s * w.e_r
+              if hasattr(family, "checkpoint_mask_count") else 0)
+    if unkept:
+        # (block 0's points are full's first-block ones, the full mask let go already; an uncheckpointed block's come
+        # from the estimate without checkpointing, which keeps no mask)
+        lowered = lambda name: name == "final norm" or (kinds[int(name.split()[1])] == "c" and not name.startswith("block 0 "))
+        points = {name: v - unkept if lowered(name) else v for name, v in points.items()}
+        extra_fwd -= unkept
+        extra_start -= unkept
     # full checkpointing's phases with what the policy keeps beyond it (planner/estimate/step.py)
     phase = step.shifted(full.phase_peak_bytes, forward=extra_fwd, loss=extra_fwd,
                          backward_at_least=(base + start + extra_start, base + max(points.values())))
+    if unkept:  # (below full's own backward, whose candidates held the mask: the new ones and every grad's)
+        phase["backward"] = max(base + start + extra_start, base + max(points.values()), phase["zero_grad"])
     peak_phase = step.peak(phase)[0]
     notes = [n for n in full.notes if not n.startswith("checkpointing:")] + [note]
     share = recompute_share(cfg, spec)
