@@ -125,8 +125,8 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
     unkept = ((family.mask_count(cfg) - family.checkpoint_mask_count(cfg, spec)) * b * s * s * w.e_r
               if hasattr(family, "checkpoint_mask_count") else 0)
     if unkept:
-        # (block 0's points are full's first-block ones, the full mask let go already; an uncheckpointed block's come
-        # from the estimate without checkpointing, which keeps no mask)
+        # (block 0's points are full's first-block ones, the full mask let go already; an uncheckpointed block's,
+        # from the estimate without checkpointing, are left as they are)
         lowered = lambda name: name == "final norm" or (kinds[int(name.split()[1])] == "c" and not name.startswith("block 0 "))
         points = {name: v - unkept if lowered(name) else v for name, v in points.items()}
         extra_fwd -= unkept
