@@ -146,7 +146,8 @@ def test_with_adapters_counts_loras_matmuls():
     (LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=6,
                  num_key_value_heads=2, max_position_embeddings=128), {"lora_r": 8}, "selective", "fp32", 2, 96),
     (LLAMA4, {"train_layers": "last:1"}, "every:2", "bf16-amp", 2, 32),
-    (_gemma2_l4(97), {"lora_r": 8}, "every:2", "bf16-amp", 2, 64)])
+    (_gemma2_l4(97), {"lora_r": 8}, "every:2", "bf16-amp", 2, 64),
+    (LLAMA4, {"lora_r": 8, "grad_accum": 2}, "every:2", "fp32", 2, 32)])  # a later micro-batch's sweep
 def test_policy_with_finetuning_estimate_within_one_percent(cfg, kw, policy, precision, b, s):
     from planner.estimate.training import estimate_training
 
@@ -162,8 +163,7 @@ def test_policy_with_finetuning_refusals():
     from planner.estimate.training import estimate_training
 
     with pytest.raises(ConfigError, match="grad-accum"):
-        estimate_training(LLAMA4, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="every:2", lora_r=8,
-                                            grad_accum=2))
+        estimate_training(LLAMA4, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="every:2", grad_accum=2))
     book = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4)
     with pytest.raises(ConfigError, match="not estimated yet"):
         estimate_training(book, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="selective", train_layers="last:1"))
