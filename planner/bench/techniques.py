@@ -307,9 +307,10 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
     worst = max(abs(r["error_pct"]) for r in rows)
     exact = all(r["simulated_bytes"] == r["measured_bytes"] for r in rows)
     lines += ["", f"{len(rows)} rows. Worst |error| {worst:.3f}% ({'meets' if worst <= CKPT_BAR_PCT else 'MISSES'} "
-              f"the {CKPT_BAR_PCT}% bar); simulated {'==' if exact else '!='} measured on every row. Gemma 2's "
-              "rows carry its full-checkpointing estimate's own error (its second attention mask; +0.99% at fp32 "
-              "under full), on the safe side." + CKPT_GAP]
+              f"the {CKPT_BAR_PCT}% bar); simulated {'==' if exact else '!='} measured on every row. Gemma 2 "
+              "under every:K with K even: no checkpointed layer takes the full-attention mask, so it dies with the "
+              "forward (planner/arch/gemma2.py checkpoint_mask_count; these rows were b*s^2*e_r, +0.25..0.39%, "
+              "above before)." + CKPT_GAP]
     if full if full is not None else not quick:
         fr = policy_full_size_rows(progress)
         lines += ["", "Full size, one preset per family, b1 bf16-AMP AdamW (formula vs the simulated step):", "",
