@@ -11,7 +11,8 @@ block keeps.
               `_custom_policy`): the outputs of matmuls (aten.mm, every second one recomputed) and of the fused
               attention kernels are saved, pointwise ops are recomputed
 every:K and selective are measured and simulated (the real step) and estimated (planner/estimate/ckpt_policy.py,
-from the full-checkpointing estimate and the family's selective_ops: planner/arch/<family>.py).
+from the full-checkpointing estimate and the family's selective_ops: planner/arch/<family>.py; with fine-tuning,
+planner/estimate/finetune.py policy_terms / policy_kept).
 """
 from __future__ import annotations
 
@@ -60,6 +61,24 @@ def saved_ops(ops) -> list:
                 out.append(op)
         elif op[1] == "sdpa":
             out.append(op)
+    return out
+
+
+def with_adapters(ops, adapters: dict, n: int, r: int, e_out: int) -> list:
+    """The block's ops with LoRA's: peft's lora.Linear.forward runs the base layer, then lora_B(lora_A(dropout(x)))
+    (peft/tuners/lora/layer.py), two bias-free Linears, so two more aten.mm after each adapted op (whose label is
+    the module's short name): lora_A's (n, r) output and lora_B's (n, n_out), in the adapters' matmul dtype e_out
+    (the autocast dtype under AMP, else the adapters' fp32). They take part in the every-second-mm count: measured,
+    llama V1000 h64 L4 b2 s64 LoRA r8 on q_proj, v_proj under selective, fp32 and bf16-AMP, the forward 4 * 247,808
+    and 4 * 124,928 B above full checkpointing's = the odd mm outputs (q, q's lora_B, v, v's lora_B, gate, down)
+    and the SDPA kernel's. adapters: short name -> (n_in, n_out)."""
+    out = []
+    for op in ops:
+        out.append(op)
+        if op[0] in adapters:
+            n_in, n_out = adapters[op[0]]
+            out += [(f"{op[0]} lora_A", "mm", n * r * e_out, 2 * n * n_in * r),
+                    (f"{op[0]} lora_B", "mm", n * n_out * e_out, 2 * n * r * n_out)]
     return out
 
 

@@ -117,3 +117,53 @@ def test_recompute_share_from_flops():
     book = resolve_model("gpt2-small", None)  # biased Linears (addmm), eager attention: nothing saved
     assert recompute_share(book, TrainSpec(1, 64, checkpointing=True, checkpoint_policy="selective")) == \
         recompute_share(book, TrainSpec(1, 64, checkpointing=True))
+
+
+# ---- the policies with fine-tuning (planner/estimate/finetune.py policy_terms / policy_kept / selective_tail) ------
+def _gemma2_l4(vocab: int):
+    import dataclasses
+
+    from planner.arch import families
+
+    fam = families()["gemma2"]
+    _, cfg, _, _ = fam.grid_configs()[0]
+    return dataclasses.replace(fam.with_layers(cfg, 4), vocab_size=vocab)
+
+
+def test_with_adapters_counts_loras_matmuls():
+    from planner.checkpointing import selective_saved, with_adapters
+
+    ops = [("q_proj", "mm", 10, 0), ("k_proj", "mm", 1, 0), ("v_proj", "mm", 20, 0), ("o_proj", "mm", 2, 0)]
+    out = with_adapters(ops, {"q_proj": (4, 8), "v_proj": (4, 6)}, n=3, r=2, e_out=4)
+    assert [o[0] for o in out] == ["q_proj", "q_proj lora_A", "q_proj lora_B", "k_proj", "v_proj", "v_proj lora_A",
+                                   "v_proj lora_B", "o_proj"]
+    # mm 1, 3, 5, 7: q, q's lora_B (3*8*4), v, v's lora_B (3*6*4); lora_A and k and o are recomputed
+    assert selective_saved(out) == 10 + 96 + 20 + 72
+
+
+@pytest.mark.parametrize("cfg,kw,policy,precision,b,s", [
+    # a small vocabulary: the backward sweep's in-block points decide, not the loss
+    (LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=6,
+                 num_key_value_heads=2, max_position_embeddings=128), {"lora_r": 8}, "selective", "fp32", 2, 96),
+    (LLAMA4, {"train_layers": "last:1"}, "every:2", "bf16-amp", 2, 32),
+    (_gemma2_l4(97), {"lora_r": 8}, "every:2", "bf16-amp", 2, 64),
+    (LLAMA4, {"lora_r": 8, "grad_accum": 2}, "every:2", "fp32", 2, 32)])  # a later micro-batch's sweep
+def test_policy_with_finetuning_estimate_within_one_percent(cfg, kw, policy, precision, b, s):
+    from planner.estimate.training import estimate_training
+
+    spec = TrainSpec(b, s, precision, "adamw", checkpointing=True, checkpoint_policy=policy, **kw)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert abs(est.peak_bytes - meas["peak_bytes"]) <= 0.01 * meas["peak_bytes"], (est.peak_bytes, meas["peak_bytes"])
+    assert est.peak_phase == meas["peak_phase"]
+    full = estimate_training(cfg, TrainSpec(b, s, precision, "adamw", checkpointing=True, **kw))
+    assert full.peak_bytes < est.peak_bytes  # the policy keeps more than full checkpointing
+
+
+def test_policy_with_finetuning_refusals():
+    from planner.estimate.training import estimate_training
+
+    with pytest.raises(ConfigError, match="grad-accum"):
+        estimate_training(LLAMA4, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="every:2", grad_accum=2))
+    book = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4)
+    with pytest.raises(ConfigError, match="not estimated yet"):
+        estimate_training(book, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="selective", train_layers="last:1"))

@@ -441,6 +441,11 @@ class RMSDecoder(HFCausalLM):
         """Additive attention masks the model's forward builds and keeps through its layers (one here)."""
         return 1
 
+    def checkpoint_mask_count(self, c, spec) -> int:
+        """Of those, the ones checkpointed layers keep as checkpoint inputs through backward (planner/arch/gemma2.py:
+        a checkpointing policy can leave a mask's layers uncheckpointed)."""
+        return self.mask_count(c)
+
     # ---- inference (planner/estimate/inference.py) ------------------------------------------------
     def check_infer(self, c, ispec) -> None:
         sw = self.sliding_window(c)

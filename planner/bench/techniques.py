@@ -159,7 +159,7 @@ def markdown(rows: list[dict], full: list[dict] | None) -> str:
               "bf16; now -8 B of 4,500,908), and without checkpointing under autocast the forward's high point, at the "
               "model's final norm with the masks and the embeddings' output still alive (no b*s*V logits follow it), was "
               "-2.9% there (planner/estimate/finetune.py _forward_final_norm_point; now -8 B of 6,841,516). In the grid, "
-              "Gemma 2 last:1 (a trainable head) bf16 with checkpointing is +1.08% with chunked-ce, with or without the "
+              "Gemma 2 last:1 (a trainable head) bf16 with checkpointing was +1.08% with chunked-ce, with or without the "
               "soft cap: not the loss but the fine-tuning sweep's point at the last block's post-feedforward norm "
               "(planner/estimate/finetune.py _sweep), which the b*s*V logits hid before (with the default "
               "loss the same point is 19 % under the loss backward's peak): it was 16,760 B high (the norm's backward "
@@ -224,8 +224,29 @@ def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     if quick:
         models = [m for m in models if m[0].startswith(("gpt2 (book)", "llama:"))]
         precisions, policies = ("bf16-amp",), ("every:3", "selective")
-    return [(f"{name} b{b} s{s} {prec}", cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol))
-            for name, cfg, b, s in models for prec in precisions for pol in policies]
+    return ([(f"{name} b{b} s{s} {prec}", cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol))
+             for name, cfg, b, s in models for prec in precisions for pol in policies]
+            + policy_finetune_grid(quick))
+
+
+def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
+    """The policies with fine-tuning (planner/estimate/finetune.py policy_terms): llama and Gemma 2 (SDPA and eager
+    attention) at their first grid shape with 4 blocks, LoRA r8 (peft's default targets) and the last block
+    trained (last:1), under every:2 and selective, fp32 and bf16-AMP (quick: llama LoRA bf16-AMP)."""
+    from ..arch import families
+
+    fams = families()
+    models = []
+    for fam_name in ("llama", "gemma2"):
+        label, cfg, b, s = fams[fam_name].grid_configs()[0]
+        models.append((f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4", fams[fam_name].with_layers(cfg, 4), b, s))
+    tunes = (("LoRA r8", {"lora_r": 8}), ("last:1", {"train_layers": "last:1"}))
+    precisions, policies = ("fp32", "bf16-amp"), ("every:2", "selective")
+    if quick:
+        models, tunes, precisions = models[:1], tunes[:1], ("bf16-amp",)
+    return [(f"{name} b{b} s{s} {prec} {tune}", cfg,
+             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
+            for name, cfg, b, s in models for tune, kw in tunes for prec in precisions for pol in policies]
 
 
 # One preset per family at full size, bf16-AMP, AdamW: the formula beside the simulated step
@@ -268,7 +289,13 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
              "GPT-2 with qkv_bias, GPT-2 (HF) eager and Gemma 2 selective keeps little more than full. The estimate "
              "(planner/estimate/ckpt_policy.py) is full checkpointing's plus what the uncheckpointed blocks keep "
              "(every:K) or the outputs the policy saves (selective, from each family's `selective_ops`), with the "
-             "backward sweep evaluated block by block. Recompute: " + RECOMPUTE_SOURCE + ". Regenerate: "
+             "backward sweep evaluated block by block. With fine-tuning (the rows marked LoRA r8 / last:1: peft's default "
+             "targets, or the last block trained) the fine-tuning step models the policy itself "
+             "(planner/estimate/finetune.py policy_terms / policy_kept / selective_tail): an uncheckpointed block keeps "
+             "its fine-tuning saved set (its input needs grad: enable_input_require_grads), LoRA's two adapter matmuls "
+             "count in the every-second-mm rule, the block's last matmul output the policy cached stays alive through "
+             "its backward (the recompute stops before it), and Gemma 2 keeps only the masks its checkpointed layers "
+             "take. Recompute: " + RECOMPUTE_SOURCE + ". Regenerate: "
              "`python -m planner bench checkpoint-policies --out docs/accuracy.md`. CPU, live-bytes tracker; estimate "
              f"bar {CKPT_BAR_PCT}%, simulate = measure to the byte.", "",
              "| config | policy | estimate | measured | error | simulated - measured (B) | phase est / meas | "
@@ -281,9 +308,10 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
     worst = max(abs(r["error_pct"]) for r in rows)
     exact = all(r["simulated_bytes"] == r["measured_bytes"] for r in rows)
     lines += ["", f"{len(rows)} rows. Worst |error| {worst:.3f}% ({'meets' if worst <= CKPT_BAR_PCT else 'MISSES'} "
-              f"the {CKPT_BAR_PCT}% bar); simulated {'==' if exact else '!='} measured on every row. Gemma 2's "
-              "rows carry its full-checkpointing estimate's own error (its second attention mask; +0.99% at fp32 "
-              "under full), on the safe side." + CKPT_GAP]
+              f"the {CKPT_BAR_PCT}% bar); simulated {'==' if exact else '!='} measured on every row. Gemma 2 "
+              "under every:K with K even: no checkpointed layer takes the full-attention mask, so it dies with the "
+              "forward (planner/arch/gemma2.py checkpoint_mask_count; these rows were b*s^2*e_r, +0.25..0.39%, "
+              "above before)." + CKPT_GAP]
     if full if full is not None else not quick:
         fr = policy_full_size_rows(progress)
         lines += ["", "Full size, one preset per family, b1 bf16-AMP AdamW (formula vs the simulated step):", "",

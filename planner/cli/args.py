@@ -170,7 +170,8 @@ ESTIMATE_KEYS = ["params_bytes", "buffers_bytes", "inputs_bytes", "grads_bytes",
 
 
 def policy_estimated(cfg, spec) -> bool:
-    """False for a checkpointing policy the estimate does not model for this run (fine-tuning, accumulation)."""
+    """False for a checkpointing policy the estimate does not model for this run (planner/estimate/ckpt_policy.py
+    check_policy_estimable: the book's GPT-2 fine-tuned, a quantized base, accumulation in full training)."""
     if not (spec.checkpointing and spec.checkpoint_policy != "full"):
         return True
     from ..estimate.ckpt_policy import check_policy_estimable

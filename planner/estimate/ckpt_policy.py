@@ -15,6 +15,10 @@ selective (torchtitan's op policy through create_selective_checkpoint_contexts)
   (planner/checkpointing.py selective_saved over the family's selective_ops): the forward, loss and backward-start
   points are full's plus L such caches; at block i of the sweep blocks 0..i-1 hold theirs (the current block's
   cached outputs are the recompute's own tensors: no extra).
+With fine-tuning (LoRA, frozen layers) the fine-tuning step models the policy itself (planner/estimate/finetune.py
+policy_terms / policy_kept: the uncheckpointed blocks' fine-tuning saved sets, selective's outputs with LoRA's
+adapter matmuls counted in the every-second-mm rule, gradient accumulation included); the book's GPT-2 (its own
+fine-tuning walk) and a quantized base are refused here, and so is gradient accumulation in full training.
 Measured against both (bench checkpoint-policies): the estimate is held to 1% of the live-bytes peak.
 """
 from __future__ import annotations
@@ -33,10 +37,17 @@ from . import step
 def check_policy_estimable(cfg, spec) -> None:
     """One line for what the policy estimate does not model."""
     policy = spec.checkpoint_policy
-    if spec.finetuning:
-        raise ConfigError(f"checkpointing policy {policy} with fine-tuning is measured and simulated, not estimated "
-                          "yet (use simulate train or measure train)")
-    if spec.grad_accum > 1:
+    # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept; the
+    # book's GPT-2 walks its own block there, and a quantized base is not measured under a policy)
+    if spec.finetuning and family_of(cfg).own_finetune_step:
+        raise ConfigError(f"checkpointing policy {policy} with fine-tuning of this model (its own fine-tuning walk) is "
+                          "measured and simulated, not estimated yet (use simulate train or measure train)")
+    if spec.finetuning and getattr(spec, "quantize_base", "none") != "none":
+        raise ConfigError(f"checkpointing policy {policy} with a quantized base is measured and simulated, not "
+                          "estimated yet (use simulate train or measure train)")
+    if spec.grad_accum > 1 and not spec.finetuning:
+        # (fine-tuning's later micro-batches are the fine-tuning step's own sweep, grads_exist: measured exact under
+        # every:2 and selective, llama V97 h64 L4 b2 s128 LoRA r8 accum 2, fp32 and bf16-AMP)
         raise ConfigError(f"checkpointing policy {policy} with --grad-accum > 1 is measured and simulated, not "
                           "estimated yet (use simulate train or measure train)")
     if policy == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
@@ -111,9 +122,22 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
                 value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk + extra_n
             points[f"block {i} {name}"] = value
         held += ckpt_in + kept[i]
+    # the masks no checkpointed layer takes die with the forward (planner/arch/gemma2.py checkpoint_mask_count: every:K
+    # with K even leaves Gemma 2's full-attention layers uncheckpointed); full's figures hold every mask until block 0
+    unkept = ((family.mask_count(cfg) - family.checkpoint_mask_count(cfg, spec)) * b * s * s * w.e_r
+              if hasattr(family, "checkpoint_mask_count") else 0)
+    if unkept:
+        # (block 0's points are full's first-block ones, the full mask let go already; an uncheckpointed block's,
+        # from the estimate without checkpointing, are left as they are)
+        lowered = lambda name: name == "final norm" or (kinds[int(name.split()[1])] == "c" and not name.startswith("block 0 "))
+        points = {name: v - unkept if lowered(name) else v for name, v in points.items()}
+        extra_fwd -= unkept
+        extra_start -= unkept
     # full checkpointing's phases with what the policy keeps beyond it (planner/estimate/step.py)
     phase = step.shifted(full.phase_peak_bytes, forward=extra_fwd, loss=extra_fwd,
                          backward_at_least=(base + start + extra_start, base + max(points.values())))
+    if unkept:  # (below full's own backward, whose candidates held the mask: the new ones and every grad's)
+        phase["backward"] = max(base + start + extra_start, base + max(points.values()), phase["zero_grad"])
     peak_phase = step.peak(phase)[0]
     notes = [n for n in full.notes if not n.startswith("checkpointing:")] + [note]
     share = recompute_share(cfg, spec)
@@ -139,7 +163,9 @@ def recompute_share(cfg, spec) -> float | None:
     None: no checkpointing, or the family does not list its ops."""
     if not spec.checkpointing:
         return None
-    ops = family_of(cfg).selective_ops(cfg, spec, Widths.of(spec))
+    from .finetune import policy_ops  # (with LoRA: the adapters' matmuls too)
+
+    ops = policy_ops(cfg, spec, Widths.of(spec))
     if ops is None:
         return None
     b, s = spec.batch_size, spec.seq_len

@@ -22,6 +22,7 @@ from ..accounting import DTYPE_BYTES, buffer_bytes, tensor_inventory
 from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ACTIVATION_SAVED, ConfigError
+from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved, with_adapters
 from ..finetune import adapted_linears, trainable_names
 from ..arch.parts import lora_adapter as _adapter  # one LoRA adapter's saved tensors (family files use it too)
 from .activations import Term, Widths
@@ -241,12 +242,14 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
     terms: list[Term] = []
     per_block: list[list[Term]] = []  # what each block holds while backward runs through it ([] = not reached)
     if spec.checkpointing:
-        # enable_input_require_grads: every block's input needs grad and is stashed by the checkpoint
-        terms.append(Term("checkpointed block inputs", "L*b*s*h*e_r", L * b * s * h * e, where="ckpt"))
+        # enable_input_require_grads: every block's input needs grad and each checkpointed block stashes it
+        # (every:K: blocks 0, K, 2K, ...; planner/checkpointing.py)
+        ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
+        terms.append(Term("checkpointed block inputs", "n_ckpt*b*s*h*e_r", len(ckpt) * b * s * h * e, where="ckpt"))
         terms.append(parts.rope(b, s, family.rope_dim(cfg), w))
         mask_bytes = b * s * s * w.e_r if cfg.attention == "eager" else s * s
         terms += parts.checkpoint_inputs(sh, b, s, spec, w, masked, mask_bytes)
-        if family.mask_count(cfg) > 1:
+        if family.checkpoint_mask_count(cfg, spec) > 1:
             # the full and the sliding-window masks both reach the checkpointed layers (Gemma 2;
             # planner/arch/gemma2.py outside_terms for full training)
             terms.append(Term("second (sliding-window) additive mask (checkpoint input)", "b*s^2*e_r",
@@ -254,6 +257,7 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         g = True
         # backward recomputes each block with its input needing grad: this is what it saves again
         per_block = [block_saved(cfg, spec, w, i, True, trains, adapted)[0] for i in range(L)]
+        terms += policy_terms(cfg, spec, w, per_block, ckpt)
     else:
         g = any(t.name in trains for t in inv if t.role == "embed")
         rope_saved = False
@@ -282,6 +286,65 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
     terms.append(Term("log_softmax output + nll total_weight (+ shifted labels)", "b*s*V*e_ce + e_ce + 8*b*s",
                       ce_saved, where="loss"))
     return terms, ce_saved, per_block
+
+
+def policy_ops(cfg, spec, w) -> list | None:
+    """The block's ops as torchtitan's selective policy sees them (planner/arch/<family>.py selective_ops), with
+    LoRA's two adapter matmuls after each adapted Linear (planner/checkpointing.py with_adapters; the adapters'
+    outputs in the autocast dtype under AMP, else in their own fp32: ADAPTER_BYTES)."""
+    family = family_of(cfg)
+    ops = family.selective_ops(cfg, spec, w)
+    if ops is None:
+        return None
+    first = min((lin.block for lin in adapted_linears(family, cfg, spec) if lin.block is not None), default=None)
+    adapters = {lin.module.rsplit(".", 1)[1]: (lin.n_in, lin.n_out)
+                for lin in adapted_linears(family, cfg, spec) if lin.block == first}
+    return with_adapters(ops, adapters, spec.batch_size * spec.seq_len, spec.lora_r,
+                         w.e_m if w.amp else ADAPTER_BYTES)
+
+
+def policy_kept(cfg, spec, w, per_block: list[list[Term]]) -> list[int]:
+    """What each block keeps from its forward to its backward under checkpointing (planner/checkpointing.py):
+    a checkpointed block its input (b*s*h*e_r) and, under selective, the outputs the policy saves; a block
+    every:K leaves alone its whole saved set (block_saved with its input needing grad: enable_input_require_grads)."""
+    L = cfg.layers
+    ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
+    stash = spec.batch_size * spec.seq_len * cfg.hidden * w.e_r
+    cache = selective_saved(policy_ops(cfg, spec, w)) if spec.checkpoint_policy == "selective" else 0
+    return [stash + cache if i in ckpt else sum(t.bytes for t in per_block[i]) for i in range(L)]
+
+
+def selective_tail(cfg, spec, w, blk: list[Term]) -> int:
+    """Selective checkpointing: bytes a recomputed block holds beside its saved set, from its backward's start to
+    its end. Autograd packs an op's saved inputs before it runs the op (the generated VariableType code), and torch's
+    non-reentrant checkpoint stops the recompute at the last pack (torch/utils/checkpoint.py _StopRecomputationError),
+    so the block's last op is never recomputed: when the policy saved its output, that cached output stays in the
+    policy's storage instead of being handed to the recompute. Under fine-tuning every block's input needs grad, so
+    its last matmul (down_proj, or its lora_B) always packs (the frozen weight, or its input); a block that saves
+    something after it (Gemma 2's post-feedforward norm: part norm.post_mlp) runs it and keeps nothing extra.
+    Measured on the op log (alive at the peak): llama V97 h64 L4 b2 s128 LoRA r8 selective, fp32 and bf16-AMP,
+    down_proj's forward output (b*s*h*e_m) alive at block 3's gated-product backward."""
+    if spec.checkpoint_policy != "selective" or any(t.part == "norm.post_mlp" for t in blk):
+        return 0
+    ops = policy_ops(cfg, spec, w)
+    saved = saved_ops(ops)
+    return ops[-1][2] if saved and saved[-1] is ops[-1] else 0
+
+
+def policy_terms(cfg, spec, w, per_block: list[list[Term]], ckpt: set) -> list[Term]:
+    """The checkpointing policy's kept tensors beyond full checkpointing's stashed inputs (module doc): every:K's
+    uncheckpointed blocks' saved sets, selective's saved op outputs (measured: llama and gemma2 tiny configs,
+    LoRA r8 and last:1, every:2 and selective, fp32 and bf16-AMP: `bench checkpoint-policies`)."""
+    policy = spec.checkpoint_policy
+    if policy == "full":
+        return []
+    if policy == "selective":
+        cache = selective_saved(policy_ops(cfg, spec, w))
+        return [Term("selective checkpointing: the outputs the policy saves (every second mm, SDPA's)",
+                     "L*(odd aten.mm outputs + SDPA output and logsumexp)", cfg.layers * cache, where="ckpt")]
+    # (their names keep "autocast-cached": autocast_cache_bytes counts those copies once)
+    return [Term(f"block {i} (not checkpointed: {policy}): {t.name}", t.formula, t.bytes, where="ckpt")
+            for i, blk in enumerate(per_block) if i not in ckpt for t in blk]
 
 
 def autocast_cache_bytes(cfg, spec, w, terms) -> int:
@@ -560,16 +623,22 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     points = {}
     grads = 0 if grads_exist else head_n * e_p
     first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
+    if spec.checkpointing:
+        kept = policy_kept(cfg, spec, w, per_block)  # full: b*s*h*e_r a block
+        ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
     for i in range(L - 1, first_reached - 1, -1):
         blk, n = per_block[i], numels[i]
+        recomputed = spec.checkpointing and i in ckpt  # (every:K: the others run backward on their saved set)
         if spec.checkpointing:
-            others = embed_bytes + i * bsh * w.e_r
+            # the blocks below hold what they keep (a selective block's cached outputs are the recompute's own
+            # tensors while it runs: not counted twice)
+            others = embed_bytes + sum(kept[:i])
             others -= family.first_block_released(cfg, spec, w) if i == 0 else 0  # (Gemma 2's full mask)
         else:
             others = embed_bytes + sum(saved_blocks[:i])
         ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
                            pending=n["mlp_weight"] * e_p if grads_exist else 0,
-                           current=saved_blocks[i] + stash,
+                           current=saved_blocks[i] + (stash + selective_tail(cfg, spec, w, blk) if recomputed else 0),
                            mlp_saved=sum(t.bytes for t in blk if t.where == "mlp"),
                            norm_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.mlp"), casts_mlp=0,
                            mlp_n=n["mlp"], down_n=n["down"], attn_n=n["attn_done"],
@@ -582,7 +651,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"),
                            post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"),
                            post_attn_saved=sum(t.bytes for t in blk if t.part == "norm.post_attn"))
-        if spec.checkpointing:
+        if recomputed:
             points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
         for name, value in family.block_points(cfg, spec, w, ctx).items():

@@ -263,7 +263,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         return estimate_offload_activations(cfg, spec, estimate_training, _backward_sweep, autocast_weight_bytes,
                                             autocast_bias_bytes)
     policy = getattr(spec, "checkpoint_policy", "full")
-    if spec.checkpointing and policy != "full":  # every:K, selective: planner/estimate/ckpt_policy.py
+    if spec.checkpointing and policy != "full" and not spec.finetuning:  # every:K, selective: ckpt_policy.py
+        # (with fine-tuning: planner/estimate/finetune.py, the policy's kept tensors in the fine-tuning step)
         from .ckpt_policy import estimate_policy
 
         return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes)
@@ -271,6 +272,11 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
         from .quantized import estimate_quantized
+
+        if spec.checkpointing and policy != "full":
+            from .ckpt_policy import check_policy_estimable
+
+            check_policy_estimable(cfg, spec)
 
         if getattr(spec, "quantize_base", "none") != "none":
             est = estimate_quantized(cfg, spec)
