@@ -917,7 +917,12 @@ def estimate_finetune(cfg, spec):
     backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
     forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
     forward_attn = 0
-    if w.amp and cfg.attention == "eager":
+    # (a policy that keeps more than the last block's input, selective or every:K leaving the last block
+    # uncheckpointed, has its own forward: these two points are measured with full checkpointing and none)
+    last_block_input_only = spec.checkpoint_policy == "full" or (
+        not spec.checkpoint_policy.startswith("selective")
+        and cfg.layers - 1 in checkpointed_blocks(spec.checkpoint_policy, cfg.layers))
+    if w.amp and cfg.attention == "eager" and (not spec.checkpointing or last_block_input_only):
         forward_attn = (_forward_attention_point_ckpt(cfg, spec, w, terms, a_before_loss) if spec.checkpointing
                         else _forward_attention_point(cfg, spec, w, terms, per_block, a_before_loss, fwd))
     forward_norm = (_forward_final_norm_point(cfg, spec, w, terms, a_before_loss, fwd)
