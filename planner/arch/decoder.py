@@ -615,22 +615,29 @@ class RMSDecoder(HFCausalLM):
         masks = (self.mask_count(c) * b * kv_len * e if c.attention == "eager" else 0)
         points = {"attention over the cache": ids + prev + step + self.infer_attention(c, ispec, e, 1, kv_len)
                   - (b * kv_len * e if c.attention == "eager" else 0) + (0 if static else masks)}
-        # the step's MLP and post-attention norm in the last layer (infer_forward_points at one query over the
-        # cache: four (b, 1, h) hidden states, act(gate), up and their product; eager: the masks and the attention
-        # weights the layer keeps through its MLP, a StaticCache's masks counted by infer_cache_state_bytes).
-        # Measured: llama V97 h96 a3 kv1 f256 b4 s8 eager fp32, the decode peak at act(gate) * up, 6,848 B above
-        # the cache concatenation point
+        # the step's last layer as the prompt's (infer_forward_points at one query over the cache): its MLP and
+        # post-attention norm (four (b, 1, h) hidden states, act(gate), up and their product; eager: the masks and
+        # the attention weights the layer keeps through its MLP) and the points before its cache update (RoPE,
+        # Qwen 3's q norm), where a DynamicCache's last layer still holds p + n - 2 tokens (one token's K and V
+        # less); a StaticCache's masks are counted by infer_cache_state_bytes. Measured: llama V97 h96 a3 kv1 f256
+        # b4 s8 eager fp32, the decode peak at act(gate) * up, 6,848 B above the cache concatenation point;
+        # qwen3 V97 h32 a4 kv2 d24 b2 s256 sdpa fp32 static, at the RoPE of q
         fwd = self.infer_forward_points(c, ispec, e, 1, kv_len, False)
-        for k in ("mlp", "norm"):
-            points[f"the step's {k}"] = ids + prev + fwd[k] - (masks if static else 0)
+        before_update = self.infer_prefill_unwritten_kv(c, ispec, e)
+        for k, v in fwd.items():
+            if k == "attention":  # the attention over the cache: the point above
+                continue
+            unwritten = 2 * b * x.kv * x.d * e if (k in before_update and not static) else 0
+            points[f"the step's {k}"] = ids + prev + v - (masks if static else 0) - unwritten
         if not static:
             # the last layer's torch.cat of its values: the old values (b, kv, p + n - 2, d) beside the new,
-            # with the step's q, k and v (q and k after RoPE) alive; eager: the model's masks, built before the
+            # with the step's q, k and v (q and k after RoPE) alive (a fused qkv projection's output, bound as
+            # Phi-3's `qkv`, beside q and k: measured, phi3 V97 h32 a4 kv2 b2 s256 sdpa fp32); eager: the model's masks, built before the
             # layers (measured: qwen3 V2000 h48 a6 kv6 b2 s48 eager fp32, the decode peak at that cat, the
             # (b, 1, 1, p + n - 1) mask alive)
             points["cache concatenation (the last layer's old values)"] = (
                 b * x.kv * x.d * (ispec.total_len - 2) * e + ids + prev + step + b * (x.a + 2 * x.kv) * x.d * e
-                + masks)
+                + masks + (b * (x.a + x.kv) * x.d * e if self.fused_qkv else 0))
         return points
 
     def infer_sliding_layers(self, c) -> int:
