@@ -630,13 +630,24 @@ class RMSDecoder(HFCausalLM):
             unwritten = 2 * b * x.kv * x.d * e if (k in before_update and not static) else 0
             points[f"the step's {k}"] = ids + prev + v - (masks if static else 0) - unwritten
         if not static:
-            # the last layer's torch.cat of its values: the old values (b, kv, p + n - 2, d) beside the new,
-            # with the step's q, k and v (q and k after RoPE) alive (a fused qkv projection's output, bound as
-            # Phi-3's `qkv`, beside q and k: measured, phi3 V97 h32 a4 kv2 b2 s256 sdpa fp32); eager: the model's masks, built before the
-            # layers (measured: qwen3 V2000 h48 a6 kv6 b2 s48 eager fp32, the decode peak at that cat, the
-            # (b, 1, 1, p + n - 1) mask alive)
+            # a layer's torch.cat of its values: the old values (b, kv, p + n - 2, d) beside the new, with the
+            # step's q, k and v (q and k after RoPE) alive (a fused qkv projection's output, bound as Phi-3's `qkv`,
+            # beside q and k: measured, phi3 V97 h32 a4 kv2 b2 s256 sdpa fp32); eager: the model's masks, built
+            # before the layers (measured: qwen3 V2000 h48 a6 kv6 b2 s48 eager fp32, the decode peak at that cat,
+            # the (b, 1, 1, p + n - 1) mask alive). A DynamicSlidingWindowLayer (a layer with a window, here one
+            # longer than the run) binds `self.keys` to its new keys only after both cats (cache_utils.py
+            # DynamicSlidingWindowLayer.update): its old keys are alive too (measured: gemma2 V2000 h48 a6 kv6 L3
+            # b2 s48 eager fp32, the last layer sliding, 76,800 B). At layer l the later layers still hold one token
+            # less; the highest layer is kept (the last, or a sliding one before a full last layer).
+            old = b * x.kv * x.d * (ispec.total_len - 2) * e
+            token = 2 * b * x.kv * x.d * e
+            windows = self.infer_layer_windows(c)
+            held, layer = max(((2 if w is not None else 1) * old - token * (len(windows) - 1 - l), l)
+                              for l, w in enumerate(windows))
+            # the step's hidden states: the first layer's input is inputs_embeds itself
+            step_l = step - (b * c.hidden_size * e if layer == 0 and len(windows) > 1 else 0)
             points["cache concatenation (the last layer's old values)"] = (
-                b * x.kv * x.d * (ispec.total_len - 2) * e + ids + prev + step + b * (x.a + 2 * x.kv) * x.d * e
+                held + ids + prev + step_l + b * (x.a + 2 * x.kv) * x.d * e
                 + masks + (b * (x.a + x.kv) * x.d * e if self.fused_qkv else 0))
         return points
 
