@@ -147,8 +147,8 @@ class HFGPT2(HFCausalLM):
 
     # ---- saved tensors (saved-tensor inventories of GPT2LMHeadModel on the CPU, every precision) ---------
     def block_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
-        b, s, h, a, f = spec.batch_size, spec.seq_len, c.n_embd, c.n_head, c.inner
-        bsh, bsf, bas2 = b * s * h, b * s * f, b * a * s * s
+        b, s, h, f = spec.batch_size, spec.seq_len, c.n_embd, c.inner
+        bsh, bsf = b * s * h, b * s * f
         e_k = 1 if spec.device_type == "cuda" else w.e_m  # CPU dropout saves an input-sized noise tensor
         ln = lambda name, part="": [  # noqa: E731 - nn.LayerNorm: native_layer_norm saves input, mean, rstd
             Term(f"LayerNorm input ({name})", "b*s*h*e_r", bsh * w.e_r, True, part=part),

@@ -1,15 +1,19 @@
 """`python -m planner bench inference [--quick] [--out docs/accuracy.md]`: generate()'s peak, estimated
 (planner.estimate.inference) against measured (planner.measure.inference, live bytes) and simulated on fake
 tensors (planner.measure.simulate_infer), on every family's tiny grid configs x cache x precision x attention;
-then full size: presets at serving settings, the formula against the simulation. Every row runs in a fresh
-child (planner.runner.run_worker); no torch in this process.
+then full size: presets at serving settings, the formula against the simulation. The grid's rows run in one
+child process (each builds its own model); each full-size row in a fresh child (planner.runner.run_worker); no
+torch in this process.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import itertools
+import json
 import platform
+import subprocess
+import sys
 
 from .common import _torch_version, _version, write_section
 from ..config import PRESETS, config_to_dict
@@ -81,11 +85,43 @@ def _estimate(cfg, ispec):
         return None
 
 
+def _run_rows(rows: list[dict]) -> None:
+    """The grid's child: measure and simulate each row (torch), one JSON line per row on stdout. Each row builds
+    its own model and measures after a warm-up call (planner.measure.inference), so rows share no tensors; one
+    child saves the grid a torch / transformers import per row (planner/bench/infer_caches.py does the same)."""
+    from ..config import config_from_dict
+    from ..measure.inference import measure_inference
+    from ..measure.simulate_infer import simulate_inference
+
+    for row in rows:
+        cfg, ispec = config_from_dict(row["config"]), InferSpec(**row["spec"])
+        out = {}
+        for kind, fn in (("measure", measure_inference), ("simulate", simulate_inference)):
+            try:
+                r = fn(cfg, ispec)
+                out[kind] = {k: r[k] for k in ("peak_bytes", "peak_phase", "phase_peak_bytes") if k in r}
+            except Exception as exc:  # noqa: BLE001
+                out[kind] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        print(json.dumps(out), flush=True)
+
+
+def _grid_records(rows):
+    """(measure record, simulate record) per row, from one child process (_run_rows)."""
+    payload = [{"config": config_to_dict(c), "spec": i.to_dict()} for _, _, c, i in rows]
+    proc = subprocess.Popen([sys.executable, "-m", "planner.bench.inference"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps(payload))
+    proc.stdin.close()
+    for line in proc.stdout:
+        r = json.loads(line)
+        yield r["measure"], r["simulate"]
+    proc.wait()
+
+
 def run_grid(quick: bool, progress=print, family: str | None = None) -> list[dict]:
     rows = []
-    for name, label, cfg, ispec in grid_rows(quick, family):
-        m = _child("infer", cfg, ispec)
-        s = _child("simulate-infer", cfg, ispec)
+    grid = list(grid_rows(quick, family))
+    for (name, label, cfg, ispec), (m, s) in zip(grid, _grid_records(grid)):
         est = _estimate(cfg, ispec)
         row = {"family": name, "label": label, "attention": getattr(cfg, "attention", "eager"),
                "precision": ispec.precision, "cache": ispec.cache, "measured": m.get("peak_bytes"),
@@ -195,3 +231,7 @@ def main(quick: bool = False, out: str | None = None, progress=print, family: st
     if out:
         write_section(out, text)
     return 0
+
+
+if __name__ == "__main__":  # the grid's child (run_grid): rows as JSON on stdin
+    _run_rows(json.loads(sys.stdin.read()))
