@@ -153,6 +153,11 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     terms += [Term(f"decode high point: {k}", "family (infer_decode_points)", v, where="decode")
               for k, v in dec_points.items()]
     terms += logit_terms
+    if "kwargs update" in decode_options and off is None:
+        terms.append(Term("decode high point: the last step's position_ids update (logits of the step, the previous "
+                          "step's scores, input_ids and position_ids old and new)",
+                          "b*V*e + 4*b*V*(1 + eos) + 8*b*(2*(p + n) - 1) + 8*b*(p + n - 1) + 8*b",
+                          decode_options["kwargs update"][0] - kv_decode, where="decode"))
     terms += [Term("generate's position_ids, input_ids clone, unfinished_sequences, special-token tensors",
                    "16*b*p + 8*b + 8*tokens", gen_state["prefill"] - cache_state["prefill"], where="prefill"),
               Term("generate's position_ids, the step's id clones, unfinished_sequences, special-token tensors",
