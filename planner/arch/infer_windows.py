@@ -94,6 +94,9 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
         for w in kinds:
             old, new = 2 * u * stored(w, p, t - 1), 2 * u * stored(w, p, t)
             att = fam.infer_attention_at(c, ispec, e, 1, kv_len[w], w is not None and kv_len[w] >= w)
+            # Phi-3's fused qkv output, bound through the attention (Phi3.infer_attention adds it for the plain
+            # cache; measured here: phi3 V1000 h64 a4 kv2 b2 s64 w48 eager fp32, step 1's softmax, 1,024 B)
+            att += b * (x.a + 2 * x.kv) * x.d * e if fam.fused_qkv else 0
             if c.attention == "eager":
                 att -= b * kv_len[w] * e  # its mask is counted in `masks`
             # a sliding layer holds both old K and V and both new; a DynamicLayer new K, old V, new V
