@@ -510,12 +510,18 @@ class RMSDecoder(HFCausalLM):
         Phi-3's fused gate_up: its (b, s, 2f) output, act(gate) and the product, 4*b*s*f).
         norm: the post-attention RMSNorm in fp32: the residual and two fp32 b*s*h temporaries.
         eager, after the attention: its mask and the returned attention weights (kept by the layer's `_`)."""
+        kv_len = ispec.total_len - 1 if ispec.cache == "static" else ispec.prompt_len
+        return self.infer_forward_points(c, ispec, e, ispec.prompt_len, kv_len,
+                                         self.infer_prefill_window_mask(c, ispec))
+
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
+        """The last layer's high points (infer_prefill_points) of one forward of s queries over kv_len keys: the
+        prompt's (s = p) or a decode step's (s = 1, kv_len = the cache), above the weights, generate's tensors
+        and the cache. `masked`: SDPA gets a sliding-window bool mask (infer_prefill_window_mask)."""
         x = self.shape(c)
-        b, s, h = ispec.batch_size, ispec.prompt_len, c.hidden_size
-        kv_len = ispec.total_len - 1 if ispec.cache == "static" else s
+        b, h = ispec.batch_size, c.hidden_size
         bsh = b * s * h
         ctx = (2 if c.num_hidden_layers > 1 else 1) * bsh * e + 2 * b * s * self.rope_dim(c) * e
-        masked = self.infer_prefill_window_mask(c, ispec)
         if masked:  # the (1, 1, s, s) bool sliding-window mask, built once (no padding: batch 1) and kept (measured)
             ctx += s * kv_len
         attn = bsh * e + self.infer_attention_at(c, ispec, e, s, kv_len, masked)
@@ -614,11 +620,40 @@ class RMSDecoder(HFCausalLM):
         masks = (self.mask_count(c) * b * kv_len * e if c.attention == "eager" else 0)
         points = {"attention over the cache": ids + prev + step + self.infer_attention(c, ispec, e, 1, kv_len)
                   - (b * kv_len * e if c.attention == "eager" else 0) + (0 if static else masks)}
+        # the step's last layer as the prompt's (infer_forward_points at one query over the cache): its MLP and
+        # post-attention norm (four (b, 1, h) hidden states, act(gate), up and their product; eager: the masks and
+        # the attention weights the layer keeps through its MLP) and the points before its cache update (RoPE,
+        # Qwen 3's q norm), where a DynamicCache's last layer still holds p + n - 2 tokens (one token's K and V
+        # less); a StaticCache's masks are counted by infer_cache_state_bytes. Measured: llama V97 h96 a3 kv1 f256
+        # b4 s8 eager fp32, the decode peak at act(gate) * up, 6,848 B above the cache concatenation point;
+        # qwen3 V97 h32 a4 kv2 d24 b2 s256 sdpa fp32 static, at the RoPE of q
+        fwd = self.infer_forward_points(c, ispec, e, 1, kv_len, False)
+        before_update = self.infer_prefill_unwritten_kv(c, ispec, e)
+        for k, v in fwd.items():
+            if k == "attention":  # the attention over the cache: the point above
+                continue
+            unwritten = 2 * b * x.kv * x.d * e if (k in before_update and not static) else 0
+            points[f"the step's {k}"] = ids + prev + v - (masks if static else 0) - unwritten
         if not static:
-            # the last layer's torch.cat of its values: the old values (b, kv, p + n - 2, d) beside the new,
-            # with the step's q, k and v (q and k after RoPE) alive
+            # a layer's torch.cat of its values: the old values (b, kv, p + n - 2, d) beside the new, with the
+            # step's q, k and v (q and k after RoPE) alive (a fused qkv projection's output, bound as Phi-3's `qkv`,
+            # beside q and k: measured, phi3 V97 h32 a4 kv2 b2 s256 sdpa fp32); eager: the model's masks, built
+            # before the layers (measured: qwen3 V2000 h48 a6 kv6 b2 s48 eager fp32, the decode peak at that cat,
+            # the (b, 1, 1, p + n - 1) mask alive). A DynamicSlidingWindowLayer (a layer with a window, here one
+            # longer than the run) binds `self.keys` to its new keys only after both cats (cache_utils.py
+            # DynamicSlidingWindowLayer.update): its old keys are alive too (measured: gemma2 V2000 h48 a6 kv6 L3
+            # b2 s48 eager fp32, the last layer sliding, 76,800 B). At layer l the later layers still hold one token
+            # less; the highest layer is kept (the last, or a sliding one before a full last layer).
+            old = b * x.kv * x.d * (ispec.total_len - 2) * e
+            token = 2 * b * x.kv * x.d * e
+            windows = self.infer_layer_windows(c)
+            held, layer = max(((2 if w is not None else 1) * old - token * (len(windows) - 1 - l), l)
+                              for l, w in enumerate(windows))
+            # the step's hidden states: the first layer's input is inputs_embeds itself
+            step_l = step - (b * c.hidden_size * e if layer == 0 and len(windows) > 1 else 0)
             points["cache concatenation (the last layer's old values)"] = (
-                b * x.kv * x.d * (ispec.total_len - 2) * e + ids + prev + step + b * (x.a + 2 * x.kv) * x.d * e)
+                held + ids + prev + step_l + b * (x.a + 2 * x.kv) * x.d * e
+                + masks + (b * (x.a + x.kv) * x.d * e if self.fused_qkv else 0))
         return points
 
     def infer_sliding_layers(self, c) -> int:

@@ -429,8 +429,13 @@ class HFGPT2(HFCausalLM):
         mask beside it, 2*b*a*s*kv_len*e; sdpa: its output.
         mlp: the attention's c_proj output, the residual sum, ln_2's output and the activation's live b*s*f
         tensors (INFER_ACT_LIVE); eager: the mask and the attention weights the block keeps (`_`) through it."""
-        b, s, h, a, f = ispec.batch_size, ispec.prompt_len, c.n_embd, c.n_head, c.inner
-        kv_len = ispec.total_len - 1 if ispec.cache == "static" else s
+        kv_len = ispec.total_len - 1 if ispec.cache == "static" else ispec.prompt_len
+        return self.infer_forward_points(c, ispec, e, ispec.prompt_len, kv_len)
+
+    def infer_forward_points(self, c: HFGPT2Config, ispec, e: int, s: int, kv_len: int) -> dict[str, int]:
+        """The last block's high points (infer_prefill_points) of one forward of s queries over kv_len keys: the
+        prompt's (s = p) or a decode step's (s = 1, kv_len = the cache)."""
+        b, h, a, f = ispec.batch_size, c.n_embd, c.n_head, c.inner
         bsh = b * s * h
         ctx = 3 * bsh * e
         if c.attention == "eager":
@@ -455,9 +460,16 @@ class HFGPT2(HFCausalLM):
         mask = b * kv_len * e if ispec.cache != "static" else 0
         att = (mask + 2 * b * a * kv_len * e) if c.attention == "eager" else b * h * e
         points = {"attention over the cache": ids + prev + step + att}
+        # the step's MLP in the last block (infer_forward_points at one query over the cache; eager: the mask and
+        # the attention weights the block keeps; a StaticCache's mask is counted by infer_cache_state_bytes).
+        # Measured: gpt2-hf V97 h96 a3 b4 s8 eager fp32, the decode peak at gelu_new's products, 8,384 B above the
+        # cache concatenation point
+        points["the step's mlp"] = (ids + prev + self.infer_forward_points(c, ispec, e, 1, kv_len)["mlp"]
+                                    - (b * kv_len * e if ispec.cache == "static" and c.attention == "eager" else 0))
         if ispec.cache != "static":
+            # eager: the model's additive mask is alive at the cat too (measured: gpt2-hf V97 h32 a4 b2 s256)
             points["cache concatenation (the last layer's old values)"] = (
-                b * h * (ispec.total_len - 2) * e + ids + prev + step)
+                b * h * (ispec.total_len - 2) * e + ids + prev + step + (mask if c.attention == "eager" else 0))
         return points
 
     def infer_logits_terms(self, c: HFGPT2Config, ispec, e: int) -> list[Term]:

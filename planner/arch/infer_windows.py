@@ -72,6 +72,9 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
     prev = 4 * b * V * (2 if fam.infer_has_eos else 1)  # the previous step's fp32 logits copy and its scores
     rope = 2 * b * fam.rope_dim(c) * e
     qkv = b * (x.a + 2 * x.kv) * x.d * e  # the step's q and k after RoPE, and v
+    # at the cat a fused qkv projection's output (Phi-3's `qkv`, v a view of it) is alive beside q and k after
+    # RoPE (as planner/arch/decoder.py infer_decode_points; measured: phi3 V97 h32 a4 kv2 b2 s256 w48 sdpa fp32)
+    fused = b * (x.a + x.kv) * x.d * e if fam.fused_qkv else 0
     last = n - 1
     kv_last = sum(k * 2 * u * stored(w, p, last) for w, k in count.items())
     points: dict[str, int] = {}
@@ -91,6 +94,9 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
         for w in kinds:
             old, new = 2 * u * stored(w, p, t - 1), 2 * u * stored(w, p, t)
             att = fam.infer_attention_at(c, ispec, e, 1, kv_len[w], w is not None and kv_len[w] >= w)
+            # Phi-3's fused qkv output, bound through the attention (Phi3.infer_attention adds it for the plain
+            # cache; measured here: phi3 V1000 h64 a4 kv2 b2 s64 w48 eager fp32, step 1's softmax, 1,024 B)
+            att += b * (x.a + 2 * x.kv) * x.d * e if fam.fused_qkv else 0
             if c.attention == "eager":
                 att -= b * kv_len[w] * e  # its mask is counted in `masks`
             # a sliding layer holds both old K and V and both new; a DynamicLayer new K, old V, new V
@@ -106,7 +112,7 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
             step = (3 if l else 2) * b * c.hidden_size * e + rope
             held = sum(before[k] * per[k][1] + after[k] * per[k][0] for k in kinds)
             common = held + ids + prev + step + masks
-            for kind, v in (("cache concatenation", common + cat + qkv), ("attention over the cache", common + new + att)):
+            for kind, v in (("cache concatenation", common + cat + qkv + fused), ("attention over the cache", common + new + att)):
                 if v > best.get(kind, (-1, 0))[0]:
                     best[kind] = (v, l)
         for kind, (v, l) in best.items():

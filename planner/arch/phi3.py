@@ -115,7 +115,7 @@ class Phi3(RMSDecoder):
         op = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
         return super().infer_attention(c, ispec, e, s, kv_len) + ispec.batch_size * s * op * e
 
-    def infer_prefill_points(self, c, ispec, e: int) -> dict[str, int]:
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
         """Llama's points, and with int8 weights the down projection's input quantization: Phi3MLP.forward
         (modeling_phi3.py) chunks the fused gate_up output and `gate` stays bound, so the (b, s, 2f) output
         and the product (b, s, f) are alive while bitsandbytes' MatMul8bitLt (autograd/_functions.py, 0.50)
@@ -124,9 +124,9 @@ class Phi3(RMSDecoder):
         the prompt's peak, 16,896 B above the plain MLP point). Outlier columns (threshold 6.0) add a
         data-dependent (b*s, n_outliers) copy; none at the measured shapes. In Llama the gate and up outputs
         are gone by then, so this point stays below its MLP point there."""
-        points = super().infer_prefill_points(c, ispec, e)
+        points = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
         if ispec.quantize_weights == "int8":
-            b, s, f = ispec.batch_size, ispec.prompt_len, c.intermediate_size
+            b, f = ispec.batch_size, c.intermediate_size
             # the MLP point holds act(gate) (b*s*f*e) instead, freed once the product exists; the rest of it
             # (context, residual, post-attention norm output, eager's mask and attention weights) is alive
             points["mlp: down_proj int8 input quantization"] = (points["mlp"] - b * s * f * e

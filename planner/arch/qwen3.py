@@ -77,7 +77,7 @@ class Qwen3(RMSDecoder):
         check_zero(data, ("attention_dropout",))
         return super().from_dict(data)
 
-    def infer_prefill_points(self, c, ispec, e: int) -> dict[str, int]:
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
         """Llama's points, and the last layer's q norm before its cache update: Qwen3RMSNorm (models/qwen3/
         modeling_qwen3.py) on q_proj's output (b, s, a, d) in the weights' dtype: `hidden_states.to(float32)`
         (a copy below fp32), `variance = pow(2).mean(-1)` and at `hidden_states * rsqrt(variance + eps)` the copy,
@@ -86,9 +86,9 @@ class Qwen3(RMSDecoder):
         point without its rotation). Above the RoPE point below fp32 when a >= 2 kv (measured on the live-bytes op
         log: qwen3 V97 h32 a4 kv2 d24 b2 s256 SDPA bf16, the prompt's peak at that product, 16,384 B above the
         RoPE point: the variance and the rsqrt)."""
-        points = super().infer_prefill_points(c, ispec, e)
+        points = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
         x = self.shape(c)
-        b, s = ispec.batch_size, ispec.prompt_len
+        b = ispec.batch_size
         q = b * s * x.a * x.d
         points[Q_NORM_POINT] = (points[ROPE_POINT] - self.infer_rope_rotation(c, ispec, e, s)
                                 + q * (e + (4 if e < 4 else 0) + 4) + 8 * b * s * x.a)

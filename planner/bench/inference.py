@@ -1,15 +1,19 @@
 """`python -m planner bench inference [--quick] [--out docs/accuracy.md]`: generate()'s peak, estimated
 (planner.estimate.inference) against measured (planner.measure.inference, live bytes) and simulated on fake
 tensors (planner.measure.simulate_infer), on every family's tiny grid configs x cache x precision x attention;
-then full size: presets at serving settings, the formula against the simulation. Every row runs in a fresh
-child (planner.runner.run_worker); no torch in this process.
+then full size: presets at serving settings, the formula against the simulation. The grid's rows run in one
+child process (each builds its own model); each full-size row in a fresh child (planner.runner.run_worker); no
+torch in this process.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import itertools
+import json
 import platform
+import subprocess
+import sys
 
 from .common import _torch_version, _version, write_section
 from ..config import PRESETS, config_to_dict
@@ -36,14 +40,14 @@ FULL_SIZE_ROWS = [
 ]
 
 
-def grid_rows(quick: bool):
+def grid_rows(quick: bool, family: str | None = None):
+    """(family, config label, config, InferSpec) of the grid; `family`: only that family's rows."""
     from ..arch import families
 
-    atts = ("sdpa", "eager")
     precs = ("fp32", "bf16") if not quick else ("fp32",)
     for name in GRID_FAMILIES:
         fam = families().get(name)
-        if fam is None:
+        if fam is None or (family is not None and name != family):
             continue
         configs = fam.grid_configs()[: (1 if quick else None)]
         if not configs and fam.source == "book":
@@ -81,16 +85,50 @@ def _estimate(cfg, ispec):
         return None
 
 
-def run_grid(quick: bool, progress=print) -> list[dict]:
+def _run_rows(rows: list[dict]) -> None:
+    """The grid's child: measure and simulate each row (torch), one JSON line per row on stdout. Each row builds
+    its own model and measures after a warm-up call (planner.measure.inference), so rows share no tensors; one
+    child saves the grid a torch / transformers import per row (planner/bench/infer_caches.py does the same)."""
+    from ..config import config_from_dict
+    from ..measure.inference import measure_inference
+    from ..measure.simulate_infer import simulate_inference
+
+    for row in rows:
+        cfg, ispec = config_from_dict(row["config"]), InferSpec(**row["spec"])
+        out = {}
+        for kind, fn in (("measure", measure_inference), ("simulate", simulate_inference)):
+            try:
+                r = fn(cfg, ispec)
+                out[kind] = {k: r[k] for k in ("peak_bytes", "peak_phase", "phase_peak_bytes") if k in r}
+            except Exception as exc:  # noqa: BLE001
+                out[kind] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        print(json.dumps(out), flush=True)
+
+
+def _grid_records(rows):
+    """(measure record, simulate record) per row, from one child process (_run_rows)."""
+    payload = [{"config": config_to_dict(c), "spec": i.to_dict()} for _, _, c, i in rows]
+    proc = subprocess.Popen([sys.executable, "-m", "planner.bench.inference"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps(payload))
+    proc.stdin.close()
+    for line in proc.stdout:
+        r = json.loads(line)
+        yield r["measure"], r["simulate"]
+    proc.wait()
+
+
+def run_grid(quick: bool, progress=print, family: str | None = None) -> list[dict]:
     rows = []
-    for name, label, cfg, ispec in grid_rows(quick):
-        m = _child("infer", cfg, ispec)
-        s = _child("simulate-infer", cfg, ispec)
+    grid = list(grid_rows(quick, family))
+    for (name, label, cfg, ispec), (m, s) in zip(grid, _grid_records(grid)):
         est = _estimate(cfg, ispec)
         row = {"family": name, "label": label, "attention": getattr(cfg, "attention", "eager"),
                "precision": ispec.precision, "cache": ispec.cache, "measured": m.get("peak_bytes"),
                "phase": m.get("peak_phase"), "simulated": s.get("peak_bytes"),
-               "estimated": est["peak_bytes"] if est else None, "error": m.get("error") or s.get("error")}
+               "estimated": est["peak_bytes"] if est else None, "error": m.get("error") or s.get("error"),
+               "meas_phases": m.get("phase_peak_bytes"), "sim_phases": s.get("phase_peak_bytes"),
+               "est_phases": est["phase_peak_bytes"] if est else None}
         if row["measured"] and row["estimated"]:
             row["err_pct"] = 100.0 * (row["estimated"] - row["measured"]) / row["measured"]
         progress(f"{name} {label} {row['attention']} {ispec.precision} {ispec.cache}: {row}")
@@ -119,8 +157,24 @@ def _fmt(n):
     return f"{n:,}" if isinstance(n, int) else "—"
 
 
-def markdown(grid: list[dict], full: list[dict]) -> str:
+def _decode_cell(r) -> str:
+    """The decode phase's peak, measured, and the estimate's error on it (— without a decode phase or estimate)."""
+    m, e = (r.get("meas_phases") or {}).get("decode"), (r.get("est_phases") or {}).get("decode")
+    if not m:
+        return "— | —"
+    return f"{m:,} | " + (f"{100.0 * (e - m) / m:+.2f}%" if e is not None else "—")
+
+
+def _both_exact(r) -> str:
+    """yes: the estimate equals the measurement to the byte in both phases (prefill and decode)."""
+    if not r.get("est_phases") or not r.get("meas_phases"):
+        return "—"
+    return "yes" if all(r["est_phases"].get(ph) == r["meas_phases"].get(ph) for ph in ("prefill", "decode")) else "no"
+
+
+def markdown(grid: list[dict], full: list[dict], family: str | None = None) -> str:
     today = datetime.date.today().isoformat()
+    which = (f"`--family {family}`: only that family's rows. " if family else "")
     lines = ["# Inference: generate()'s peak (issue #21)", "",
              f"`python -m planner bench inference` ({today}; torch {_torch_version()}, transformers "
              f"{_version('transformers')}, {platform.machine()}). transformers' `generate(max_new_tokens={NEW_TOKENS}, "
@@ -128,21 +182,31 @@ def markdown(grid: list[dict], full: list[dict]) -> str:
              "measured = live tensor bytes (weights and prompt included), simulated = the same call on fake tensors, "
              "estimated = planner/estimate/inference.py. Sliding windows are set beyond the run here; windows shorter "
              "than the run (`--cache sliding`), the quantized and the offloaded caches have their own section "
-             "(`bench inference-caches`). A family without an estimate shows —.", "",
+             "(`bench inference-caches`). A family without an estimate shows —. The peak columns are the call's peak "
+             "(its phase named); `decode B` is the measured peak of the decode phase (the second forward on) and "
+             "`decode error` the estimate's `phase_peak_bytes[\"decode\"]` against it; `both phases exact`: the estimate "
+             f"equals the measurement to the byte in the prefill and in the decode phase. {which}", "",
              "| family | config | attention | precision | cache | phase | measured B | simulated B | sim = meas | "
-             "estimated B | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "estimated B | error | decode B | decode error | both phases exact |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in grid:
         same = "yes" if r["measured"] is not None and r["measured"] == r["simulated"] else (
             "—" if r["measured"] is None else f"{r['simulated'] - r['measured']:+,} B" if r["simulated"] else "fails")
         err = f"{r['err_pct']:+.2f}%" if "err_pct" in r else "—"
         lines.append(f"| {r['family']} | {r['label']} | {r['attention']} | {r['precision']} | {r['cache']} | "
                      f"{r['phase'] or r['error'] or ''} | {_fmt(r['measured'])} | {_fmt(r['simulated'])} | {same} | "
-                     f"{_fmt(r['estimated'])} | {err} |")
+                     f"{_fmt(r['estimated'])} | {err} | {_decode_cell(r)} | {_both_exact(r)} |")
     errs = [abs(r["err_pct"]) for r in grid if "err_pct" in r]
     within = sum(e <= BAR_PCT for e in errs)
     exact = sum(1 for r in grid if r["measured"] is not None and r["measured"] == r["simulated"])
+    dec = [abs(100.0 * (r["est_phases"]["decode"] - r["meas_phases"]["decode"]) / r["meas_phases"]["decode"])
+           for r in grid if r.get("est_phases") and (r.get("meas_phases") or {}).get("decode")]
+    both = sum(_both_exact(r) == "yes" for r in grid)
     lines += ["", f"Estimated rows: {len(errs)}, within {BAR_PCT}%: {within}; worst |error| "
-                  f"{max(errs):.2f}%." if errs else "", f"Simulated = measured to the byte: {exact} of {len(grid)}.", ""]
+                  f"{max(errs):.2f}%." if errs else "",
+              (f"Decode phase: {len(dec)} rows, within {BAR_PCT}%: {sum(e <= BAR_PCT for e in dec)}, worst |error| "
+               f"{max(dec):.3f}%; both phases exact to the byte: {both} of {len(errs)}.") if dec else "",
+              f"Simulated = measured to the byte: {exact} of {len(grid)}.", ""]
     if full:
         lines += ["## Full size: formula against simulation", "",
                   "| model | batch | prompt | new | precision | cache | simulated peak | phase | estimated | error | "
@@ -158,11 +222,16 @@ def markdown(grid: list[dict], full: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(quick: bool = False, out: str | None = None, progress=print) -> int:
-    grid = run_grid(quick, progress)
-    full = [] if quick else run_full(progress)
-    text = markdown(grid, full)
+def main(quick: bool = False, out: str | None = None, progress=print, family: str | None = None) -> int:
+    """`family`: only that family's grid rows (and no full-size rows)."""
+    grid = run_grid(quick, progress, family)
+    full = [] if quick or family else run_full(progress)
+    text = markdown(grid, full, family)
     print(text)
     if out:
         write_section(out, text)
     return 0
+
+
+if __name__ == "__main__":  # the grid's child (run_grid): rows as JSON on stdin
+    _run_rows(json.loads(sys.stdin.read()))

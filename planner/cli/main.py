@@ -174,7 +174,8 @@ def build_parser() -> _Parser:
                    help="accuracy: estimate vs measured steps; loading: every loading method; speed: estimate timings; "
                         "families: every Hugging Face family's grid; finetune: trainable subsets and LoRA (issue #12), then finetune-8bit: bitsandbytes AdamW8bit rows; finetune-amp: frozen layers and LoRA under fp16-AMP and bf16-AMP (issue #19); longest-context: Llama-3.1-8B QLoRA beside Unsloth's published figures; simulate: formula vs simulation at full size; distributed: per-rank estimate vs ranks; gpu: the CUDA check (issue #14); gpu-doc: its table; export: the memory snapshot's and trace's time and size (issue #22); modules: your own modules, simulate vs measure and the what-if's held-out check (issue #20); fitted / fitted-speed: any transformers causal LM by config.json, fitted estimate vs measurement and first-answer timings (issue #20)")
     b.add_argument("--family", help="families: only this one (planner/arch arch name, e.g. qwen3; default: all; with --out its table "
-                                         "replaces its own in the section, the others kept); record --grid families: "
+                                         "replaces its own in the section, the others kept); inference: only this "
+                                         "family's grid rows (no full-size rows); record --grid families: "
                                          "only these (comma-separated), put in the kept file in place of their rows")
     b.add_argument("--quick", action="store_true", help="a small grid (what the tests run)")
     b.add_argument("--out", help="write the table as markdown to this file (default: print only)")
@@ -547,9 +548,11 @@ def cmd_bench(args) -> int:
 
         return bench_infer_caches(quick=args.quick, out=args.out, progress=progress)
     if args.what == "inference":  # generate()'s peak: planner/bench/inference.py
-        from ..bench.inference import main as bench_inference
+        from ..bench.inference import GRID_FAMILIES, main as bench_inference
 
-        return bench_inference(quick=args.quick, out=args.out, progress=progress)
+        if args.family and args.family not in GRID_FAMILIES:
+            raise ConfigError(f"bench inference --family: choose one of {', '.join(GRID_FAMILIES)}")
+        return bench_inference(quick=args.quick, out=args.out, progress=progress, family=args.family)
     if args.what == "distributed":
         from ..bench.distributed import main as bench_distributed
 

@@ -82,6 +82,16 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     prev_scores = 4 * b * cfg.vocab_size
     decode_options = {"logits": (kv_decode + logits + prev_scores + family.infer_decode_ids_bytes(cfg, ispec), 0,
                                  logits + prev_scores)}
+    if n > 1:
+        # the last step's _update_model_kwargs_for_generation (generation/utils.py), right after its forward: the
+        # model's logits (b, 1, V) in e and the previous step's fp32 copy and scores (2*4*b*V with an EOS id's
+        # processors, else 4*b*V) alive beside input_ids (b, p + n - 1), position_ids (b, p + n - 1) and their
+        # torch.cat with next_position_ids (b, 1) into (b, p + n): 8*b*(p + n - 1) + 8*b more than the token
+        # selection's ids. Measured: llama V97 h32 b2 s256 sdpa static fp32, the decode peak at that cat
+        prev_step = 4 * b * cfg.vocab_size * (2 if family.infer_has_eos else 1)
+        decode_options["kwargs update"] = (
+            kv_decode + b * cfg.vocab_size * e + prev_step + family.infer_decode_ids_bytes(cfg, ispec)
+            + 8 * b * (ispec.total_len - 1) + 8 * b, 0, b * cfg.vocab_size * e + prev_step)
     if dec_points:
         dname = max(dec_points, key=dec_points.get)
         decode_options["activations"] = (kv_decode + dec_points[dname], dec_points[dname], 0)
@@ -143,6 +153,11 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
     terms += [Term(f"decode high point: {k}", "family (infer_decode_points)", v, where="decode")
               for k, v in dec_points.items()]
     terms += logit_terms
+    if "kwargs update" in decode_options and off is None:
+        terms.append(Term("decode high point: the last step's position_ids update (logits of the step, the previous "
+                          "step's scores, input_ids and position_ids old and new)",
+                          "b*V*e + 4*b*V*(1 + eos) + 8*b*(2*(p + n) - 1) + 8*b*(p + n - 1) + 8*b",
+                          decode_options["kwargs update"][0] - kv_decode, where="decode"))
     terms += [Term("generate's position_ids, input_ids clone, unfinished_sequences, special-token tensors",
                    "16*b*p + 8*b + 8*tokens", gen_state["prefill"] - cache_state["prefill"], where="prefill"),
               Term("generate's position_ids, the step's id clones, unfinished_sequences, special-token tensors",
