@@ -135,3 +135,21 @@ def test_cpu_mechanism_measured_simulated_estimated(prec, ckpt):
     assert sim["host_optimizer_offload_bytes"] == meas["host_optimizer_offload_bytes"]
     assert abs(est.peak_bytes / meas["peak_bytes"] - 1) < 0.01
     assert est.transients["host_optimizer_offload"] == meas["host_optimizer_offload_bytes"]
+
+
+# Measured rows of `bench offload` (docs/accuracy.md "# Optimizer offloading", torch 2.13.0+cpu, transformers 5.23.0):
+# (grid label, precision, checkpointing, measured device peak, measured host bytes)
+MEASURED = [("llama V300 h48 a6 kv2 f96 L2", "fp32", False, 1_060_508, 903_200),
+            ("gemma2 V1000 h64 a4 kv2 untied", "bf16-amp", True, 3_114_176, 3_817_536),
+            ("gpt2-hf V1000 h64 a4 p0.1", "fp32", True, 2_901_584, 2_727_976),
+            ("gpt2 (book) V1000 h64 a4", "bf16-amp", False, 4_406_376, 3_686_460)]
+
+
+@pytest.mark.parametrize("label,prec,ckpt,peak,host", MEASURED)
+def test_cpu_estimate_holds_the_measured_rows(label, prec, ckpt, peak, host):
+    from planner.bench.offload_opt import grid
+
+    (cfg, b, s), = [(c, b, s) for name, c, b, s in grid() if name == label]
+    est = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_optimizer=True))
+    assert abs(est.peak_bytes / peak - 1) < 0.01
+    assert est.transients["host_optimizer_offload"] == host
