@@ -531,7 +531,7 @@ def cmd_bench(args) -> int:
         from ..bench.offload_act import main as bench_offload_act
 
         return bench_offload_act(quick=args.quick, out=args.out)
-    if args.what == "offload":  # issue #24: --offload-optimizer's estimate (planner/bench/techniques.py)
+    if args.what == "offload":  # issue #24: --offload-optimizer, CPU rows measured (planner/bench/offload_opt.py)
         from ..bench.techniques import main_offload
 
         return main_offload(out=args.out)
