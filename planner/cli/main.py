@@ -218,6 +218,9 @@ def cmd_estimate_train(args) -> int:
 
             print(f"host (offloaded activations): {fmt_bytes(rec['transients']['host_activation_offload'])}; "
                   f"the peak above is the {DEVICE_NOTE}")
+        if "host_optimizer_offload" in rec.get("transients", {}):  # --offload-optimizer: the host's own line
+            print(f"host (offloaded optimizer): {fmt_bytes(rec['transients']['host_optimizer_offload'])}; the peak "
+                  "above is the device's")
     return 0
 
 
@@ -235,7 +238,7 @@ def cmd_measure_train(args) -> int:
     check_quantize_runnable(spec)
     from ..estimate.offload import refuse_run
 
-    refuse_run(spec)  # --offload-optimizer: estimate only
+    refuse_run(spec)  # --offload-optimizer: measured on the CPU only (plain-torch equivalent)
     from .simulate import export_paths
 
     exports = export_paths(args)
@@ -289,6 +292,8 @@ def cmd_measure_train(args) -> int:
         rec["estimate"] = {k: est[k] for k in ESTIMATE_KEYS + ["phase_peak_bytes", "basis"]}
         if "host_activation_offload" in est.get("transients", {}):  # --offload-activations
             rec["estimate"]["host_activation_offload_bytes"] = est["transients"]["host_activation_offload"]
+        if "host_optimizer_offload" in est.get("transients", {}):  # --offload-optimizer
+            rec["estimate"]["host_optimizer_offload_bytes"] = est["transients"]["host_optimizer_offload"]
     if outcome.exit_code == 0 and est is not None:
         rec["error_pct"] = 100.0 * (est["peak_bytes"] - rec["peak_bytes"]) / rec["peak_bytes"]
     else:
@@ -304,6 +309,9 @@ def cmd_measure_train(args) -> int:
         if "host_activation_offload_bytes" in rec:  # --offload-activations: the host copies, apart
             print(f"host (offloaded activations) {fmt_bytes(rec['host_activation_offload_bytes'])} "
                   f"({rec['host_activation_offload_bytes']:,} B); {rec['device_figure_note']}")
+        if "host_optimizer_offload_bytes" in rec:  # --offload-optimizer: the host copies and states, apart
+            print(f"host (offloaded optimizer) {fmt_bytes(rec['host_optimizer_offload_bytes'])} "
+                  f"({rec['host_optimizer_offload_bytes']:,} B); {rec['device_figure_note']}")
     else:
         print(f"measurement failed in phase {rec.get('phase')}: {rec['error']}", file=sys.stderr)
     return outcome.exit_code
@@ -523,7 +531,7 @@ def cmd_bench(args) -> int:
         from ..bench.offload_act import main as bench_offload_act
 
         return bench_offload_act(quick=args.quick, out=args.out)
-    if args.what == "offload":  # issue #24: --offload-optimizer's estimate (planner/bench/techniques.py)
+    if args.what == "offload":  # issue #24: --offload-optimizer, CPU rows measured (planner/bench/offload_opt.py)
         from ..bench.techniques import main_offload
 
         return main_offload(out=args.out)

@@ -178,7 +178,7 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
     check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
     from ..estimate.offload import refuse_run
 
-    refuse_run(spec)  # --offload-optimizer: estimate only
+    refuse_run(spec)  # --offload-optimizer: measured on the CPU only (plain-torch equivalent)
     return cfg, spec, None
 
 
@@ -236,6 +236,9 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
         if "host_activation_offload_bytes" in rec:  # --offload-activations: the host copies, apart
             print(f"host (offloaded activations) {fmt_bytes(rec['host_activation_offload_bytes'])} "
                   f"({rec['host_activation_offload_bytes']:,} B); {rec['device_figure_note']}")
+        if "host_optimizer_offload_bytes" in rec:  # --offload-optimizer: the host copies and states, apart
+            print(f"host (offloaded optimizer) {fmt_bytes(rec['host_optimizer_offload_bytes'])} "
+                  f"({rec['host_optimizer_offload_bytes']:,} B); {rec['device_figure_note']}")
         print(f"{rec['ops']:,} ops simulated in {rec['sim_time_s']:.1f} s; the simulator's peak RSS "
               f"{fmt_bytes(rec['sim_peak_rss_bytes'])}")
     else:

@@ -13,8 +13,11 @@ torch.optim.AdamW, fused=True)`, its defaults offload_gradients=False, minimal_s
 
 The device and host are different budgets: `peak_bytes` is the device's; the host's bytes are a line of their own
 (`transients.host_optimizer_offload`). CPUOffloadOptimizer asserts a CUDA or XPU device ("CPU Offload currently
-only supports CUDA & XPU"), so on this CPU-only machine it cannot run: both figures are estimated, not measured
-here (needs a GPU), and `measure` / `simulate` refuse it in one line.
+only supports CUDA & XPU"), so on this CPU-only machine torchao itself cannot run; `--device cpu` runs its plain-torch
+equivalent (planner/routines/offload_optim.py: the same tensors and copies, the "device" being the CPU), which
+`measure` and `simulate` measure, the host tensors counted apart. Its estimate (`--device cpu`) has no CUDA terms:
+no 512 B blocks on the device, and no pinning (pin_memory needs CUDA), so the host holds each copy at its own size;
+the pinned power-of-two rounding and the device figure on CUDA are for the CUDA check (torchao's own run there).
 """
 from __future__ import annotations
 
@@ -36,9 +39,12 @@ def check_offload_optimizer(spec) -> None:
                           f"optimizer_class), not {spec.optimizer}")
     if spec.finetuning:
         raise ConfigError("--offload-optimizer with fine-tuning is not modelled yet")
-    if spec.device_type != "cuda":
-        raise ConfigError("--offload-optimizer moves the optimizer from a GPU to the host: estimate it with --device "
-                          "cuda (torchao's CPUOffloadOptimizer supports only CUDA and XPU)")
+    if spec.device_type not in ("cuda", "cpu"):
+        raise ConfigError("--offload-optimizer is modelled on cuda (torchao's CPUOffloadOptimizer supports only CUDA "
+                          f"and XPU) and on cpu (its plain-torch equivalent), not {spec.device_type}")
+    if spec.device_type == "cpu" and spec.precision == "fp16-amp":
+        raise ConfigError("--offload-optimizer on the CPU is modelled for fp32, bf16 and bf16-amp, not fp16-amp "
+                          "(GradScaler's unscale over the host copies is not modelled)")
 
 
 def _round512(n: int) -> int:
@@ -46,10 +52,14 @@ def _round512(n: int) -> int:
 
 
 def refuse_run(spec) -> None:
-    """measure / simulate: CPUOffloadOptimizer cannot run here (one line)."""
+    """measure / simulate: the plain-torch equivalent runs on the CPU (planner/routines/offload_optim.py); torchao's
+    own run on CUDA is the CUDA check's (one line elsewhere)."""
     if getattr(spec, "offload_optimizer", False):
-        raise ConfigError("--offload-optimizer is estimated only: torchao's CPUOffloadOptimizer runs on CUDA / XPU, "
-                          "so its step is " + NOT_MEASURED + " (use estimate train --device cuda)")
+        if spec.device_type != "cpu":
+            raise ConfigError("--offload-optimizer is measured with --device cpu (a plain-torch equivalent of torchao's "
+                              "CPUOffloadOptimizer); on " + spec.device_type + " it is " + NOT_MEASURED
+                              + " (use estimate train --device cuda)")
+        check_offload_optimizer(spec)
 
 
 def pow2_ceil(n: int) -> int:
@@ -63,11 +73,14 @@ def split_params(cfg) -> tuple[list[int], list[int]]:
 
 
 def host_bytes(cfg, spec) -> dict[str, int]:
-    """The host's bytes: pinned parameter and grad copies (power-of-two rounded) and the CPU AdamW's states."""
+    """The host's bytes: the parameter and grad copies (on CUDA pinned, power-of-two rounded; on the CPU unpinned,
+    their own sizes) and the CPU AdamW's states."""
     e_p = DTYPE_BYTES[spec.param_dtype]
     big, _ = split_params(cfg)
-    pinned = 2 * sum(pow2_ceil(n * e_p) for n in big)
     states = sum(2 * n * e_p + 4 for n in big)
+    if spec.device_type != "cuda":
+        return {"param_and_grad_copies": 2 * sum(n * e_p for n in big), "cpu_adamw_states": states}
+    pinned = 2 * sum(pow2_ceil(n * e_p) for n in big)
     return {"pinned_param_and_grad_copies": pinned, "cpu_adamw_states": states}
 
 
@@ -81,19 +94,27 @@ def estimate_offload_optimizer(cfg, spec, estimate_training):
     big, small = split_params(cfg)
     # exp_avg, exp_avg_sq and the 0-d step of every offloaded parameter, as the device held them: each a CUDA
     # caching-allocator block, a multiple of 512 B (training.py _persistent_rounding_bytes counts the same rounding)
-    moved = sum(2 * _round512(n * e_p) + CUDA_BLOCK_BYTES for n in big)
+    cuda = spec.device_type == "cuda"
+    moved = sum(2 * _round512(n * e_p) + CUDA_BLOCK_BYTES for n in big) if cuda else sum(2 * n * e_p + 4 for n in big)
     phase = step.shifted(est.phase_peak_bytes, every=-moved)  # (planner/estimate/step.py)
     peak_phase = step.peak(phase)[0]
     host = host_bytes(cfg, spec)
+    if cuda:
+        how = ("pinned param and grad copies, rounded up to powers of two by PyTorch's CachingHostAllocator, and the "
+               "CPU AdamW's states). Device and host figures are estimated, " + NOT_MEASURED + "; the step runs on the "
+               "CPU (slower: every grad crosses PCIe and AdamW runs on host cores)")
+    else:
+        how = ("param and grad copies, unpinned on a CPU build, and the CPU AdamW's states), measured with the "
+               "plain-torch equivalent (planner/routines/offload_optim.py); device figure: for the CUDA check (there "
+               "the device's 512 B blocks and the pinned power-of-two rounding add)")
     notes = est.notes + [
         f"optimizer offloaded (torchao CPUOffloadOptimizer, AdamW fused): the states of {len(big)} parameters "
         f"(>= {MINIMAL_SIZE} elements) live on the host, {len(small)} small ones keep theirs on the device; the host "
-        f"holds {sum(host.values()):,} B (pinned param and grad copies, rounded up to powers of two by PyTorch's "
-        "CachingHostAllocator, and the CPU AdamW's states). Device and host figures are estimated, "
-        + NOT_MEASURED + "; the step runs on the CPU (slower: every grad crosses PCIe and AdamW runs on host cores)"]
-    terms = est.terms + [{"name": f"host: {k.replace('_', ' ')} (" + NOT_MEASURED + ")",
+        f"holds {sum(host.values()):,} B (" + how]
+    terms = est.terms + [{"name": f"host: {k.replace('_', ' ')}" + (" (" + NOT_MEASURED + ")" if cuda else ""),
                           "formula": ("2 * sum(pow2_ceil(numel*e_p)) over params >= 4096 elements"
-                                      if k.startswith("pinned") else "sum(2*numel*e_p + 4) over params >= 4096 elements"),
+                                      if k.startswith("pinned") else "2 * sum(numel*e_p) over params >= 4096 elements"
+                                      if k.startswith("param") else "sum(2*numel*e_p + 4) over params >= 4096 elements"),
                           "bytes": v, "per_layer": False, "where": "host", "part": ""} for k, v in host.items()]
     raw = sum(2 * n * e_p + 4 for n in big)  # the same without the allocator's rounding
     transients = {**est.transients, "host_optimizer_offload": sum(host.values())}

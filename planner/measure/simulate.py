@@ -144,7 +144,9 @@ class _Answers(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def _answer(self, t: torch.Tensor):
-        if any(st.get("step") is t for st in self.step.optimizer.state.values()):
+        opt = self.step.optimizer  # --offload-optimizer's host optimizers too (planner/routines/offload_optim.py)
+        states = opt.all_states() if hasattr(opt, "all_states") else opt.state.values()
+        if any(st.get("step") is t for st in states):
             self.reads["optimizer_step_count"] += 1
             return float(self.optimizer_steps)
         scaler = self.step.scaler
@@ -327,6 +329,8 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         emit({"event": "progress", "stage": "tracked step", "fraction": 0.6})
         answers.reads = dict.fromkeys(answers.reads, 0)  # report the tracked step's reads
         tracker = _OpTracker() if trace else LiveBytesTracker()
+        with tracker.host_scope():  # --offload-optimizer: the host's copies and states, counted apart
+            tracker.track(step.host_tensors() if hasattr(step, "host_tensors") else [])
         tracker.track(step.persistent_tensors())
         tracker.reset_peak()
         persistent = tracker.current

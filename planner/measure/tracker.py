@@ -31,7 +31,9 @@ class LiveBytesTracker(TorchDispatchMode):
         self.recording = False
         self.log = None  # planner.measure.events.EventLog when attached (off by default: no cost)
         # --offload-activations (planner/estimate/offload_act.py): storages made inside save_on_cpu's pack hook are
-        # the host's copies, counted apart (host_current / host_peak); `current` / `peak` are then the device figure
+        # the host's copies, counted apart (host_current / host_peak); `current` / `peak` are then the device figure.
+        # --offload-optimizer (planner/routines/offload_optim.py): its host copies and states, registered in
+        # host_scope before the step, are counted the same way
         self.host_depth = 0
         self.host_keys: set[int] = set()
         self.host_current = 0
@@ -69,7 +71,8 @@ class LiveBytesTracker(TorchDispatchMode):
             self.peak_phase = self.phase
 
     def host_scope(self):
-        """A context for save_on_cpu's pack hook: what it allocates is the host's (planner/routines/training.py)."""
+        """A context for save_on_cpu's pack hook (planner/routines/training.py) and for registering the offloaded
+        optimizer's host tensors (planner/measure/training.py): what is tracked inside it is the host's."""
         tracker = self
 
         class _Scope:

@@ -145,14 +145,22 @@ class TrainingStep:
         self.model.train()
         from ..estimate.offload import refuse_run
 
-        refuse_run(spec)  # --offload-optimizer is estimated only (planner/estimate/offload.py)
+        refuse_run(spec)  # --offload-optimizer runs only on the CPU here (planner/estimate/offload.py)
         if spec.checkpointing:  # the policy: planner/checkpointing.py (full is the family's own)
             from .checkpointing import enable_policy
 
             enable_policy(self.family, self.model, getattr(spec, "checkpoint_policy", "full"))
         if spec.finetuning:
             self.model = apply_finetuning(self.model, cfg, spec)
-        self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], spec)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if getattr(spec, "offload_optimizer", False):  # torchao's CPUOffloadOptimizer, plain torch on the CPU
+            from .offload_optim import HostOffloadAdamW
+
+            adamw = spec.optimizer == "adamw"  # planner/estimate/offload.py allows adam / adamw only
+            self.optimizer = HostOffloadAdamW(trainable, torch.optim.AdamW if adamw else torch.optim.Adam,
+                                              lr=LEARNING_RATE, **({"weight_decay": WEIGHT_DECAY} if adamw else {}))
+        else:
+            self.optimizer = make_optimizer(trainable, spec)
         self.scaler = torch.amp.GradScaler(spec.device_type) if spec.precision == "fp16-amp" else None
         self.inputs = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
         self.targets = torch.randint(0, cfg.vocab_size, (spec.batch_size, spec.seq_len), device=self.device)
@@ -228,6 +236,10 @@ class TrainingStep:
         if self.scaler is not None:
             out += [t for t in (self.scaler._scale, self.scaler._growth_tracker) if t is not None]
         return out
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        """--offload-optimizer: what lives on the host (planner/routines/offload_optim.py), counted apart."""
+        return self.optimizer.host_tensors() if hasattr(self.optimizer, "host_tensors") else []
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of the distinct storages of the optimizer's state (a shared tensor, as bitsandbytes' qmaps,

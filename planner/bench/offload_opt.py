@@ -1,0 +1,90 @@
+"""Issue #24: `--offload-optimizer` measured, simulated and estimated on small configs (Llama, Gemma 2, HF GPT-2 and
+the book's GPT-2; fp32 and bf16-AMP; checkpointing on and off). The step runs the plain-torch equivalent of torchao's
+CPUOffloadOptimizer (planner/routines/offload_optim.py); the tracker counts its host copies and host AdamW states apart
+(planner/measure/tracker.py host_scope), so each row has two figures: the device figure (for the CUDA check) and the
+host bytes. Regenerate: `python -m planner bench offload --out docs/accuracy.md`."""
+from __future__ import annotations
+
+from ..config import LlamaConfig
+from ..spec import TrainSpec
+
+
+def grid() -> list[tuple[str, object, int, int]]:
+    import importlib
+
+    from ..config import GPT2Config
+
+    rows = [("llama V300 h48 a6 kv2 f96 L2", LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96,
+                                                          num_hidden_layers=2, num_attention_heads=6,
+                                                          num_key_value_heads=2, max_position_embeddings=128), 2, 32)]
+    for arch, shown in (("gemma2", "gemma2"), ("gpt2", "gpt2-hf")):  # each family's first grid shape
+        label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[0]
+        rows.append((f"{shown} {label.rsplit(' b', 1)[0]}", cfg, b, s))
+    # the book's GPT-2 (planner/bench/main.py FINETUNE_BOOK_SHAPES' second shape)
+    rows.append(("gpt2 (book) V1000 h64 a4", GPT2Config(vocab_size=1000, context_length=64, emb_dim=64, n_heads=4,
+                                                        n_layers=2), 2, 64))
+    return rows
+
+
+def rows() -> list[dict]:
+    """One dict per run: estimate, measure and simulate, device and host, beside the fused AdamW step it replaces."""
+    from ..estimate.training import estimate_training
+    from ..measure.simulate import simulate_training
+    from ..measure.training import measure_training
+    from ..validation import ConfigError
+
+    out = []
+    for label, cfg, b, s in grid():
+        for prec in ("fp32", "bf16-amp"):
+            for ckpt in (False, True):
+                spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_optimizer=True)
+                try:
+                    est = estimate_training(cfg, spec)
+                except ConfigError:
+                    continue
+                meas = measure_training(cfg, spec)
+                sim = simulate_training(cfg, spec)
+                plain = measure_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt,
+                                                        optimizer_impl="fused"))
+                out.append({"model": label, "run": f"b{b} s{s} {prec} adamw" + (" ckpt" if ckpt else ""),
+                            "plain_peak": plain["peak_bytes"], "est_peak": est.peak_bytes,
+                            "meas_peak": meas["peak_bytes"], "sim_peak": sim["peak_bytes"],
+                            "est_phase": est.peak_phase, "meas_phase": meas["peak_phase"],
+                            "est_host": est.transients["host_optimizer_offload"],
+                            "meas_host": meas["host_optimizer_offload_bytes"],
+                            "sim_host": sim["host_optimizer_offload_bytes"],
+                            "est_opt": est.phase_peak_bytes["optimizer"],
+                            "meas_opt": meas["phase_peak_bytes"]["optimizer"],
+                            "plain_opt": plain["phase_peak_bytes"]["optimizer"]})
+    return out
+
+
+def measured_lines() -> list[str]:
+    rs = rows()
+    worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
+    worst_host = max(abs(r["est_host"] / r["meas_host"] - 1) for r in rs)
+    sim_equal = all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
+    lines = ["## The mechanism measured on the CPU (a plain-torch equivalent)", "",
+             "torchao cannot run on this CPU-only build, so `measure` / `simulate train --offload-optimizer --device "
+             "cpu` run its plain-torch equivalent (planner/routines/offload_optim.py): the same tensors in the same "
+             "order, per parameter of >= 4,096 elements a host copy and a host grad buffer made at construction, a "
+             "post-accumulate-grad hook that copies each grad into its host buffer during backward, then per "
+             "parameter the host AdamW(fused=True) step and `p.copy_(p_host)`; the smaller parameters keep one fused "
+             "AdamW on the device. pin_memory is False here (pinning needs CUDA), so the host holds each copy at its "
+             "own size: the pinned power-of-two rounding, the device's 512 B blocks and the side stream are CUDA-check "
+             "terms. The tracker counts the host tensors apart: **device figure: for the CUDA check**. Estimate: "
+             "planner/estimate/offload.py with `--device cpu`. \"Without\" is the same step with a fused AdamW on the "
+             "device (torchao's kwargs), measured.", "",
+             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
+             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
+             "| model | run | peak without offload (measured) | device peak: estimate | measured | simulated | error | "
+             "phase (est / meas) | optimizer phase: without | with (est / meas) | host: estimate | measured | "
+             "simulated | host error |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        lines.append(
+            f"| {r['model']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | {r['meas_peak']:,} | "
+            f"{r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.3%} | {r['est_phase']} / {r['meas_phase']} | "
+            f"{r['plain_opt']:,} | {r['est_opt']:,} / {r['meas_opt']:,} | {r['est_host']:,} | {r['meas_host']:,} | "
+            f"{r['sim_host']:,} | {r['est_host'] / r['meas_host'] - 1:+.3%} |")
+    return lines
