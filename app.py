@@ -598,7 +598,8 @@ ckpt_policy = st.selectbox("Checkpointing policy", CKPT_POLICIES, key="ckpt_poli
 offload_opt = st.toggle("Optimizer on the host", False, key="offload_opt", bind="query-params",
                         disabled=device != "cuda",
                         help="--offload-optimizer: torchao's CPUOffloadOptimizer keeps AdamW's states on the host (the "
-                             "host's bytes are their own line); estimated only, not measured here (needs a GPU)")
+                             "host's bytes are their own line); its mechanism measured on the CPU with a plain-torch copy of it, "
+                             "torchao's own CUDA run not yet (docs/accuracy.md, Optimizer offloading)")
 offload_act = st.toggle("Activations on the host", False, key="offload_act", bind="query-params",
                         disabled=device != "cuda",
                         help="--offload-activations: torch.autograd.graph.save_on_cpu(pin_memory=True) copies every "
