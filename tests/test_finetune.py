@@ -298,18 +298,22 @@ BOOK_TINY = {"arch": "gpt2", "vocab_size": 97, "context_length": 32, "emb_dim": 
 
 
 def test_book_gpt2_quick_grid_within_1pct():
-    """Every 7th row of `bench finetune --family gpt2` (last:1, head, LoRA r=4 on W_query,W_value and r=16
+    """Rows of `bench finetune --family gpt2`'s quick grid (every 7th row; here the first three of every six of
+    those, 12 of 21: every precision x checkpointing pair) — last:1, head, LoRA r=4 on W_query,W_value and r=16
     all-linear, lora_dropout 0 / 0.1, drop_rate 0 / 0.1, qkv_bias off/on, fp32 / a bf16 base, checkpointing
-    off/on, AdamW / SGD),
-    measured in this process on the book's GPTModel wrapped by peft: every estimate within 1%."""
+    off/on, AdamW / SGD — measured in this process on the book's GPTModel wrapped by peft: every estimate within
+    1%. (All 144 rows are re-estimated against their recorded measurements on every run: tests/test_recorded.py.)"""
     from planner.bench.main import finetune_book_grid
 
-    rows = finetune_book_grid(quick=True)
-    assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}
-    assert {spec.checkpointing for _, _, spec in rows} == {False, True}
+    rows = [row for i, row in enumerate(finetune_book_grid(quick=True)) if i % 6 < 3]
+    assert {(spec.precision, spec.checkpointing) for _, _, spec in rows} == {
+        ("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)}
+    assert {spec.optimizer for _, _, spec in rows} == {"adamw", "sgd"}
+    assert any(cfg.drop_rate for _, cfg, _ in rows) and any(cfg.qkv_bias for _, cfg, _ in rows)
+    assert any(spec.lora_dropout for _, _, spec in rows)
     assert any(spec.lora_r for _, _, spec in rows) and any(spec.train_layers != "all" for _, _, spec in rows)
     results = run_accuracy(rows, in_process=True, progress=lambda *_: None)
-    assert len(results) == len(rows) >= 12
+    assert len(results) == len(rows) == 12
     worst = max(results, key=lambda r: abs(r["error_pct"]))
     assert abs(worst["error_pct"]) <= FINETUNE_BAR_PCT, worst
 
