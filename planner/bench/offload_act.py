@@ -48,13 +48,31 @@ def family_grid() -> list[tuple[str, object, int, int]]:
     return out
 
 
-def rows(quick: bool = False) -> list[dict]:
-    """One dict per run: estimate, measure and simulate, device and host."""
+def offload_row(label: str, cfg, spec: TrainSpec, plain: TrainSpec, host: str) -> tuple[dict, object, dict] | None:
+    """One offloading run (activations or optimizer): estimated, measured and simulated, device peak and `host`
+    bytes (the estimate's transient line `host`, the records' `host`_bytes), beside the plain run it replaces;
+    None when the estimate refuses it. Returns the row, the estimate and the measurement."""
     from ..estimate.training import estimate_training
     from ..measure.simulate import simulate_training
     from ..measure.training import measure_training
     from ..validation import ConfigError
 
+    try:
+        est = estimate_training(cfg, spec)
+    except ConfigError:  # refused in one line: no row
+        return None
+    meas, sim, base = measure_training(cfg, spec), simulate_training(cfg, spec), measure_training(cfg, plain)
+    row = {"model": label, "run": f"b{spec.batch_size} s{spec.seq_len} {spec.precision} {spec.optimizer}"
+           + (" ckpt" if spec.checkpointing else ""),
+           "plain_peak": base["peak_bytes"], "est_peak": est.peak_bytes,
+           "meas_peak": meas["peak_bytes"], "sim_peak": sim["peak_bytes"],
+           "est_phase": est.peak_phase, "meas_phase": meas["peak_phase"],
+           "est_host": est.transients[host], "meas_host": meas[f"{host}_bytes"], "sim_host": sim[f"{host}_bytes"]}
+    return row, est, {"measured": meas, "plain": base}
+
+
+def rows(quick: bool = False) -> list[dict]:
+    """One dict per run: estimate, measure and simulate, device and host."""
     out = []
     runs = [(row, ("adamw",) if quick else ("adamw", "sgd")) for row in grid(quick)]
     runs += [] if quick else [(row, ("adamw",)) for row in family_grid()]
@@ -63,22 +81,14 @@ def rows(quick: bool = False) -> list[dict]:
             for prec in ("fp32", "bf16-amp"):
                 for ckpt in (False, True):
                     spec = TrainSpec(b, s, prec, opt, checkpointing=ckpt, offload_activations=True)
-                    try:
-                        est = estimate_training(cfg, spec)
-                    except ConfigError:  # refused in one line (GPT-2 without checkpointing): no row
+                    got = offload_row(label, cfg, spec, TrainSpec(b, s, prec, opt, checkpointing=ckpt),
+                                      "host_activation_offload")  # None: refused (GPT-2 without checkpointing)
+                    if got is None:
                         continue
-                    meas = measure_training(cfg, spec)
-                    sim = simulate_training(cfg, spec)
-                    plain = measure_training(cfg, TrainSpec(b, s, prec, opt, checkpointing=ckpt))
-                    out.append({"model": label, "run": f"b{b} s{s} {prec} {opt}" + (" ckpt" if ckpt else ""),
-                                "plain_peak": plain["peak_bytes"], "est_peak": est.peak_bytes,
-                                "meas_peak": meas["peak_bytes"], "sim_peak": sim["peak_bytes"],
-                                "est_phase": est.peak_phase, "meas_phase": meas["peak_phase"],
-                                "est_host": est.transients["host_activation_offload"],
-                                "meas_host": meas["host_activation_offload_bytes"],
-                                "sim_host": sim["host_activation_offload_bytes"],
-                                "phase_err": {k: est.phase_peak_bytes[k] / meas["phase_peak_bytes"][k] - 1
-                                              for k in meas["phase_peak_bytes"] if meas["phase_peak_bytes"][k]}})
+                    row, est, m = got
+                    phases = m["measured"]["phase_peak_bytes"]
+                    out.append({**row, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
+                                                     for k in phases if phases[k]}})
     return out
 
 

@@ -28,34 +28,21 @@ def grid() -> list[tuple[str, object, int, int]]:
 
 def rows() -> list[dict]:
     """One dict per run: estimate, measure and simulate, device and host, beside the fused AdamW step it replaces."""
-    from ..estimate.training import estimate_training
-    from ..measure.simulate import simulate_training
-    from ..measure.training import measure_training
-    from ..validation import ConfigError
+    from .offload_act import offload_row
 
     out = []
     for label, cfg, b, s in grid():
         for prec in ("fp32", "bf16-amp"):
             for ckpt in (False, True):
                 spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_optimizer=True)
-                try:
-                    est = estimate_training(cfg, spec)
-                except ConfigError:
+                got = offload_row(label, cfg, spec, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt,
+                                                              optimizer_impl="fused"), "host_optimizer_offload")
+                if got is None:
                     continue
-                meas = measure_training(cfg, spec)
-                sim = simulate_training(cfg, spec)
-                plain = measure_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt,
-                                                        optimizer_impl="fused"))
-                out.append({"model": label, "run": f"b{b} s{s} {prec} adamw" + (" ckpt" if ckpt else ""),
-                            "plain_peak": plain["peak_bytes"], "est_peak": est.peak_bytes,
-                            "meas_peak": meas["peak_bytes"], "sim_peak": sim["peak_bytes"],
-                            "est_phase": est.peak_phase, "meas_phase": meas["peak_phase"],
-                            "est_host": est.transients["host_optimizer_offload"],
-                            "meas_host": meas["host_optimizer_offload_bytes"],
-                            "sim_host": sim["host_optimizer_offload_bytes"],
-                            "est_opt": est.phase_peak_bytes["optimizer"],
-                            "meas_opt": meas["phase_peak_bytes"]["optimizer"],
-                            "plain_opt": plain["phase_peak_bytes"]["optimizer"]})
+                row, est, m = got
+                out.append({**row, "est_opt": est.phase_peak_bytes["optimizer"],
+                            "meas_opt": m["measured"]["phase_peak_bytes"]["optimizer"],
+                            "plain_opt": m["plain"]["phase_peak_bytes"]["optimizer"]})
     return out
 
 
