@@ -383,8 +383,16 @@ class RMSDecoder(HFCausalLM):
         return spec.batch_size * spec.seq_len * c.hidden_size * w.e_r if w.e_r < 4 else 0
 
     # ---- fine-tuning: what the block saves when only some tensors need grad ----------------------------
-    # planner/estimate/finetune.py walks the block in order and asks these for the family's own pieces; torch
+    # planner/arch/saved.py walks the block in order and asks these for the family's own pieces; torch
     # saves an op's input only for the grads it must compute (a mul saves each operand for the other's grad).
+    def saved(self, c, spec, w, i: int, rg_in: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
+        """Block i's saved tensors given whether its input needs grad, the trainable tensors' names and the
+        LoRA-adapted linears (planner/arch/saved.py); returns them, whether the block's output needs grad and
+        whether RoPE's cos/sin are saved in it."""
+        from .saved import block_saved
+
+        return block_saved(self, c, spec, w, i, rg_in, trains, adapted)
+
     def ft_norm(self, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
                 where: str = "block") -> list[Term]:
         """transformers' RMSNorm: x.float() (a copy below fp32), x * rsqrt(mean(x^2) + eps), weight * normed:

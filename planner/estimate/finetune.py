@@ -1,17 +1,8 @@
 """Peak memory of a fine-tuning step (issue #12): a trainable subset or LoRA on a frozen base (no torch).
 
-Autograd records an op only when one of its inputs requires grad, and saves of its inputs only what the
-gradients it must compute need (torch's generated autograd code saves `self` of a matmul only when the
-weight needs a grad). So the saved set follows from what needs grad, walked through the block in order
-from the family's inventory (roles, not names):
-  - nothing before the first tensor that needs grad is saved (a frozen prefix of blocks saves nothing);
-  - a frozen Linear saves nothing of its input (only its weight, a parameter, for the input's grad);
-  - RMSNorm saves its fp32 input and rsqrt when its input needs grad, and its normed x when its weight trains;
-  - the activation, the gated product and SDPA save as in full training once their inputs need grad;
-  - a LoRA adapter (peft/tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling,
-    x cast to the adapter's dtype first) saves lora_A's input (x itself, its fp32 copy on a bf16 base, or
-    the dropout's output when lora_dropout > 0, with the dropout's fp32 noise when x needs grad) and
-    lora_B's input, the b*s*r output of lora_A, in the adapter dtype (fp32: peft's autocast_adapter_dtype).
+A block saves what the grads it must compute need, so its saved set follows from what needs grad: the
+family walks its block once (planner/arch/saved.py, RMSDecoder.saved). Outside the blocks this file walks the
+embeddings, the final norm, the head and the loss.
 With checkpointing, transformers' activation_checkpointing_enable (and peft) call enable_input_require_grads:
 the embeddings' output needs grad, every block stashes its input, and backward recomputes every block.
 Measured against transformers' models with peft 0.21 on the CPU (tests/test_finetune.py, `bench finetune`).
@@ -21,10 +12,9 @@ from __future__ import annotations
 from ..accounting import DTYPE_BYTES, buffer_bytes, tensor_inventory
 from ..arch import family_of
 from ..arch.base import resolved_loss
-from ..config import ACTIVATION_SAVED, ConfigError
+from ..config import ConfigError
 from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved, with_adapters
 from ..finetune import adapted_linears, trainable_names
-from ..arch.parts import lora_adapter as _adapter  # one LoRA adapter's saved tensors (family files use it too)
 from .activations import Term, Widths
 from .record import SweepContext
 from .step import Step, record as step_record
@@ -52,7 +42,7 @@ def known_gap(cfg, spec) -> str | None:
 
 def check_supported(cfg, spec) -> None:
     """Fine-tuning under autocast (fp16-amp / bf16-amp, fp32 master weights) is modelled: the saved set
-    (block_saved's e_m copies, _adapter_amp), autocast's cache of trainable copies (autocast_cache_bytes), the
+    (the block walk's e_m copies, planner/arch/saved.py adapter_amp), autocast's cache of trainable copies (autocast_cache_bytes), the
     GradScaler, the forward's frozen-weight copy and, under checkpointing, the recompute's end
     (_recompute_points_amp); measured by `bench finetune-amp` (docs/accuracy.md) on every family that
     fine-tunes. Still refused there: a bitsandbytes optimizer (not measured under autocast)."""
@@ -84,144 +74,11 @@ def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
     return out
 
 
-def _adapter_amp(label: str, b: int, s: int, n_in: int, n_out: int, spec, e_m: int, rg_in: bool,
-                 where: str = "block", part: str = "") -> list[Term]:
-    """One LoRA adapter's saved tensors under autocast (fp32 master weights; measured with saved_tensors_hooks,
-    tests/test_finetune_amp_facts.py): peft casts x to the adapter's fp32 dtype and autocast casts it down
-    again, so lora_A saves its own e_m copy of x (or of the dropout's output) and lora_B lora_A's output in
-    e_m; lora_B's weight copy (for lora_A output's grad) and, when x needs grad, lora_A's weight copy and the
-    dropout's fp32 noise."""
-    r, p = spec.lora_r, spec.lora_dropout
-    terms = []
-    if p > 0 and rg_in:
-        terms.append(Term(f"{label} LoRA dropout noise (fp32)", "b*s*in*4", b * s * n_in * 4, True, where, part))
-    terms.append(Term(f"{label} LoRA autocast copy of x", "b*s*in*e_m", b * s * n_in * e_m, True, where, part))
-    terms.append(Term(f"{label} lora_A output", "b*s*r*e_m", b * s * r * e_m, True, where, part))
-    terms.append(Term(f"{label} lora_B weight copy" + (", lora_A weight copy" if rg_in else "") + " (trains: autocast-cached)",
-                      "(r*out + rg*in*r)*e_m", (r * n_out + (n_in * r if rg_in else 0)) * e_m, True, where, part))
-    return terms
-
-
-def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: bool) -> list[Term]:
-    """transformers' eager_attention_forward, by what needs grad (matmul saves each operand for the other's
-    grad): q (for k's grad) and the repeated k^T (for q's); softmax(dtype=float32) its fp32 output when the
-    scores need grad; probs @ v saves v when the probabilities need grad and the probabilities (fp32: the
-    softmax output itself; below fp32 its cast) when v does. Its output copy is o_proj's input (saved
-    there, if at all)."""
-    unit = b * sh.a * s * sh.d * w.e_m
-    ss = b * sh.a * s * s
-    terms = []
-    # (parts, for the forward's in-attention point: attn.scores saved before the softmax, attn.softmax its
-    # output, attn.probs saved by the second matmul after it)
-    n = int(k) + int(q)
-    if n:
-        terms.append(Term("eager attention q / k^T (as the scores' grads need them)", "n*b*a*s*d*e_m", n * unit,
-                          True, part="attn.scores"))
-    if probs_rg:
-        terms.append(Term("eager attention v (for the probabilities' grad)", "b*a*s*d*e_m", unit, True,
-                          part="attn.probs"))
-    fp32_probs = probs_rg or (v and w.e_m == 4)
-    if fp32_probs:
-        terms.append(Term("softmax output (fp32)", "4*b*a*s^2", 4 * ss, True, part="attn.softmax"))
-    if v and w.e_m < 4:
-        terms.append(Term("softmax output cast (saved for v's grad)", "e_m*b*a*s^2", ss * w.e_m, True,
-                          part="attn.probs"))
-    return terms
-
-
 def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
-    """Block i's saved tensors (no checkpointing), given whether its input needs grad; returns them, whether
-    its output needs grad, and whether RoPE's cos/sin are saved in it."""
-    from ..arch import parts
-
-    family = family_of(cfg)
-    sh = family.shape(cfg)
-    b, s, h, f = spec.batch_size, spec.seq_len, sh.h, sh.f
-    e, em = w.e_r, w.e_m  # (under autocast the norms' outputs stay fp32, e_r; the matmuls' are e_m)
-    inv = [t for t in tensor_inventory(cfg) if t.kind == "param" and t.block == i]
-    numel = {t.name: t.numel for t in inv}
-    role_trains = lambda role: any(t.name in trains for t in inv if t.role == role)
-    mods = {t.name.rsplit(".", 1)[0]: t.role for t in inv if not t.is_bias}
-    terms: list[Term] = []
-    shared: set = set()
-
-    def linear_group(role: str, x_rg: bool, n_in: int, key) -> dict[str, bool]:
-        """The role's linears reading one input: base saves (their input once, if a weight trains) and
-        adapters; returns output name -> needs grad."""
-        out = {}
-        where = "mlp" if role.startswith("mlp") else "block"
-        part = role if role in ("attn.in", "attn.out", "mlp.out") else ""
-        names = [m for m, r in mods.items() if r == role]
-        if w.amp:
-            # autocast (tests/test_finetune_amp_facts.py): each Linear casts its input itself (no cache for a
-            # non-leaf) and saves that e_m copy when its weight trains; when its input needs grad it saves its
-            # weight's e_m copy (a frozen weight is not cached: a fresh copy per use, held by the graph)
-            for m in names:
-                lin = adapted.get(m)
-                short = m.rsplit(".", 1)[1]
-                if f"{m}.weight" in trains and key not in shared:
-                    # (an input saved already in e_m, SDPA's output for o_proj, is not copied: the cast of
-                    # an e_m tensor to e_m is the tensor itself; measured: llama V97 h32 s256 last:1 bf16-amp)
-                    terms.append(Term(f"{short} input autocast copy (weight trains)", "b*s*in*e_m",
-                                      b * s * n_in * em, True, where, part))
-                if x_rg:
-                    cached = " (trains: autocast-cached)" if f"{m}.weight" in trains else ""
-                    terms.append(Term(f"{short} weight autocast copy (input needs grad){cached}", "out*in*e_m",
-                                      numel[f"{m}.weight"] * em, True, where, part))
-                if lin:
-                    terms.extend(_adapter_amp(short, b, s, n_in, lin.n_out, spec, em, x_rg, where, part))
-                out[short] = x_rg or bool(lin) or f"{m}.weight" in trains
-            return out
-        if any(f"{m}.weight" in trains for m in names) and key not in shared:
-            terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e, True, where, part))
-            shared.add(key)
-        for m in names:
-            lora = m in adapted
-            if lora:
-                terms.extend(_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key, where, part))
-            out[m.rsplit(".", 1)[1]] = x_rg or lora or f"{m}.weight" in trains
-        return out
-
-    terms += family.ft_norm("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
-    n1 = g or role_trains("norm.attn")
-    outs = linear_group("attn.in", n1, h, "n1")
-    q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
-    qk_terms, q, k = family.ft_qk_norm(sh, b, s, em, q, k, role_trains("norm.other"))  # Qwen 3's q/k norms
-    terms += qk_terms
-    rope = q or k
-    attn_rg = q or k or v
-    if attn_rg and sh.attention == "sdpa":
-        # SDPA's CPU kernel saves q, k, v, its output and logsumexp whichever input needs grad (measured)
-        terms += parts.attention(sh, b, s, w, masked=family.masked(cfg, spec))
-        terms += family.mask_terms(cfg, spec, w)
-        shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
-    elif attn_rg:
-        terms += eager_attention(sh, b, s, w, q or k, q, k, v)
-        terms += family.ft_attention_extra(cfg, sh, b, s, em, q, k)  # (Gemma 2's soft-capped scores)
-    o = linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
-    post, post_rg = family.ft_post_norm("post-attention norm (attention output)", b, s, h, e, any(o.values()),
-                                        role_trains("norm.other"), "norm.post_attn")  # (Gemma 2's sandwich norms)
-    terms += post
-    g = post_rg or g
-    terms += family.ft_norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
-    n2 = g or role_trains("norm.mlp")
-    mlp = linear_group("mlp.in", n2, h, "n2")
-    gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
-    bsf = b * s * f
-    if gate:
-        terms.append(Term(f"{sh.act} saved input(s)", "n_act*b*s*f*e", ACTIVATION_SAVED[sh.act] * bsf * em, True, "mlp"))
-    if up:
-        terms.append(Term(f"{sh.act} output (the product's grad for up)", "b*s*f*e", bsf * em, True, "mlp", "mlp.act_out"))
-    if gate:
-        terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * em, True, "mlp",
-                          "mlp.up_out"))
-    prod_rg = gate or up
-    down = linear_group("mlp.out", prod_rg, f, "prod")
-    post, post_rg = family.ft_post_norm("post-feedforward norm (MLP output)", b, s, h, e, any(down.values()),
-                                        role_trains("norm.other"), "norm.post_mlp", "mlp")  # the MLP's saves
-    terms += post
-    g = post_rg or g
-    return terms, g, rope
+    """Block i's saved tensors (no checkpointing), given whether its input needs grad: the family's walk
+    (planner/arch/decoder.py RMSDecoder.saved); returns them, whether its output needs grad, and whether
+    RoPE's cos/sin are saved in it."""
+    return family_of(cfg).saved(cfg, spec, w, i, g, trains, adapted)
 
 
 def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]]]:
