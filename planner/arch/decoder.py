@@ -83,6 +83,9 @@ class RMSDecoder(HFCausalLM):
     # --offload-activations' host copies (offload_copies below) were first measured for the plain Llama-shaped
     # decoders (Llama, Mistral, Qwen 2 set it); every RMSDecoder family is now modelled (offload_modelled narrows)
     offload_plain: ClassVar[bool] = False
+    # SDPA's output, laid out (b, s, a, d) by the transpose back (a view), is o_proj's input: saved once
+    # (Phi-3: False, planner/arch/phi3.py)
+    sdpa_output_is_o_input: ClassVar[bool] = True
 
     # ---- options read from the config ------------------------------------------------------------
     def biases(self, c) -> tuple[bool, bool, bool]:
@@ -172,26 +175,13 @@ class RMSDecoder(HFCausalLM):
 
     # ---- saved tensors --------------------------------------------------------------------------------
     def block_terms(self, c, spec, w) -> list[Term]:
-        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
-        x = self.shape(c)
-        n_in = 1 if self.fused_qkv else 3
-        terms = (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
-                 + [parts.projection_inputs("qkv projection" if self.fused_qkv else "q/k/v projection", n_in,
-                                            b, s, h, w, part="attn.in")])
-        if self.qk_norm:
-            terms += parts.head_rms_norms(x, b, s, w)
-        terms += self.attention_terms(c, spec, w)
-        terms += self.mask_terms(c, spec, w)
-        terms += (self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.mlp")
-                  + [parts.projection_inputs("MLP", 1 if self.fused_gate_up else 2, b, s, h, w, where="mlp")]
-                  + parts.glu_mlp(x, b, s, w, fused=self.fused_gate_up))
-        return terms
+        """One block's saved tensors in full training: the walk (saved) with every tensor training, its input
+        needing grad, and autocast's weight copies counted once outside the blocks (planner/estimate/training.py
+        autocast_weight_bytes)."""
+        return self.saved(c, spec, w, 0, True, None, {}, weights_cached=True)[0]
 
     def norm_terms(self, label, b, s, h, w, part="", where="block", per_layer=True) -> list[Term]:
         return parts.rms_norm(label, b, s, h, w, part=part, where=where, per_layer=per_layer)
-
-    def attention_terms(self, c, spec, w) -> list[Term]:
-        return parts.attention(self.shape(c), spec.batch_size, spec.seq_len, w, masked=self.masked(c, spec))
 
     def selective_ops(self, c, spec, w) -> list:
         """q, k, v (or Phi-3's qkv), the attention, o, then the MLP's (selective_mlp_ops). A Linear without bias
@@ -385,13 +375,26 @@ class RMSDecoder(HFCausalLM):
     # ---- fine-tuning: what the block saves when only some tensors need grad ----------------------------
     # planner/arch/saved.py walks the block in order and asks these for the family's own pieces; torch
     # saves an op's input only for the grads it must compute (a mul saves each operand for the other's grad).
-    def saved(self, c, spec, w, i: int, rg_in: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
-        """Block i's saved tensors given whether its input needs grad, the trainable tensors' names and the
-        LoRA-adapted linears (planner/arch/saved.py); returns them, whether the block's output needs grad and
-        whether RoPE's cos/sin are saved in it."""
+    def saved(self, c, spec, w, i: int, rg_in: bool, trains: set | None, adapted: dict,
+              weights_cached: bool = False) -> tuple[list[Term], bool, bool]:
+        """Block i's saved tensors given whether its input needs grad, the trainable tensors' names (None: all)
+        and the LoRA-adapted linears (planner/arch/saved.py); returns them, whether the block's output needs grad
+        and whether RoPE's cos/sin are saved in it. Full training (block_terms) is the case where everything
+        trains, with autocast's weight copies left to its cache term (weights_cached)."""
         from .saved import block_saved
 
-        return block_saved(self, c, spec, w, i, rg_in, trains, adapted)
+        return block_saved(self, c, spec, w, i, rg_in, trains, adapted, weights_cached)
+
+    def saved_mlp(self, wk, rg_in: bool) -> bool:
+        """The gated MLP in the walk (planner/arch/saved.py BlockWalk), its input the post-attention norm's
+        output (rg_in: it needs grad); returns whether its output needs grad."""
+        mlp = wk.linear_group("mlp.in", rg_in, wk.h, "n2")
+        if self.fused_gate_up:
+            gate = up = mlp.get("gate_up_proj", False)
+        else:
+            gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
+        prod_rg = wk.gated_mlp(gate, up, wk.sh.f, fused=self.fused_gate_up)
+        return any(wk.linear_group("mlp.out", prod_rg, wk.sh.f, "prod").values())
 
     def ft_norm(self, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
                 where: str = "block") -> list[Term]:

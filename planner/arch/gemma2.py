@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from ..validation import ConfigError
 from .terms import TensorSpec, Term
-from . import parts
 from ..checkpointing import checkpointed_blocks
 from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
 from .gemma import Gemma
@@ -120,27 +119,6 @@ class Gemma2(Gemma):
                           TensorSpec(f"{p}.post_feedforward_layernorm.weight", t.shape, "param", block=t.block,
                                      role="norm.other")]
         return specs
-
-    def block_terms(self, c: Gemma2Config, spec, w) -> list[Term]:
-        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
-        x = self.shape(c)
-        return (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
-                + [parts.projection_inputs("q/k/v projection", 3, b, s, h, w, part="attn.in")]
-                + self.attention_terms(c, spec, w)
-                + self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.post_attn")
-                + self.norm_terms("pre_feedforward_layernorm", b, s, h, w, part="norm.mlp")
-                + [parts.projection_inputs("MLP", 2, b, s, h, w, where="mlp")]
-                + parts.glu_mlp(x, b, s, w)
-                + self.norm_terms("post_feedforward_layernorm", b, s, h, w, where="mlp"))
-
-    def attention_terms(self, c: Gemma2Config, spec, w) -> list[Term]:
-        """Eager attention (Gemma 2's eager_attention_forward) with soft-capped scores: scores / cap,
-        tanh (saves its output, b*a*s^2*e_m), * cap; then as Llama's."""
-        terms = super().attention_terms(c, spec, w)
-        if c.attn_logit_softcapping is not None:
-            b, s, a = spec.batch_size, spec.seq_len, c.num_attention_heads
-            terms.append(Term("attention soft-capping tanh output", "b*a*s^2*e_m", b * a * s * s * w.e_m, True))
-        return terms
 
     def outside_terms(self, c: Gemma2Config, spec, w) -> list[Term]:
         b, s = spec.batch_size, spec.seq_len
@@ -261,7 +239,7 @@ class Gemma2(Gemma):
 
     def ft_attention_extra(self, c: Gemma2Config, x, b: int, s: int, e: int, q: bool, k: bool) -> list[Term]:
         """eager_attention_forward soft-caps the scores (/ cap, tanh, * cap): tanh saves its output for the
-        scores' grad (attention_terms for full training)."""
+        scores' grad."""
         if c.attn_logit_softcapping is None or not (q or k):
             return []
         return [Term("attention soft-capping tanh output", "b*a*s^2*e_m", b * x.a * s * s * e, True,

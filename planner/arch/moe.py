@@ -160,7 +160,7 @@ class MoEDecoder(RMSDecoder):
                  + [parts.projection_inputs("q/k/v projection", 3, b, s, h, w, part="attn.in")])
         if self.qk_norm:
             terms += parts.head_rms_norms(x, b, s, w)
-        terms += self.attention_terms(c, spec, w)
+        terms += parts.attention(x, b, s, w, masked=self.masked(c, spec))
         terms += self.mask_terms(c, spec, w)
         terms += self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.mlp")
         return terms + self.moe_terms(c, spec, w)

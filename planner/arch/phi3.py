@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from ..validation import ConfigError
 from . import parts
-from .terms import Term
 from .decoder import DecoderConfigMixin, RMSDecoder, check_zero, normalise_rope
 
 
@@ -66,19 +65,12 @@ class Phi3(RMSDecoder):
     fused_qkv = True
     fused_gate_up = True
     lora_default_targets = ()  # peft 0.21 maps no default LoRA targets for phi3
+    # RoPE here ends in torch.cat (apply_rotary_pos_emb splits the rotary and pass-through halves), so q is a
+    # contiguous (b, a, s, d) tensor and SDPA's output comes out in that layout too: the o_proj input
+    # (transpose(1, 2).contiguous()) is one more copy, saved by o_proj (the block walk, planner/arch/saved.py).
+    # Eager attention makes that copy in Llama as well.
+    sdpa_output_is_o_input = False
     grid_options = {"pad_token_id": 0, "sliding_window": 48}  # s64 runs beyond the window, s48 at it, s8 inside
-
-    def attention_terms(self, c, spec, w) -> list[Term]:
-        """RoPE here ends in torch.cat (apply_rotary_pos_emb splits the rotary and pass-through halves),
-        so q is a contiguous (b, a, s, d) tensor and SDPA's output comes out in that layout too: the
-        o_proj input (transpose(1, 2).contiguous()) is one more copy. Eager attention makes that copy
-        in Llama as well."""
-        terms = super().attention_terms(c, spec, w)
-        if c.attention == "sdpa":
-            b, s = spec.batch_size, spec.seq_len
-            terms.append(Term("o_proj input (SDPA output transposed to (b, s, a*d))", "b*s*a*d*e_m",
-                              b * s * c.num_attention_heads * c.head_dim * w.e_m, True))
-        return terms
 
     def offload_forward_points(self, c, spec, w) -> dict[str, int]:
         """Llama's eager-attention point, plus two b*s*a*d*e_m more: RoPE here ends in torch.cat (rotary and

@@ -67,93 +67,140 @@ def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: 
     return terms
 
 
-def block_saved(family, cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
-    """Block i's saved tensors (no checkpointing), given whether its input needs grad; returns them, whether
-    its output needs grad, and whether RoPE's cos/sin are saved in it."""
-    sh = family.shape(cfg)
-    b, s, h, f = spec.batch_size, spec.seq_len, sh.h, sh.f
-    e, em = w.e_r, w.e_m  # (under autocast the norms' outputs stay fp32, e_r; the matmuls' are e_m)
-    inv = [t for t in family.inventory(cfg) if t.kind == "param" and t.block == i]
-    numel = {t.name: t.numel for t in inv}
-    role_trains = lambda role: any(t.name in trains for t in inv if t.role == role)
-    mods = {t.name.rsplit(".", 1)[0]: t.role for t in inv if not t.is_bias}
-    terms: list[Term] = []
-    shared: set = set()
+class BlockWalk:
+    """One walk of block i in forward order: the terms saved so far, the inputs already saved (`shared`), and
+    what trains. trains None: every tensor trains (full training). weights_cached: autocast's copies of the
+    training weights are counted once outside the blocks (full training's cache term, planner/estimate/training.py
+    autocast_weight_bytes), not as the saves of the matmuls that hold them."""
 
-    def linear_group(role: str, x_rg: bool, n_in: int, key) -> dict[str, bool]:
+    def __init__(self, family, cfg, spec, w, i: int, trains: set | None, adapted: dict, weights_cached: bool = False):
+        self.family, self.cfg, self.spec, self.w = family, cfg, spec, w
+        self.sh = family.shape(cfg)
+        self.b, self.s, self.h = spec.batch_size, spec.seq_len, self.sh.h
+        self.e, self.em = w.e_r, w.e_m  # (under autocast the norms' outputs stay fp32, e_r; the matmuls' are e_m)
+        self.inv = [t for t in family.inventory(cfg) if t.kind == "param" and t.block == i]
+        self.numel = {t.name: t.numel for t in self.inv}
+        # the block's nn.Linear modules (their `.weight`; a MoE's 3-D expert tensors are not Linears) by role
+        self.mods = {t.name.rsplit(".", 1)[0]: t.role for t in self.inv if not t.is_bias and t.name.endswith(".weight")}
+        self.all_train = trains is None
+        self._trains = trains or set()
+        self.adapted = adapted
+        self.weights_cached = weights_cached
+        self.terms: list[Term] = []
+        self.shared: set = set()
+
+    def trains(self, name: str) -> bool:
+        return self.all_train or name in self._trains
+
+    def role_trains(self, role: str) -> bool:
+        return any(self.trains(t.name) for t in self.inv if t.role == role)
+
+    def linear_group(self, role: str, x_rg: bool, n_in: int, key) -> dict[str, bool]:
         """The role's linears reading one input: base saves (their input once, if a weight trains) and
         adapters; returns output name -> needs grad."""
+        b, s, e, em, w, spec = self.b, self.s, self.e, self.em, self.w, self.spec
+        terms, shared = self.terms, self.shared
         out = {}
         where = "mlp" if role.startswith("mlp") else "block"
         part = role if role in ("attn.in", "attn.out", "mlp.out") else ""
-        names = [m for m, r in mods.items() if r == role]
+        names = [m for m, r in self.mods.items() if r == role]
         if w.amp:
             # autocast (tests/test_finetune_amp_facts.py): each Linear casts its input itself (no cache for a
             # non-leaf) and saves that e_m copy when its weight trains; when its input needs grad it saves its
             # weight's e_m copy (a frozen weight is not cached: a fresh copy per use, held by the graph)
             for m in names:
-                lin = adapted.get(m)
+                lin = self.adapted.get(m)
                 short = m.rsplit(".", 1)[1]
-                if f"{m}.weight" in trains and key not in shared:
+                trains = self.trains(f"{m}.weight")
+                if trains and key not in shared:
                     # (an input saved already in e_m, SDPA's output for o_proj, is not copied: the cast of
                     # an e_m tensor to e_m is the tensor itself; measured: llama V97 h32 s256 last:1 bf16-amp)
                     terms.append(Term(f"{short} input autocast copy (weight trains)", "b*s*in*e_m",
                                       b * s * n_in * em, True, where, part))
-                if x_rg:
-                    cached = " (trains: autocast-cached)" if f"{m}.weight" in trains else ""
+                if x_rg and not (trains and self.weights_cached):
+                    cached = " (trains: autocast-cached)" if trains else ""
                     terms.append(Term(f"{short} weight autocast copy (input needs grad){cached}", "out*in*e_m",
-                                      numel[f"{m}.weight"] * em, True, where, part))
+                                      self.numel[f"{m}.weight"] * em, True, where, part))
                 if lin:
                     terms.extend(adapter_amp(short, b, s, n_in, lin.n_out, spec, em, x_rg, where, part))
-                out[short] = x_rg or bool(lin) or f"{m}.weight" in trains
+                out[short] = x_rg or bool(lin) or trains
             return out
-        if any(f"{m}.weight" in trains for m in names) and key not in shared:
+        if any(self.trains(f"{m}.weight") for m in names) and key not in shared:
             terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e, True, where, part))
             shared.add(key)
         for m in names:
-            lora = m in adapted
+            lora = m in self.adapted
             if lora:
                 terms.extend(parts.lora_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key, where, part))
-            out[m.rsplit(".", 1)[1]] = x_rg or lora or f"{m}.weight" in trains
+            out[m.rsplit(".", 1)[1]] = x_rg or lora or self.trains(f"{m}.weight")
         return out
 
-    terms += family.ft_norm("input norm", b, s, h, e, g, role_trains("norm.attn"), part="norm.attn")
-    n1 = g or role_trains("norm.attn")
-    outs = linear_group("attn.in", n1, h, "n1")
-    q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
-    qk_terms, q, k = family.ft_qk_norm(sh, b, s, em, q, k, role_trains("norm.other"))  # Qwen 3's q/k norms
-    terms += qk_terms
+    def gated_mlp(self, gate: bool, up: bool, f: int, fused: bool = False) -> bool:
+        """down(act(gate(x)) * up(x)) after its input projections (whether gate's and up's outputs need grad),
+        f wide: the activation saves its input(s) (ACTIVATION_SAVED) when gate needs grad, the product each
+        operand for the other's grad; returns whether the product (down's input) needs grad. Fused (Phi-3's
+        gate_up_proj): gate and up are halves of one b*s*2f output, saved whole by the activation (gate) and
+        the product (up); the activation's tensors beyond its input come on top (as parts.glu_mlp)."""
+        b, s, em, act = self.b, self.s, self.em, self.sh.act
+        bsf = b * s * f
+        n_act = ACTIVATION_SAVED[act]
+        if fused:
+            if gate:  # (gate and up are one tensor: both need grad or neither)
+                extra = max(n_act - 1, 0)
+                self.terms += [
+                    Term("gate_up output (gate and up halves: the activation's input, the product's operand)",
+                         "2*b*s*f*e_m", 2 * bsf * em, True, "mlp", "mlp.up_out"),
+                    Term(f"{act} output (the product's grad for up)" + (f", {extra} more {act} tensors" if extra else ""),
+                         f"{1 + extra}*b*s*f*e_m", (1 + extra) * bsf * em, True, "mlp", "mlp.act_out")]
+            return gate
+        if gate:
+            self.terms.append(Term(f"{act} saved input(s)", "n_act*b*s*f*e", n_act * bsf * em, True, "mlp"))
+        if up:
+            self.terms.append(Term(f"{act} output (the product's grad for up)", "b*s*f*e", bsf * em, True, "mlp",
+                                   "mlp.act_out"))
+        if gate:
+            self.terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * em, True,
+                                   "mlp", "mlp.up_out"))
+        return gate or up
+
+
+def block_saved(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapted: dict,
+                weights_cached: bool = False) -> tuple[list[Term], bool, bool]:
+    """Block i's saved tensors (no checkpointing), given whether its input needs grad; returns them, whether
+    its output needs grad, and whether RoPE's cos/sin are saved in it. trains None: every tensor trains;
+    weights_cached: BlockWalk's."""
+    wk = BlockWalk(family, cfg, spec, w, i, trains, adapted, weights_cached)
+    sh, b, s, h, e, em = wk.sh, wk.b, wk.s, wk.h, wk.e, wk.em
+    wk.terms += family.ft_norm("input norm", b, s, h, e, g, wk.role_trains("norm.attn"), part="norm.attn")
+    n1 = g or wk.role_trains("norm.attn")
+    outs = wk.linear_group("attn.in", n1, h, "n1")
+    if family.fused_qkv:  # (Phi-3: q, k and v are views of one qkv_proj output)
+        q = k = v = outs.get("qkv_proj", False)
+    else:
+        q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
+    qk_terms, q, k = family.ft_qk_norm(sh, b, s, em, q, k, wk.role_trains("norm.other"))  # Qwen 3's q/k norms
+    wk.terms += qk_terms
     rope = q or k
     attn_rg = q or k or v
     if attn_rg and sh.attention == "sdpa":
         # SDPA's CPU kernel saves q, k, v, its output and logsumexp whichever input needs grad (measured)
-        terms += parts.attention(sh, b, s, w, masked=family.masked(cfg, spec))
-        terms += family.mask_terms(cfg, spec, w)
-        shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
+        wk.terms += parts.attention(sh, b, s, w, masked=family.masked(cfg, spec))
+        wk.terms += family.mask_terms(cfg, spec, w)
+        if family.sdpa_output_is_o_input:
+            wk.shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
     elif attn_rg:
-        terms += eager_attention(sh, b, s, w, q or k, q, k, v)
-        terms += family.ft_attention_extra(cfg, sh, b, s, em, q, k)  # (Gemma 2's soft-capped scores)
-    o = linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
+        wk.terms += eager_attention(sh, b, s, w, q or k, q, k, v)
+        wk.terms += family.ft_attention_extra(cfg, sh, b, s, em, q, k)  # (Gemma 2's soft-capped scores)
+    o = wk.linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
     post, post_rg = family.ft_post_norm("post-attention norm (attention output)", b, s, h, e, any(o.values()),
-                                        role_trains("norm.other"), "norm.post_attn")  # (Gemma 2's sandwich norms)
-    terms += post
+                                        wk.role_trains("norm.other"), "norm.post_attn")  # (Gemma 2's sandwich norms)
+    wk.terms += post
     g = post_rg or g
-    terms += family.ft_norm("post-attention norm", b, s, h, e, g, role_trains("norm.mlp"), part="norm.mlp")
-    n2 = g or role_trains("norm.mlp")
-    mlp = linear_group("mlp.in", n2, h, "n2")
-    gate, up = mlp.get("gate_proj", False), mlp.get("up_proj", False)
-    bsf = b * s * f
-    if gate:
-        terms.append(Term(f"{sh.act} saved input(s)", "n_act*b*s*f*e", ACTIVATION_SAVED[sh.act] * bsf * em, True, "mlp"))
-    if up:
-        terms.append(Term(f"{sh.act} output (the product's grad for up)", "b*s*f*e", bsf * em, True, "mlp", "mlp.act_out"))
-    if gate:
-        terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * em, True, "mlp",
-                          "mlp.up_out"))
-    prod_rg = gate or up
-    down = linear_group("mlp.out", prod_rg, f, "prod")
-    post, post_rg = family.ft_post_norm("post-feedforward norm (MLP output)", b, s, h, e, any(down.values()),
-                                        role_trains("norm.other"), "norm.post_mlp", "mlp")  # the MLP's saves
-    terms += post
+    wk.terms += family.ft_norm("post-attention norm", b, s, h, e, g, wk.role_trains("norm.mlp"), part="norm.mlp")
+    n2 = g or wk.role_trains("norm.mlp")
+    mlp_rg = family.saved_mlp(wk, n2)  # the family's MLP (dense gated, or a MoE's router and experts)
+    post, post_rg = family.ft_post_norm("post-feedforward norm (MLP output)", b, s, h, e, mlp_rg,
+                                        wk.role_trains("norm.other"), "norm.post_mlp", "mlp")  # the MLP's saves
+    wk.terms += post
     g = post_rg or g
-    return terms, g, rope
+    return wk.terms, g, rope
