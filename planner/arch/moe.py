@@ -123,47 +123,49 @@ class MoEDecoder(RMSDecoder):
         return ops
 
     # ---- saved tensors --------------------------------------------------------------------------------
-    def moe_terms(self, c, spec, w) -> list[Term]:
-        """The sparse block's saved tensors (module docstring)."""
-        N, h, E, k, f = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
+    def saved_mlp(self, wk, rg_in: bool) -> bool:
+        """The sparse block in the block walk (planner/arch/saved.py BlockWalk; its saved tensors: the module
+        docstring), by what needs grad: the router and Qwen2-MoE's shared expert and shared_expert_gate are
+        Linears reading the block's normed input (one saved input, or under autocast one e_m copy per Linear
+        whose weight trains); the shared expert is a gated MLP (BlockWalk.gated_mlp, its down_proj the mlp.out
+        Linear); sigmoid(shared_expert_gate(x)) * shared_expert(x) saves the sigmoid output and the shared
+        expert's output. The routed part (softmax, top-k, dispatch, the experts' grouped GEMMs, the combine)
+        saves its whole set once anything in it needs grad (its input, the router or the experts). Measured
+        with every tensor training (full training); MoE fine-tuning is refused (lora_supported False), so a
+        frozen router or frozen experts are not measured."""
+        c, w = wk.cfg, wk.w
+        N, h, E, k, f = wk.b * wk.s, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
         e_x = 4 if w.amp else w.e_m  # the experts run in the parameters' dtype
+        ins = wk.linear_group("mlp.in", rg_in, h, "n2")
+        out_rg = False
         fs = self.shared_expert_size(c)
-        # the block's input is read by the router (and the shared expert's gate_proj, up_proj and
-        # shared_expert_gate): one tensor, or under autocast one bf16 copy per linear
-        terms = [parts.projection_inputs("router" + (", shared expert, shared_expert_gate" if fs else ""),
-                                         4 if fs else 1, spec.batch_size, spec.seq_len, h, w, where="mlp")]
         if fs:
-            sh = dataclasses.replace(RMSDecoder.shape(self, c), f=fs)
-            terms += parts.glu_mlp(sh, spec.batch_size, spec.seq_len, w)
-            terms.append(Term("shared_expert_gate sigmoid output and shared expert output (its product's operands)",
-                              "b*s*e_m + b*s*h*e_m", N * w.e_m + N * h * w.e_m, True, "mlp"))
+            prod_rg = wk.gated_mlp(ins.get("gate_proj", False), ins.get("up_proj", False), fs)
+            shared_rg = any(wk.linear_group("mlp.out", prod_rg, fs, "shared_prod").values())
+            if shared_rg or ins.get("shared_expert_gate", False):
+                wk.terms.append(Term("shared_expert_gate sigmoid output and shared expert output (its product's "
+                                     "operands)", "b*s*e_m + b*s*h*e_m", N * w.e_m + N * h * w.e_m, True, "mlp"))
+                out_rg = True
+        routed_rg = (rg_in or ins.get(self.router_name.rsplit(".", 1)[1], False)
+                     or any(wk.trains(t.name) for t in wk.inv if ".experts." in t.name))
+        if not routed_rg:
+            return out_rg
         e_rw = 4 if self.fp32_routing_weights else w.e_m
-        terms += [Term("router softmax output (fp32)", "4*b*s*E", 4 * N * E, True, "mlp"),
-                 Term("top-k indices (int64)", "8*b*s*k", 8 * N * k, True, "mlp")]
+        wk.terms += [Term("router softmax output (fp32)", "4*b*s*E", 4 * N * E, True, "mlp"),
+                     Term("top-k indices (int64)", "8*b*s*k", 8 * N * k, True, "mlp")]
         if self.renormalises(c):
-            terms.append(Term("top-k renormalisation: fp32 sum and values", "4*b*s + 4*b*s*k", 4 * N + 4 * N * k,
-                              True, "mlp"))
-        terms += [Term("dispatch: sort permutation, gather index, inverse permutation (int64)", "24*b*s*k",
-                       24 * N * k, True, "mlp"),
-                  Term("grouped GEMM offsets (int32)", "4*E", 4 * E, True, "mlp"),
-                  Term("gathered tokens and experts' down output", "2*b*s*k*h*e_x", 2 * N * k * h * e_x, True, "mlp"),
-                  Term("experts' gate_up output, activation output, product", "4*b*s*k*f*e_x", 4 * N * k * f * e_x,
-                       True, "mlp"),
-                  Term("sorted routing weights" + (" (fp32)" if self.fp32_routing_weights else ""),
-                       "4*b*s*k" if self.fp32_routing_weights else "b*s*k*e_m", N * k * e_rw, True, "mlp")]
-        return terms
-
-    def block_terms(self, c, spec, w) -> list[Term]:
-        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
-        x = self.shape(c)
-        terms = (self.norm_terms("input_layernorm", b, s, h, w, part="norm.attn")
-                 + [parts.projection_inputs("q/k/v projection", 3, b, s, h, w, part="attn.in")])
-        if self.qk_norm:
-            terms += parts.head_rms_norms(x, b, s, w)
-        terms += parts.attention(x, b, s, w, masked=self.masked(c, spec))
-        terms += self.mask_terms(c, spec, w)
-        terms += self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.mlp")
-        return terms + self.moe_terms(c, spec, w)
+            wk.terms.append(Term("top-k renormalisation: fp32 sum and values", "4*b*s + 4*b*s*k", 4 * N + 4 * N * k,
+                                 True, "mlp"))
+        wk.terms += [Term("dispatch: sort permutation, gather index, inverse permutation (int64)", "24*b*s*k",
+                          24 * N * k, True, "mlp"),
+                     Term("grouped GEMM offsets (int32)", "4*E", 4 * E, True, "mlp"),
+                     Term("gathered tokens and experts' down output", "2*b*s*k*h*e_x", 2 * N * k * h * e_x, True,
+                          "mlp"),
+                     Term("experts' gate_up output, activation output, product", "4*b*s*k*f*e_x",
+                          4 * N * k * f * e_x, True, "mlp"),
+                     Term("sorted routing weights" + (" (fp32)" if self.fp32_routing_weights else ""),
+                          "4*b*s*k" if self.fp32_routing_weights else "b*s*k*e_m", N * k * e_rw, True, "mlp")]
+        return True
 
     # ---- backward high points -------------------------------------------------------------------------
     def block_points(self, c, spec, w, x) -> dict[str, int]:
