@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import ACTIVATION_SAVED
 from .terms import Term
 
 # integrations/sdpa_attention.py use_gqa_in_sdpa: enable_gqa only without a mask and head_dim <= 256.
@@ -53,33 +52,6 @@ def gemma_rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where:
     return [Term(f"GemmaRMSNorm fp32 input and normed x ({label})", "8*b*s*h", 8 * b * s * h, per_layer, where, part),
             Term(f"GemmaRMSNorm rsqrt and 1 + weight ({label})", "4*b*s + 4*h", 4 * b * s + 4 * h, per_layer, where,
                  part)]
-
-
-def projection_inputs(label: str, n: int, b: int, s: int, h: int, w, where: str = "block", part: str = "") -> Term:
-    """n Linear layers reading one input save its 2-D view once; under autocast each casts the input
-    itself (only leaf weights are cached: autocast_mode.cpp cached_cast), so n low-precision copies."""
-    k = n if w.amp else 1
-    return Term(f"{label} input" + (f" ({n} autocast copies)" if w.amp and n > 1 else ""), f"{k}*b*s*h*e_m",
-                k * b * s * h * w.e_m, True, where, part)
-
-
-def glu_mlp(x: Shape, b: int, s: int, w, fused: bool = False) -> list[Term]:
-    """Gated MLP down(act(gate(x)) * up(x)) (LlamaMLP; Phi3MLP with a fused gate_up projection, whose
-    output gate and up are halves of one b*s*2f tensor). Saved: what the activation keeps (its input
-    for silu/gelu, its output for relu, four tensors for the Python tanh-GELUs), act output and up (the
-    product's inputs), the product (down_proj's input)."""
-    bsf = b * s * x.f
-    n_act = ACTIVATION_SAVED[x.act]
-    if fused:
-        # gate and up are views of gate_up's output: one b*s*2f storage, saved by the activation (gate)
-        # and the product (up); the activation's tensors beyond its input come on top.
-        extra = max(n_act - 1, 0)
-        return [Term("gate_up output (gate and up halves)", "2*b*s*f*e_m", 2 * bsf * w.e_m, True, "mlp"),
-                Term(f"{x.act} output, gated product" + (f", {extra} more {x.act} tensors" if extra else ""),
-                     f"{2 + extra}*b*s*f*e_m", (2 + extra) * bsf * w.e_m, True, "mlp")]
-    return [Term(f"{x.act} saved tensors" if n_act != 1 else f"{x.act} input (gate_proj output)",
-                 f"{n_act}*b*s*f*e_m", n_act * bsf * w.e_m, True, "mlp"),
-            Term(f"{x.act} output, up_proj output, gated product", "3*b*s*f*e_m", 3 * bsf * w.e_m, True, "mlp")]
 
 
 def attention(x: Shape, b: int, s: int, w, masked: bool = False) -> list[Term]:

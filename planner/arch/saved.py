@@ -140,7 +140,7 @@ class BlockWalk:
         f wide: the activation saves its input(s) (ACTIVATION_SAVED) when gate needs grad, the product each
         operand for the other's grad; returns whether the product (down's input) needs grad. Fused (Phi-3's
         gate_up_proj): gate and up are halves of one b*s*2f output, saved whole by the activation (gate) and
-        the product (up); the activation's tensors beyond its input come on top (as parts.glu_mlp)."""
+        the product (up); the activation's tensors beyond its input come on top."""
         b, s, em, act = self.b, self.s, self.em, self.sh.act
         bsf = b * s * f
         n_act = ACTIVATION_SAVED[act]
