@@ -62,8 +62,8 @@ class Family:
     subset_supported: ClassVar[bool] = False
     qlora_supported: ClassVar[bool] = True  # with lora_supported, a transformers decoder: QLoRA measured on it
     tp_supported: ClassVar[bool] = False  # torchtitan's TP plan applies (planner/measure/tensor_parallel.py), measured
-    # A family whose block is not the transformers decoder's (planner/estimate/finetune.py block_saved walks that
-    # one) walks its own fine-tuning step: finetune_check / finetune_step below (the book's GPT-2).
+    # A family whose block is not the transformers decoder's (planner/arch/saved.py walks that one) walks its
+    # own fine-tuning step: finetune_check / finetune_step below (the book's GPT-2).
     own_finetune_step: ClassVar[bool] = False
 
     def finetune_check(self, cfg, spec) -> None:
@@ -220,7 +220,8 @@ class Family:
 
     # ---- estimate ------------------------------------------------------------------------------------
     def block_terms(self, cfg, spec, w) -> list:
-        """Tensors one block saves for backward (Term objects, per_layer=True)."""
+        """Tensors one block saves for backward in full training (Term objects, per_layer=True); a transformers
+        decoder's is its block walk with everything training (planner/arch/decoder.py RMSDecoder.saved)."""
         raise NotImplementedError
 
     def outside_terms(self, cfg, spec, w) -> list:

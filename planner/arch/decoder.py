@@ -77,7 +77,7 @@ class RMSDecoder(HFCausalLM):
     # qwen2, qwen3, gemma, gemma2 (peft/utils/constants.py); Phi-3 has none there
     # Fine-tuning terms are measured for the plain RMSNorm decoders (Llama, Mistral, Qwen 2, Qwen 3), which
     # set these, and so do Gemma and Gemma 2 (GemmaRMSNorm, sandwich norms, soft-capping: planner/estimate/finetune.py);
-    # Phi-3's fused projections are not modelled yet.
+    # Phi-3's fused projections are walked (planner/arch/saved.py) but their fine-tuning is not measured yet.
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
     # --offload-activations' host copies (offload_copies below) were first measured for the plain Llama-shaped
@@ -417,8 +417,8 @@ class RMSDecoder(HFCausalLM):
 
     def ft_qk_norm(self, x: parts.Shape, b: int, s: int, e: int, q: bool, k: bool,
                    qk_trains: bool) -> tuple[list[Term], bool, bool]:
-        """Qwen 3's q_norm / k_norm (RMSNorm over head_dim, models/qwen3/modeling_qwen3.py; parts.head_rms_norms
-        for full training): each saves its fp32 input and an fp32 rsqrt per head when its input (the
+        """Qwen 3's q_norm / k_norm (RMSNorm over head_dim, models/qwen3/modeling_qwen3.py) in the block
+        walk, full training's too: each saves its fp32 input and an fp32 rsqrt per head when its input (the
         projection's output) needs grad, and its normed x (e_m) when its weight trains; a training norm weight
         makes its output need grad. Returns the terms and whether q and k then need grad."""
         if not self.qk_norm:

@@ -107,7 +107,7 @@ class Gemma(RMSDecoder):
 
     def ft_norm(self, label: str, b: int, s: int, h: int, e_r: int, rg_in: bool, trains: bool, part: str = "",
                 where: str = "block") -> list[Term]:
-        """GemmaRMSNorm (models/gemma/modeling_gemma.py; parts.gemma_rms_norm for full training):
+        """GemmaRMSNorm (models/gemma/modeling_gemma.py) in the block walk, full training's too:
         self._norm(x.float()) * (1.0 + self.weight.float()), all in fp32, then type_as(x). By what needs grad:
         its fp32 input and rsqrt, and the fp32 (1 + weight) (h wide) when its input needs grad; the fp32 normed
         x (not e_r, as Llama's) when its weight trains."""

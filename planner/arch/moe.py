@@ -59,7 +59,7 @@ class MoEDecoder(RMSDecoder):
     renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob
     fp32_routing_weights: ClassVar[bool] = True  # Mixtral keeps the top-k weights fp32; Qwen casts them back to
     # the router logits' dtype (router_top_value.to(router_logits.dtype))
-    lora_supported: ClassVar[bool] = False    # fine-tuning of MoE families is not modelled yet
+    lora_supported: ClassVar[bool] = False    # fine-tuning of MoE families is walked (saved_mlp), not measured yet
     subset_supported: ClassVar[bool] = False
     qlora_supported: ClassVar[bool] = False
 

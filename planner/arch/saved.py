@@ -150,7 +150,8 @@ class BlockWalk:
                 self.terms += [
                     Term("gate_up output (gate and up halves: the activation's input, the product's operand)",
                          "2*b*s*f*e_m", 2 * bsf * em, True, "mlp", "mlp.up_out"),
-                    Term(f"{act} output (the product's grad for up)" + (f", {extra} more {act} tensors" if extra else ""),
+                    Term(f"{act} output (the product's grad for up)"
+                         + (f", {extra} more {act} tensors" if extra else ""),
                          f"{1 + extra}*b*s*f*e_m", (1 + extra) * bsf * em, True, "mlp", "mlp.act_out")]
             return gate
         if gate:
