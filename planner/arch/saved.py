@@ -67,6 +67,26 @@ def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: 
     return terms
 
 
+_BLOCK_PARAMS: dict = {}
+
+
+def block_params(family, cfg, i: int) -> list:
+    """Block i's parameters (TensorSpecs, registration order), memoised per config as planner/accounting.py
+    per_config memoises the inventory (the key is the config's repr, which lists every field): the app
+    re-estimates on every slider move and a fit bisects, and the walk runs once per block."""
+    key = (family.arch, repr(cfg))
+    blocks = _BLOCK_PARAMS.get(key)
+    if blocks is None:
+        if len(_BLOCK_PARAMS) > 4096:
+            _BLOCK_PARAMS.clear()
+        blocks = {}
+        for t in family.inventory(cfg):
+            if t.kind == "param" and t.block is not None:
+                blocks.setdefault(t.block, []).append(t)
+        _BLOCK_PARAMS[key] = blocks
+    return blocks.get(i, [])
+
+
 class BlockWalk:
     """One walk of block i in forward order: the terms saved so far, the inputs already saved (`shared`), and
     what trains. trains None: every tensor trains (full training). weights_cached: autocast's copies of the
@@ -78,7 +98,7 @@ class BlockWalk:
         self.sh = family.shape(cfg)
         self.b, self.s, self.h = spec.batch_size, spec.seq_len, self.sh.h
         self.e, self.em = w.e_r, w.e_m  # (under autocast the norms' outputs stay fp32, e_r; the matmuls' are e_m)
-        self.inv = [t for t in family.inventory(cfg) if t.kind == "param" and t.block == i]
+        self.inv = block_params(family, cfg, i)
         self.numel = {t.name: t.numel for t in self.inv}
         # the block's nn.Linear modules (their `.weight`; a MoE's 3-D expert tensors are not Linears) by role
         self.mods = {t.name.rsplit(".", 1)[0]: t.role for t in self.inv if not t.is_bias and t.name.endswith(".weight")}
