@@ -12,8 +12,12 @@ from the family's inventory (roles, not names):
     x cast to the adapter's dtype first) saves lora_A's input (x itself, its fp32 copy on a bf16 base, or
     the dropout's output when lora_dropout > 0, with the dropout's fp32 noise when x needs grad) and
     lora_B's input, the b*s*r output of lora_A, in the adapter dtype (fp32: peft's autocast_adapter_dtype).
-The family (planner/arch/decoder.py RMSDecoder.saved) answers its own pieces through its ft_* hooks.
-Measured against transformers' models with peft 0.21 on the CPU (tests/test_finetune.py, `bench finetune`).
+The family (planner/arch/decoder.py RMSDecoder.saved) answers its own pieces through its ft_* hooks and its
+MLP through saved_mlp (the gated MLP, Phi-3's fused one, a MoE's router and experts: planner/arch/moe.py).
+Full training is one case of the walk: every tensor trains (trains None) and autocast's weight copies are left
+to full training's cache term (RMSDecoder.block_terms); frozen layers and LoRA are other masks.
+Measured against transformers' models with peft 0.21 on the CPU (tests/test_finetune.py, `bench finetune`;
+full training: the accuracy and families grids, tests/test_recorded.py).
 """
 from __future__ import annotations
 
