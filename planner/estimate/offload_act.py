@@ -137,6 +137,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
         points = {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in points.items()}
+    if hasattr(family, "offload_backward_points"):  # a family whose backward the generic sweep does not hold
+        points = family.offload_backward_points(cfg, spec, w, points)
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
     backward = base + max(ce_start, grads_end, max(points.values()))
