@@ -397,14 +397,43 @@ class HFGPT2(HFCausalLM):
         """--offload-activations' device terms alive but not saved: the DynamicCache's k and v copies (c_attn's
         dtype, 2*L*b*s*h*e_m; off under checkpointing), under checkpointing the position_ids every checkpointed
         block is given (8*s int64, held by checkpoint's recompute closure while wpe's saved copy is on the host:
-        measured, 384 B missing from every phase of V2000 h48 b2 s48 without it), and the forward's MLP point: the
-        activation's live b*s*f tensors (INFER_ACT_LIVE: gelu_new's x, 0.5*x, pow and its product) beside the
-        residual and ln_2's output."""
+        measured, 384 B missing from every phase of V2000 h48 b2 s48 without it); the forward's MLP point is
+        offload_forward_points'."""
         b, s, h = spec.batch_size, spec.seq_len, c.n_embd
         cache = 0 if spec.checkpointing else 2 * c.n_layer * b * s * h * w.e_m
         held = 8 * s if spec.checkpointing else 0
+        return cache, held, 0  # the MLP point: offload_forward_points
+
+    def offload_forward_points(self, c: HFGPT2Config, spec, w) -> dict[str, int]:
+        """--offload-activations' forward high point in the last block beyond the persistent state, autocast's
+        cache and the KV cache (planner/estimate/offload_act.py adds those): the activation inside the MLP. Alive:
+        GPT2Model.forward's locals inputs_embeds (b*s*h*e_r), position_embeds (s*h*e_r) and position_ids (8*s;
+        under checkpointing counted as held by the checkpoint), the block's input (its caller's), attn_output
+        (b*s*h*e_m, c_proj's or its dropout's output), the residual and ln_2's output (b*s*h*e_r each) and the
+        activation's live b*s*f tensors (INFER_ACT_LIVE); autocast has not cast the MLP c_proj's weight and bias
+        nor the tied head's wte yet, (f*h + h + V*h)*e_m less than its whole cache (measured on the op timeline:
+        GPT-2 V97 h32 b2 s256 fp32, 1,861,248 B, and V1000 h64 b2 s64 bf16-AMP)."""
+        b, s, h, f, V, a = spec.batch_size, spec.seq_len, c.n_embd, c.inner, c.vocab_size, c.n_head
+        bsh = b * s * h
         live = self.INFER_ACT_LIVE.get(c.activation_function, 2)
-        return cache, held, live * b * s * c.inner * w.e_m + 2 * b * s * h * w.e_r
+        locals_ = bsh * w.e_r + s * h * w.e_r + (0 if spec.checkpointing else 8 * s)
+        e_c = w.e_m if w.amp else 0  # autocast's copies
+        points = {"mlp": locals_ + 3 * bsh * w.e_r + bsh * w.e_m + live * b * s * f * w.e_m - (f * h + h + V * h) * e_c,
+                  # the MLP's c_proj: the activation's output and c_proj's (b*s*h*e_m), its weight and bias cast
+                  # now (measured: V97 h96 b4 s8 bf16-AMP, 6,336 B above the activation's point)
+                  "mlp c_proj": locals_ + 3 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f * w.e_m - V * h * e_c,
+                  # lm_head: ln_f's output (kept by the model output), its autocast copy and the logits
+                  "head": bsh * w.e_r + bsh * e_c + b * s * V * w.e_m}
+        if not self._flash(c, spec):
+            # SDPA's math kernel (dropout on the CPU), beside the block's input, ln_1's output, c_attn's output
+            # (3*b*s*h*e_m): fp32 copies of q, k, v below fp32, the fp32 (s, s) causal mask built by where(), k's
+            # contiguous copy for the bmm (b*s*h*4) and three fp32 b*a*s^2: the probabilities, the dropout's noise
+            # and its output (measured: V1000 h64 a4 b2 s64 fp32, bf16 and bf16-AMP, 442,368 / 540,672 B over
+            # the level after c_attn); autocast has not cast the attention's c_proj nor the MLP's weights, nor wte
+            points["attention"] = (locals_ + 2 * bsh * w.e_r + 3 * bsh * w.e_m + (3 * bsh * 4 if w.e_m < 4 else 0)
+                                   + s * s * 4 + bsh * 4 + 3 * b * a * s * s * 4
+                                   - (h * h + h + h * f + f + f * h + h + V * h) * e_c)
+        return points
 
     # live b*s*f tensors at gelu_new's backward high point with its saved tensors on the host: the incoming grad
     # and five temporaries of the tanh-formula's chain rule (pow's backward: x^2, 3*x^2, grad*3*x^2 while the tanh
@@ -439,19 +468,21 @@ class HFGPT2(HFCausalLM):
         b, s, h, f, V, L, a = spec.batch_size, spec.seq_len, c.n_embd, c.inner, c.vocab_size, c.n_layer, c.n_head
         bsh, bsf, bsV = b * s * h, b * s * f, b * s * V
         e_p = 2 if spec.precision == "bf16" else 4
-        bsh_saved = b * s * h * w.e_r if c.embd_pdrop > 0 else 0
-        if spec.checkpointing:
-            return {k: v - bsh_saved if "block" in k else v for k, v in points.items()}
         e_w, amp, tail = w.e_m, w.amp, 2 * w.e_ce
         # parameter counts: GPT2Block's ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj; the head (tied wte, ln_f)
         ln, c_attn, attn_proj, c_fc, mlp_proj = 2 * h, 3 * h * h + 3 * h, h * h + h, h * f + f, f * h + h
         block = 2 * ln + c_attn + attn_proj + c_fc + mlp_proj
         head = V * h + 2 * h
         grads_all = head + L * block + c.n_positions * h
+        # the step's backward peak at full size, checkpointed or not (hf-gpt2-xl b1 s1024 bf16-AMP SGD: without it
+        # the checkpointed estimate was -1.51% against the simulation)
+        embedding = {"embedding (tied accumulation)": (grads_all + 2 * V * h) * e_p + tail}
+        if spec.checkpointing:
+            bsh_saved = b * s * h * w.e_r if c.embd_pdrop > 0 else 0
+            return {**{k: v - bsh_saved if "block" in k else v for k, v in points.items()}, **embedding}
         out = {"head": max(bsV * (w.e_ce + (w.e_m if amp else 0)),
                            bsV * w.e_m + V * h * e_w + bsh * w.e_m,
-                           V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail,
-               "embedding (tied accumulation)": (grads_all + 2 * V * h) * e_p + tail}
+                           V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail, **embedding}
         drop = bsh * w.e_m if c.resid_pdrop > 0 else 0
         n_act = self.OFFLOAD_ACT_BACKWARD_LIVE[c.activation_function]
         for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
