@@ -36,7 +36,7 @@ def pack_hook_bytes(cfg, b, s, prec, ckpt) -> int:
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16-amp")
     with torch.autograd.graph.saved_tensors_hooks(lambda t: total.append(t.numel() * t.element_size()) or t,
                                                   lambda t: t), amp:
-        fam.loss(model, x, x, "labels", lambda p: None)
+        fam.loss(model, x, x, getattr(fam, "default_loss", "labels"), lambda p: None)
     return sum(total)
 
 

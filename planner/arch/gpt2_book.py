@@ -244,6 +244,66 @@ class BookGPT2(Family):
             return 2 * w.e_m
         return 4 if (c.attention == "sdpa" and w.e_m < 4) else 0
 
+    # ---- --offload-activations (planner/estimate/offload_act.py) -------------------------------------------
+    def offload_copies(self, c: GPT2Config, spec, w) -> list[Term] | None:
+        """What save_on_cpu copies to the host, saved variable by saved variable (measured: a saved_tensors_hooks
+        inventory of planner/models/gpt2.py's GPTModel under torch 2.13, V1000 h64 a4 b2 s64 dropout 0.1 and
+        V500 h48 b2 s48 dropout 0, eager and SDPA, fp32 and bf16-AMP; the sum equals the pack hook's bytes).
+        Per block: each written-out LayerNorm saves x (var), x - mean and std (the division; sqrt saves std too),
+        norm_x and the scale (the mul); W_query, W_key, W_value each save their input (e_m: one autocast copy each)
+        and weight (e_m; a bias is not saved); the attention: eager q and k^T (the first matmul), the (s, s) bool
+        mask (masked_fill_; the slice's own numel), softmax's output, the dropout's noise (drop_rate > 0), v and
+        the probabilities (the second matmul; with drop_rate 0 the softmax output saved a second time), all e_m;
+        SDPA's math kernel (dropout on the CPU) fp32 q, k^T, v, softmax output, noise and dropped probabilities;
+        SDPA's flash kernel q, k, v, output (e_m) and an fp32 (b, a, s) logsumexp; out_proj its input and weight;
+        the feed-forward's Linears their inputs and weights, the GELU x (pow), the 0-d sqrt(2/pi) constant, tanh's
+        output, 0.5*x and 1 + tanh; each residual dropout its noise (e_m). Outside: the token ids and positions
+        (int64), the embedding dropout's noise (e_r), the final norm, out_head's weight (V*h*e_m, untied) and
+        input, and the loss: log_softmax's output (saved by itself and by nll_loss), the int64 target and the
+        0-d total_weight. Under checkpointing each block's input (b*s*h*e_r) is what save_on_cpu copies."""
+        b, s, h, a, V = spec.batch_size, spec.seq_len, c.emb_dim, c.n_heads, c.vocab_size
+        bsh, bsf, bas2, f = b * s * h, b * s * 4 * h, b * a * s * s, 4 * h
+        e_p = 2 if spec.precision == "bf16" else 4
+        p = c.drop_rate > 0
+
+        def ln(label, per_layer=True, where="block"):
+            return Term(f"host: LayerNorm ({label}): x, x - mean, norm_x, std x2, scale",
+                        "3*b*s*h*e_r + 2*b*s*e_r + h*e_p", 3 * bsh * w.e_r + 2 * b * s * w.e_r + h * e_p, per_layer,
+                        where)
+        blk = [ln("norm1"), Term("host: W_query, W_key, W_value inputs and weights", "3*b*s*h*e_m + 3*h*h*e_m",
+                                 3 * bsh * w.e_m + 3 * h * h * w.e_m, True)]
+        if c.attention == "sdpa" and not (p and spec.device_type == "cpu"):
+            blk.append(Term("host: SDPA q, k, v, output (e_m) and fp32 logsumexp", "4*b*s*h*e_m + 4*b*a*s",
+                            4 * bsh * w.e_m + 4 * b * a * s, True))
+        elif c.attention == "sdpa":
+            blk.append(Term("host: SDPA math kernel (dropout): fp32 q, k^T, v, softmax output, noise, dropped "
+                            "probabilities", "3*b*s*h*4 + 3*b*a*s^2*4", 3 * bsh * 4 + 3 * bas2 * 4, True))
+        else:
+            n_s2 = 3 if p else 2
+            blk.append(Term("host: eager attention q, k^T, v, the (s, s) bool mask, softmax output"
+                            + (", dropout noise" if p else "") + ", the probabilities",
+                            f"3*b*s*h*e_m + s^2 + {n_s2}*b*a*s^2*e_m", 3 * bsh * w.e_m + s * s + n_s2 * bas2 * w.e_m,
+                            True))
+        blk += [Term("host: out_proj input and weight", "b*s*h*e_m + h*h*e_m", bsh * w.e_m + h * h * w.e_m, True),
+                ln("norm2"),
+                Term("host: feed-forward: Linear inputs and weights, GELU's x, 0.5*x, tanh, 1 + tanh (e_m) and "
+                     "sqrt(2/pi) (0-d fp32)", "b*s*h*e_m + 5*b*s*f*e_m + 2*h*f*e_m + 4",
+                     bsh * w.e_m + 5 * bsf * w.e_m + 2 * h * f * w.e_m + 4, True, "mlp")]
+        if p:
+            blk.append(Term("host: residual dropout noise (attention and feed-forward)", "2*b*s*h*e_m",
+                            2 * bsh * w.e_m, True, "mlp"))
+        if spec.checkpointing:
+            blk = [Term("host: checkpointed block input", "b*s*h*e_r", bsh * w.e_r, True)]
+        out = [Term("host: token ids and positions (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
+        if p:
+            out.append(Term("host: embedding dropout noise", "b*s*h*e_r", bsh * w.e_r, where="embed"))
+        out += [ln("final_norm", per_layer=False, where="head"),
+                Term("host: out_head input and weight", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
+                     where="head"),
+                Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
+                     2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
+        return blk + out
+
     # ---- the real model -------------------------------------------------------------------------------
     def selective_ops(self, c: GPT2Config, spec, w) -> list:
         """The book's block (planner/models/gpt2.py): W_query, W_key, W_value (aten.mm without qkv_bias, addmm
