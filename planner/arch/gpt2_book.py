@@ -304,6 +304,72 @@ class BookGPT2(Family):
                      2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
         return blk + out
 
+    def offload_alive(self, c: GPT2Config, spec, w) -> tuple[int, int, int]:
+        """--offload-activations' device terms alive but not saved: no KV cache, nothing held per checkpointed
+        block (checkpoint is given the block's input only), the forward's points in offload_forward_points."""
+        return 0, 0, 0
+
+    def offload_backward_points(self, c: GPT2Config, spec, w, points: dict[str, int]) -> dict[str, int]:
+        """--offload-activations' backward high points beyond the persistent state (planner/estimate/offload_act.py).
+        Checkpointed: the generic sweep's points (the recomputed block on the device, the stashed inputs on the
+        host) without the saved tensors outside the blocks, host copies now: the positions (8*s int64) and the
+        embedding dropout's noise (b*s*h*e_r). Not checkpointed: every saved tensor is a host copy, so a node's
+        backward holds the grads made so far (G), the residual stream's grad (b*s*h*e_r), its incoming grad and
+        what it makes (measured on the op timelines of V1000 h64 a4 b2 s64 dropout 0.1 and V500 h48 b2 s48
+        dropout 0, fp32 and bf16-AMP, each point to the byte; e_w: the weight grad's dtype, bf16 under autocast,
+        then copied to the fp32 .grad, the bias's copy after the weight's: the "cast" points; 2*e_ce: the 0-d
+        loss's grad and grad_output). The block is transformers' GPT-2's with three q/k/v Linears and a
+        written-out LayerNorm, so the points are planner/arch/gpt2.py's:
+          head:       logits' grad (b*s*V*e_ce; under autocast its bf16 cast too), out_head's weight grad (V*h*e_w)
+                      and input grad (b*s*h*e_m); under autocast the weight grad's fp32 copy beside the bf16 one
+          ff out:     its input grad (b*s*f*e_m), weight and bias grads (e_w), the residual dropout's grad
+          ffn:        the GELU's backward: its incoming grad and five b*s*f*e_m temporaries (x^2, 3*x^2, ...)
+          ff in:      its input grad (b*s*h*e_m), the GELU's grad (b*s*f*e_m), weight and bias grads; under
+                      autocast the input grad's fp32 copy (b*s*h*e_r) and the weight grad's
+          norm:       the LayerNorm's backward: five b*s*h*e_r (its incoming grad, (x - mean)'s and std's chains)
+          attention:  eager: v's grad (b*s*h*e_m) and two b*a*s^2*e_m (the probabilities' grad, then softmax's,
+                      the division's and masked_fill's backward one at a time); SDPA's math kernel (dropout on the
+                      CPU) in fp32, as transformers' GPT-2's"""
+        b, s, h, a, V, L = spec.batch_size, spec.seq_len, c.emb_dim, c.n_heads, c.vocab_size, c.n_layers
+        f, bsh, bsV = 4 * h, b * s * h, b * s * c.vocab_size
+        bsf = b * s * f
+        if spec.checkpointing:
+            outside = 8 * s + (bsh * w.e_r if c.drop_rate > 0 else 0)
+            return {k: v - outside if "block" in k else v for k, v in points.items()}
+        e_p = 2 if spec.precision == "bf16" else 4
+        e_w, amp, tail = w.e_m, w.amp, 2 * w.e_ce
+        # parameter counts (inventory): norm1/norm2 scale and shift, W_query/W_key/W_value (qkv_bias), out_proj,
+        # the feed-forward's two Linears; the head: out_head (untied, no bias) and final_norm
+        ln, qkv, out_proj = 2 * h, 3 * (h * h + (h if c.qkv_bias else 0)), h * h + h
+        ff_in, ff_out = h * f + f, f * h + h
+        block = 2 * ln + qkv + out_proj + ff_in + ff_out
+        head = V * h + 2 * h
+        out = {"head": max(bsV * (w.e_ce + (w.e_m if amp else 0)),
+                           bsV * w.e_m + V * h * e_w + bsh * w.e_m,
+                           V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail}
+        drop = bsh * w.e_m if c.drop_rate > 0 else 0
+        for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
+            G = g0 * e_p + bsh * w.e_r + tail  # the grads made before the block and the residual stream's grad
+            mlp = G + (ff_out + ff_in + ln) * e_p  # the feed-forward's and norm2's grads made
+            pts = {"ff out": G + drop + bsf * w.e_m + ff_out * e_w,
+                   "ffn": G + ff_out * e_p + 6 * bsf * w.e_m,
+                   "ff in": G + ff_out * e_p + bsh * w.e_m + bsf * w.e_m + ff_in * e_w,
+                   "norm2": mlp + 5 * bsh * w.e_r}
+            if amp:
+                pts["ff out cast"] = G + bsf * w.e_m + f * h * (e_w + e_p) + h * e_w
+                pts["ff in cast"] = G + ff_out * e_p + bsh * w.e_r + h * f * (e_w + e_p) + f * e_w
+            if c.attention == "eager":
+                pts["attention"] = mlp + out_proj * e_p + bsh * w.e_m + 2 * b * a * s * s * w.e_m
+            elif c.drop_rate > 0 and spec.device_type == "cpu":
+                pts["attention"] = mlp + out_proj * e_p + bsh * 4 + 2 * b * a * s * s * 4
+            out.update({f"{where} {k}": v for k, v in pts.items()})
+        return out
+
+    def offload_loss_held(self, c: GPT2Config, spec, w) -> int:
+        """Beside the logits in the loss: calc_loss_batch runs the loss after GPTModel.forward returned, so none
+        of its locals; the targets are the step's inputs (counted there) and flattened as a view."""
+        return 0
+
     # ---- the real model -------------------------------------------------------------------------------
     def selective_ops(self, c: GPT2Config, spec, w) -> list:
         """The book's block (planner/models/gpt2.py): W_query, W_key, W_value (aten.mm without qkv_bias, addmm

@@ -64,9 +64,9 @@ def check_offload_activations(cfg, spec) -> None:
         raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
                           "for the RMSNorm decoders with SiLU or an aten GELU; see planner/arch/<family>.py "
                           "offload_copies)")
-    if resolved_loss(family, spec) != "labels":
+    if resolved_loss(family, spec) != family.default_loss:
         raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
-                          f"model(input_ids, labels=...).loss), not {spec.loss}")
+                          f"{family.default_loss}), not {spec.loss}")
 
 
 def host_terms(cfg, spec) -> list:
@@ -111,7 +111,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
     rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
     labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
-    ce_out = bsV * w.e_ce + w.e_ce + 8 * b * s  # log_softmax output, total_weight, shifted labels (alive in the loss)
+    ce_out = bsV * w.e_ce + w.e_ce  # log_softmax output, total_weight (alive in the loss)
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
     # the last hidden state (b*s*h*e_r) stays referenced while the loss runs inside the model's forward
     # and the family's points inside the last block (eager attention's s x s scores: planner/arch/decoder.py
@@ -119,7 +119,12 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     fam_points = family.offload_forward_points(cfg, spec, w) if hasattr(family, "offload_forward_points") else {}
     forward = base + amp_cache + fwd_alive + rope_held + max([bsh * w.e_r + bsV * w.e_m, mlp_point,
                                                               *fam_points.values()])
-    loss = base + amp_cache + fwd_alive + rope_held + labels + bsh * w.e_r + logits + ce_out
+    # alive beside the logits while the loss runs: transformers' loss inside the model holds the padded labels, their
+    # shifted copy (8*b*s) and the last hidden state; a family whose loss runs outside its forward names its own
+    # (offload_loss_held)
+    held = (family.offload_loss_held(cfg, spec, w) if hasattr(family, "offload_loss_held")
+            else labels + 8 * b * s + bsh * w.e_r)
+    loss = base + amp_cache + fwd_alive + rope_held + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
     if spec.checkpointing:
