@@ -365,6 +365,43 @@ class BookGPT2(Family):
             out.update({f"{where} {k}": v for k, v in pts.items()})
         return out
 
+    def offload_forward_points(self, c: GPT2Config, spec, w) -> dict[str, int]:
+        """--offload-activations' forward high points in the last block beyond the persistent state and autocast's
+        cache (planner/estimate/offload_act.py adds those), read off the op timeline (V1000 h64 a4 b2 s64 dropout
+        0.1, V500 h48 b2 s48 and V97 h32 a4 b2 s256 dropout 0, fp32 and bf16-AMP). Alive throughout: GPTModel's
+        locals tok_embeds (b*s*h*e_r) and pos_embeds (s*h*e_r) and its x, the first block's input (b*s*h*e_r),
+        and from the second block on trf_blocks' input, the last block's (b*s*h*e_r).
+          attention (eager): norm1's output (b*s*h*e_r), keys, queries, values (3*b*s*h*e_m), the full-context
+                 mask.bool() (c^2 bytes, a local until forward returns), and attn_scores, its scaled copy and
+                 softmax's output (b*a*s^2*e_m each); with dropout the scaled copy is gone by then and the noise
+                 and the dropped probabilities join (four)
+          mlp:   the residual (shortcut) and norm2's output (b*s*h*e_r each), the first Linear's output and the
+                 GELU's 0.5*x, pow(x, 3) and 0.044715*pow (4*b*s*f*e_m) and the 0-d sqrt(2/pi) (4 B)
+          attention (SDPA's math kernel, dropout on the CPU): as transformers' GPT-2's (planner/arch/gpt2.py)
+          head:  final_norm's output (b*s*h*e_r; trf_blocks' input is gone), its autocast copy and the logits
+        Autocast has not cast the later weights yet: out_proj's and the feed-forward's at the attention, the
+        second Linear's at the MLP, and out_head's (V*h) at both: (their numel)*e_m less than its whole cache."""
+        b, s, h, a, V, L = spec.batch_size, spec.seq_len, c.emb_dim, c.n_heads, c.vocab_size, c.n_layers
+        f, bsh = 4 * h, b * s * h
+        e_c = w.e_m if w.amp else 0  # autocast's copies
+        # under checkpointing GPTModel's x is reassigned block by block: the first block's input is gone
+        held = bsh * w.e_r + s * h * w.e_r + bsh * w.e_r * (2 if L > 1 and not spec.checkpointing else 1)
+        points = {"mlp": held + 2 * bsh * w.e_r + 4 * b * s * f * w.e_m + 4 - (f * h + h + V * h) * e_c,
+                  "head": bsh * w.e_r + s * h * w.e_r + bsh * w.e_r + bsh * e_c + b * s * V * w.e_m}
+        if c.attention == "eager":
+            n_s2 = 4 if c.drop_rate > 0 else 3
+            points["attention"] = (held + bsh * w.e_r + 3 * bsh * w.e_m + c.context_length ** 2
+                                   + n_s2 * b * a * s * s * w.e_m
+                                   - (h * h + h + h * f + f + f * h + h + V * h) * e_c)
+        elif c.drop_rate > 0 and spec.device_type == "cpu":
+            # SDPA's math kernel (dropout on the CPU), as in transformers' GPT-2 (planner/arch/gpt2.py): fp32 copies
+            # of q, k, v below fp32, the fp32 (s, s) causal mask, k's contiguous copy (b*s*h*4) and three fp32
+            # b*a*s^2 (the probabilities, the dropout's noise and its output)
+            points["attention"] = (held + bsh * w.e_r + 3 * bsh * w.e_m + (3 * bsh * 4 if w.e_m < 4 else 0)
+                                   + s * s * 4 + bsh * 4 + 3 * b * a * s * s * 4
+                                   - (h * h + h + h * f + f + f * h + h + V * h) * e_c)
+        return points
+
     def offload_loss_held(self, c: GPT2Config, spec, w) -> int:
         """Beside the logits in the loss: calc_loss_batch runs the loss after GPTModel.forward returned, so none
         of its locals; the targets are the step's inputs (counted there) and flattened as a view."""
