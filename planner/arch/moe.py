@@ -165,6 +165,49 @@ class MoEDecoder(RMSDecoder):
         terms += self.norm_terms("post_attention_layernorm", b, s, h, w, part="norm.mlp")
         return terms + self.moe_terms(c, spec, w)
 
+    # ---- --offload-activations (planner/estimate/offload_act.py) ------------------------------------------
+    def offload_copies(self, c, spec, w) -> list[Term] | None:
+        """What save_on_cpu copies to the host: the RMS decoder's (planner/arch/decoder.py offload_copies) with the
+        sparse block's saved variables in place of the dense MLP's, one copy per saved variable (measured: a
+        saved_tensors_hooks inventory of transformers 5.23's Mixtral, Qwen2-MoE and Qwen3-MoE under torch 2.13,
+        the grid's first shapes, fp32, bf16 and bf16-AMP; the sum equals the pack hook's bytes): the router's
+        input and weight (e_m, autocast's copies under AMP), its fp32 softmax output, the top-k indices (int64),
+        the renormalisation's fp32 sum and values (Mixtral, Qwen with norm_topk_prob), the sort permutation, the
+        gather index and the inverse permutation (int64), each grouped GEMM's weight (E*2f*h and E*f*h, e_x: the
+        parameters' dtype, fp32 under AMP), its int32 offsets and input (the gathered tokens, N*k*h*e_x; the
+        product, N*k*f*e_x), SiLU's input, the product's two operands, and the combine's routing weights (e_rw)
+        and down output (N*k*h*e_x). Qwen2-MoE's shared expert saves a gated MLP's (inputs, weights, SiLU's input,
+        the product's operands, all e_m) and its gate the input and (h, 1) weight, the sigmoid's output and the
+        product's operands (the shared output, N*h*e_m, and the gate, N*e_m)."""
+        terms = super().offload_copies(c, spec, w)
+        if terms is None or spec.checkpointing:
+            return terms
+        N, h, E, k, f = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                         c.expert_size)
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        moe = [Term("host: router input and weight", "N*h*e_m + h*E*e_m", N * h * w.e_m + h * E * w.e_m, True, "mlp"),
+               Term("host: router softmax (fp32), top-k indices (int64)", "4*N*E + 8*N*k", 4 * N * E + 8 * N * k,
+                    True, "mlp")]
+        if self.renormalises(c):
+            moe.append(Term("host: top-k renormalisation: fp32 sum and values", "4*N + 4*N*k", 4 * N + 4 * N * k,
+                            True, "mlp"))
+        moe += [Term("host: sort permutation, gather index, inverse permutation (int64)", "24*N*k", 24 * N * k, True,
+                     "mlp"),
+                Term("host: experts: grouped GEMM weights and int32 offsets, gathered tokens, SiLU input, the "
+                     "product's operands, the product, routing weights, down output",
+                     "3*E*f*h*e_x + 8*E + 2*N*k*h*e_x + 4*N*k*f*e_x + N*k*e_rw",
+                     3 * E * f * h * e_x + 8 * E + 2 * N * k * h * e_x + 4 * N * k * f * e_x + N * k * e_rw, True,
+                     "mlp")]
+        fs = self.shared_expert_size(c)
+        if fs:
+            moe += [Term("host: shared expert: gate/up inputs and weights, SiLU input, the product's operands, down "
+                         "input and weight", "2*N*h*e_m + 4*N*fs*e_m + 3*h*fs*e_m",
+                         2 * N * h * w.e_m + 4 * N * fs * w.e_m + 3 * h * fs * w.e_m, True, "mlp"),
+                    Term("host: shared_expert_gate input and weight, sigmoid output, the product's operands",
+                         "2*N*h*e_m + h*e_m + 2*N*e_m", 2 * N * h * w.e_m + h * w.e_m + 2 * N * w.e_m, True, "mlp")]
+        return [t for t in terms if not (t.per_layer and t.where == "mlp")] + moe
+
     # ---- backward high points -------------------------------------------------------------------------
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """The attention side's points are Llama's (decoder.RMSDecoder.block_points: norm, attention, attn_in,
