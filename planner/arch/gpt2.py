@@ -421,9 +421,7 @@ class HFGPT2(HFCausalLM):
         points = {"mlp": locals_ + 3 * bsh * w.e_r + bsh * w.e_m + live * b * s * f * w.e_m - (f * h + h + V * h) * e_c,
                   # the MLP's c_proj: the activation's output and c_proj's (b*s*h*e_m), its weight and bias cast
                   # now (measured: V97 h96 b4 s8 bf16-AMP, 6,336 B above the activation's point)
-                  "mlp c_proj": locals_ + 3 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f * w.e_m - V * h * e_c,
-                  # lm_head: ln_f's output (kept by the model output), its autocast copy and the logits
-                  "head": bsh * w.e_r + bsh * e_c + b * s * V * w.e_m}
+                  "mlp c_proj": locals_ + 3 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f * w.e_m - V * h * e_c}
         if not self._flash(c, spec):
             # SDPA's math kernel (dropout on the CPU), beside the block's input, ln_1's output, c_attn's output
             # (3*b*s*h*e_m): fp32 copies of q, k, v below fp32, the fp32 (s, s) causal mask built by where(), k's
@@ -463,8 +461,8 @@ class HFGPT2(HFCausalLM):
                       dropped probabilities' grad and the dropout backward's output, then softmax's backward)
           c_attn:     the q, k, v grads concatenated (3*b*s*h*e_m) and c_attn's input grad (b*s*h*e_m), its weight
                       and bias grads; under autocast the input grad's fp32 copy and the weight grad's
-          embedding:  the tied wte: the head's V*h grad held by the engine until the embedding's own V*h grad is
-                      added out of place, so every grad and two V*h tensors at once"""
+        The tied wte's accumulation at the end (every grad and two V*h, the step's backward peak at full size:
+        hf-gpt2-xl b1 s1024 bf16-AMP SGD checkpointed was -1.51% without it) is planner/estimate/offload_act.py's."""
         b, s, h, f, V, L, a = spec.batch_size, spec.seq_len, c.n_embd, c.inner, c.vocab_size, c.n_layer, c.n_head
         bsh, bsf, bsV = b * s * h, b * s * f, b * s * V
         e_p = 2 if spec.precision == "bf16" else 4
@@ -473,16 +471,12 @@ class HFGPT2(HFCausalLM):
         ln, c_attn, attn_proj, c_fc, mlp_proj = 2 * h, 3 * h * h + 3 * h, h * h + h, h * f + f, f * h + h
         block = 2 * ln + c_attn + attn_proj + c_fc + mlp_proj
         head = V * h + 2 * h
-        grads_all = head + L * block + c.n_positions * h
-        # the step's backward peak at full size, checkpointed or not (hf-gpt2-xl b1 s1024 bf16-AMP SGD: without it
-        # the checkpointed estimate was -1.51% against the simulation)
-        embedding = {"embedding (tied accumulation)": (grads_all + 2 * V * h) * e_p + tail}
         if spec.checkpointing:
             bsh_saved = b * s * h * w.e_r if c.embd_pdrop > 0 else 0
-            return {**{k: v - bsh_saved if "block" in k else v for k, v in points.items()}, **embedding}
+            return {k: v - bsh_saved if "block" in k else v for k, v in points.items()}
         out = {"head": max(bsV * (w.e_ce + (w.e_m if amp else 0)),
                            bsV * w.e_m + V * h * e_w + bsh * w.e_m,
-                           V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail, **embedding}
+                           V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail}
         drop = bsh * w.e_m if c.resid_pdrop > 0 else 0
         n_act = self.OFFLOAD_ACT_BACKWARD_LIVE[c.activation_function]
         for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):

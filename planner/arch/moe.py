@@ -208,6 +208,48 @@ class MoEDecoder(RMSDecoder):
                          "2*N*h*e_m + h*e_m + 2*N*e_m", 2 * N * h * w.e_m + h * w.e_m + 2 * N * w.e_m, True, "mlp")]
         return [t for t in terms if not (t.per_layer and t.where == "mlp")] + moe
 
+    def offload_backward_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
+        """--offload-activations without checkpointing (planner/estimate/offload_act.py): the attention side's
+        points are the RMS decoder's (the generic sweep with empty saved sets); the sparse block's are its own,
+        with nothing saved on the device (every saved tensor a host copy): the grads made before the block (G),
+        the residual stream's grad (b*s*h*e_r), the 0-d loss grad and grad_output (2*e_ce), and (measured on the op
+        timeline of Mixtral V1000 h64 E4 k2 b2 s64 fp32, each point to the byte):
+          combine:     the sum over k's grad expanded (N*k, h), the un-permutation's new_zeros and index_put
+                       (3*N*k*h*e_w; e_w the weighted product's dtype)
+          down:        the down grouped GEMM's input grad (N*k*f*e_x) and weight grad, the combine's grads alive
+                       (the down output's, N*k*h*e_w, and the routing weights', N*k*e_rw)
+          experts_act: the product's backward and SiLU's: the product's, the activation's and up's grads
+                       (3*N*k*f*e_x) beside the down weight's grad and the routing weights'
+          cat:         SplitBackward's cat of the gate and up grads (N*k*2f*e_x) while both are alive
+          experts:     the gate_up grouped GEMM's weight grad (E*2f*h) and input grad (N*k*h*e_x) beside the cat
+        Checkpointed: the generic sweep's points (the recomputed block on the device)."""
+        if spec.checkpointing:
+            return points
+        moe = self.moe_specs(c, 0)
+        inv = [t for t in self.inventory(c) if t.kind == "param" and t.trainable]
+        head = sum(t.numel for t in inv if t.role in ("head", "norm.final"))
+        if self.tied(c):
+            head += sum(t.numel for t in inv if t.role == "embed")
+        block = sum(t.numel for t in inv if t.block == 0)
+        down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
+        gate_up_n = sum(t.numel for t in moe if t.name.endswith("experts.gate_up_proj"))
+        N, h, k, f, L = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts_per_tok, c.expert_size,
+                         c.num_hidden_layers)
+        e_p = 2 if spec.precision == "bf16" else 4
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        e_w = max(e_x, e_rw)
+        out = {k_: v for k_, v in points.items() if not k_.endswith(("experts_act", "combine", "experts"))}
+        for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
+            G = g0 * e_p + N * h * w.e_r + 2 * w.e_ce
+            pts = {"combine": G + 3 * N * k * h * e_w,
+                   "down": G + N * k * h * e_w + N * k * e_rw + N * k * f * e_x + down_n * e_p,
+                   "experts_act": G + down_n * e_p + N * k * e_rw + 3 * N * k * f * e_x,
+                   "cat": G + down_n * e_p + N * k * e_rw + 4 * N * k * f * e_x,
+                   "experts": G + (down_n + gate_up_n) * e_p + N * k * e_rw + 2 * N * k * f * e_x + N * k * h * e_x}
+            out.update({f"{where} {k_}": v for k_, v in pts.items()})
+        return out
+
     # ---- backward high points -------------------------------------------------------------------------
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """The attention side's points are Llama's (decoder.RMSDecoder.block_points: norm, attention, attn_in,
