@@ -208,6 +208,42 @@ class MoEDecoder(RMSDecoder):
                          "2*N*h*e_m + h*e_m + 2*N*e_m", 2 * N * h * w.e_m + h * w.e_m + 2 * N * w.e_m, True, "mlp")]
         return [t for t in terms if not (t.per_layer and t.where == "mlp")] + moe
 
+    def offload_alive(self, c, spec, w) -> tuple[int, int, int]:
+        """--offload-activations' device terms alive but not saved: the RMS decoder's KV cache and checkpoint-held
+        RoPE (planner/arch/decoder.py offload_alive), and the sparse block's forward high point: transformers'
+        grouped_mm_experts_forward's locals (integrations/moe.py):
+          routing   the router logits the block keeps as `_` (N*E*e_m), the top-k weights (N*k*e_rw) and indices
+                    (int64), the sorted expert ids and the permutation (int64), the sorted weights (N*k*e_rw),
+                    histc's float input (4*N*k), tokens_per_expert and the int32 offsets (8*E), the gathered tokens
+                    (N*k*h*e_x)
+          gate      the gate_up output (N*k*2f*e_x), SiLU's output and the product (N*k*f*e_x each)
+          combine   the down output, the weighted product and its un-permuted copy (N*k*h*e_w each) and the inverse
+                    permutation (8*N*k), the product gone
+        Qwen2-MoE's shared expert runs first (a gated MLP: 3*N*fs*e_m at its product) and its output (N*h*e_m) is
+        alive through the experts (measured on the op timelines of Mixtral V1000 h64 E4 k2 b2 s64 fp32: 11,296 B of
+        routing locals, then 4*N*k*f*4 at the product)."""
+        cache, rope, _ = super().offload_alive(c, spec, w)
+        N, h, E, k, f = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                         c.expert_size)
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        e_w = max(e_x, e_rw)
+        routing = N * E * w.e_m + N * k * (e_rw + 8) + 2 * 8 * N * k + N * k * e_rw + 4 * N * k + 8 * E + N * k * h * e_x
+        fs = self.shared_expert_size(c)
+        shared = N * h * w.e_m if fs else 0
+        # beside them in the last block: the model's inputs_embeds (a local of the model's forward), the block's
+        # input (its caller's), the residual and the normed x (b*s*h*e_r each; one fewer with one block), RoPE's cos
+        # and sin and the position_ids (2*s*d*e_r + 8*s; under checkpointing counted as held by the checkpoint); the
+        # lm_head's autocast copy (V*h*e_m) is not made yet (measured: Mixtral V1000 h64 b2 s64 and V97 h32 b2
+        # s256, fp32, bf16 and bf16-AMP)
+        s = spec.seq_len
+        held = (4 if c.num_hidden_layers > 1 else 3) * N * h * w.e_r
+        held += 0 if spec.checkpointing else 2 * s * c.head_dim * w.e_r + 8 * s
+        held -= c.vocab_size * h * w.e_m if w.amp else 0
+        point = held + max(3 * N * fs * w.e_m,
+                           shared + routing + max(4 * N * k * f * e_x, 3 * N * k * h * e_w + 8 * N * k))
+        return cache, rope, point
+
     def offload_backward_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
         """--offload-activations without checkpointing (planner/estimate/offload_act.py): the attention side's
         points are the RMS decoder's (the generic sweep with empty saved sets); the sparse block's are its own,
