@@ -62,8 +62,8 @@ def check_offload_activations(cfg, spec) -> None:
         raise ConfigError(why)
     if family.offload_copies(cfg, spec, w) is None:
         raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
-                          "for the RMSNorm decoders with SiLU or an aten GELU; see planner/arch/<family>.py "
-                          "offload_copies)")
+                          "for the RMSNorm decoders with SiLU or an aten GELU, GPT-2, the book's GPT-2 and the MoE "
+                          "families; see planner/arch/<family>.py offload_copies)")
     if resolved_loss(family, spec) != family.default_loss:
         raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
                           f"{family.default_loss}), not {spec.loss}")
