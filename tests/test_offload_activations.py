@@ -88,7 +88,9 @@ def test_cli_flag_and_one_line_refusals():
     assert rec["run"]["offload_activations"] is True and rec["transients"]["host_activation_offload"] > 0
     text = _cli("estimate", "train", "--model", "llama-3.2-1b", *run)
     assert "host (offloaded activations)" in text.stdout and "CUDA check" in text.stdout
-    for extra, needle in ((("--model", "gpt2-small"), "not modelled for gpt2"),
+    book = _cli("estimate", "train", "--model", "gpt2-small", *run, "--json")  # the book's GPT-2: modelled
+    assert book.returncode == 0 and json.loads(book.stdout)["transients"]["host_activation_offload"] > 0, book.stderr
+    for extra, needle in ((("--model", "hf-gpt2", "--attention", "eager"), "SDPA attention only"),
                           (("--model", "llama-3.2-1b", "--lora-r", "8"), "fine-tuning"),
                           (("--model", "llama-3.2-1b", "--world-size", "2", "--parallel", "fsdp"), "--parallel")):
         bad = _cli("estimate", "train", *extra, *run)
@@ -119,8 +121,9 @@ def test_planner_page_toggle():
     assert shown == fmt_bytes(est.peak_bytes) and shown != before
     assert any("Host RAM for the offloaded activations: " + fmt_bytes(est.transients["host_activation_offload"])
                in c.value for c in at.caption)
-    at.selectbox(key="preset").set_value("gpt2-small").run()
-    assert not at.exception and at.error and "not modelled for gpt2" in at.error[0].value
+    at.selectbox(key="preset").set_value("hf-gpt2").run()
+    at.selectbox(key="attention").set_value("eager").run()
+    assert not at.exception and at.error and "SDPA attention only" in at.error[0].value
 
 
 def test_module_runs_refuse_the_offload_flags_in_one_line(capsys):

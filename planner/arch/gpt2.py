@@ -373,15 +373,14 @@ class HFGPT2(HFCausalLM):
         return blk + out
 
     def offload_why_not(self, c: HFGPT2Config, spec) -> str | None:
-        """What --offload-activations does not model for GPT-2 yet (one line for the CLI). The host copies are
-        exact (offload_copies), but the device's backward is not: without checkpointing -5% to -46% of the measured
-        backward phase on the small grid (SDPA's math kernel under dropout, the flash kernel's backward at s256);
-        with checkpointing within 1% on the small grid but under at full size against the simulation (hf-gpt2-xl
-        b1 s1024 bf16-AMP SGD: -1.46% with the published dropout, -4.32% without: the first block's recompute holds
-        more with offloading than without, not found yet). So the estimate refuses it."""
+        """What --offload-activations does not model for GPT-2 (one line for the CLI): the host copies'
+        limits (offload_host_why_not) and, without checkpointing, an activation whose backward is not measured
+        (OFFLOAD_ACT_BACKWARD_LIVE)."""
         why = self.offload_host_why_not(c, spec)
-        return why or ("GPT-2 (HF) with --offload-activations: the host copies are modelled, the device's backward "
-                       "not yet")
+        if why is None and not spec.checkpointing and c.activation_function not in self.OFFLOAD_ACT_BACKWARD_LIVE:
+            why = (f"GPT-2 (HF) with --offload-activations and {c.activation_function}: its backward's live tensors "
+                   "are measured for gelu_new only (use --checkpointing)")
+        return why
 
     def offload_host_why_not(self, c: HFGPT2Config, spec) -> str | None:
         """Where the host copies (offload_copies) are not measured: eager attention, CUDA's dropout kernels, an
@@ -396,13 +395,106 @@ class HFGPT2(HFCausalLM):
 
     def offload_alive(self, c: HFGPT2Config, spec, w) -> tuple[int, int, int]:
         """--offload-activations' device terms alive but not saved: the DynamicCache's k and v copies (c_attn's
-        dtype, 2*L*b*s*h*e_m; off under checkpointing), nothing held per checkpointed block (no RoPE), and the
-        forward's MLP point: the activation's live b*s*f tensors (INFER_ACT_LIVE: gelu_new's x, 0.5*x, pow and its
-        product) beside the residual and ln_2's output."""
+        dtype, 2*L*b*s*h*e_m; off under checkpointing), under checkpointing the position_ids every checkpointed
+        block is given (8*s int64, held by checkpoint's recompute closure while wpe's saved copy is on the host:
+        measured, 384 B missing from every phase of V2000 h48 b2 s48 without it); the forward's MLP point is
+        offload_forward_points'."""
         b, s, h = spec.batch_size, spec.seq_len, c.n_embd
         cache = 0 if spec.checkpointing else 2 * c.n_layer * b * s * h * w.e_m
+        held = 8 * s if spec.checkpointing else 0
+        return cache, held, 0  # the MLP point: offload_forward_points
+
+    def offload_forward_points(self, c: HFGPT2Config, spec, w) -> dict[str, int]:
+        """--offload-activations' forward high point in the last block beyond the persistent state, autocast's
+        cache and the KV cache (planner/estimate/offload_act.py adds those): the activation inside the MLP. Alive:
+        GPT2Model.forward's locals inputs_embeds (b*s*h*e_r), position_embeds (s*h*e_r) and position_ids (8*s;
+        under checkpointing counted as held by the checkpoint), the block's input (its caller's), attn_output
+        (b*s*h*e_m, c_proj's or its dropout's output), the residual and ln_2's output (b*s*h*e_r each) and the
+        activation's live b*s*f tensors (INFER_ACT_LIVE); autocast has not cast the MLP c_proj's weight and bias
+        nor the tied head's wte yet, (f*h + h + V*h)*e_m less than its whole cache (measured on the op timeline:
+        GPT-2 V97 h32 b2 s256 fp32, 1,861,248 B, and V1000 h64 b2 s64 bf16-AMP)."""
+        b, s, h, f, V, a = spec.batch_size, spec.seq_len, c.n_embd, c.inner, c.vocab_size, c.n_head
+        bsh = b * s * h
         live = self.INFER_ACT_LIVE.get(c.activation_function, 2)
-        return cache, 0, live * b * s * c.inner * w.e_m + 2 * b * s * h * w.e_r
+        locals_ = bsh * w.e_r + s * h * w.e_r + (0 if spec.checkpointing else 8 * s)
+        e_c = w.e_m if w.amp else 0  # autocast's copies
+        points = {"mlp": locals_ + 3 * bsh * w.e_r + bsh * w.e_m + live * b * s * f * w.e_m - (f * h + h + V * h) * e_c,
+                  # the MLP's c_proj: the activation's output and c_proj's (b*s*h*e_m), its weight and bias cast
+                  # now (measured: V97 h96 b4 s8 bf16-AMP, 6,336 B above the activation's point)
+                  "mlp c_proj": locals_ + 3 * bsh * w.e_r + 2 * bsh * w.e_m + b * s * f * w.e_m - V * h * e_c}
+        if not self._flash(c, spec):
+            # SDPA's math kernel (dropout on the CPU), beside the block's input, ln_1's output, c_attn's output
+            # (3*b*s*h*e_m): fp32 copies of q, k, v below fp32, the fp32 (s, s) causal mask built by where(), k's
+            # contiguous copy for the bmm (b*s*h*4) and three fp32 b*a*s^2: the probabilities, the dropout's noise
+            # and its output (measured: V1000 h64 a4 b2 s64 fp32, bf16 and bf16-AMP, 442,368 / 540,672 B over
+            # the level after c_attn); autocast has not cast the attention's c_proj nor the MLP's weights, nor wte
+            points["attention"] = (locals_ + 2 * bsh * w.e_r + 3 * bsh * w.e_m + (3 * bsh * 4 if w.e_m < 4 else 0)
+                                   + s * s * 4 + bsh * 4 + 3 * b * a * s * s * 4
+                                   - (h * h + h + h * f + f + f * h + h + V * h) * e_c)
+        return points
+
+    # live b*s*f tensors at gelu_new's backward high point with its saved tensors on the host: the incoming grad
+    # and five temporaries of the tanh-formula's chain rule (pow's backward: x^2, 3*x^2, grad*3*x^2 while the tanh
+    # branch's two products are alive; measured on the op timeline, GPT-2 V1000 h64 b2 s64 and V97 h32 b2 s256,
+    # fp32 and bf16-AMP)
+    OFFLOAD_ACT_BACKWARD_LIVE = {"gelu_new": 6}
+
+    def offload_backward_points(self, c: HFGPT2Config, spec, w, points: dict[str, int]) -> dict[str, int]:
+        """--offload-activations' backward high points beyond the persistent state (planner/estimate/offload_act.py).
+        Checkpointed: the generic sweep's points (the recomputed block on the device, the stashed inputs on the
+        host) without the saved tensors outside the blocks, which are host copies now: wpe's position_ids (8*s)
+        and the embedding dropout's noise (b*s*h*e_r). Not checkpointed: every saved tensor is a host copy, so a
+        node's backward holds the grads made so far (G), the residual stream's grad (b*s*h*e_r), its incoming
+        grad and what it makes (measured on the op timelines of GPT-2 V1000 h64 a4 p0.1 b2 s64, V2000 h48 p0 b2
+        s48 and V97 h32 a4 p0 b2 s256, fp32, bf16 and bf16-AMP, each point to the byte; e_w: the weight grad's
+        dtype, bf16 under autocast, then copied to the fp32 .grad: the "cast" points). The 2*e_ce is the 0-d
+        loss's grad and grad_output.
+          head:       logits' grad (b*s*V*e_ce; under autocast its bf16 cast too), lm_head's weight grad (V*h*e_w) and
+                      input grad (b*s*h*e_m); under autocast the weight grad's fp32 copy (V*h*e_p) beside the bf16 one
+          c_proj:     the MLP c_proj's input grad (b*s*f*e_m), weight and bias grads (e_w), the residual dropout's
+                      grad (b*s*h*e_m, with resid_pdrop); under autocast the fp32 copy of the weight grad
+          ffn:        the MLP c_proj's grads made, the activation's backward (OFFLOAD_ACT_BACKWARD_LIVE b*s*f*e_m)
+          c_fc:       c_fc's input grad (b*s*h*e_m), the activation's grad (b*s*f*e_m), its weight and bias grads;
+                      under autocast the fp32 copies: the input grad's (b*s*h*e_r, for ln_2's fp32 output) and the
+                      weight grad's
+          attention:  SDPA's math kernel (dropout on the CPU) in fp32: v's grad (b*s*h*4) and two b*a*s^2*4 (the
+                      dropped probabilities' grad and the dropout backward's output, then softmax's backward)
+          c_attn:     the q, k, v grads concatenated (3*b*s*h*e_m) and c_attn's input grad (b*s*h*e_m), its weight
+                      and bias grads; under autocast the input grad's fp32 copy and the weight grad's
+        The tied wte's accumulation at the end (every grad and two V*h, the step's backward peak at full size:
+        hf-gpt2-xl b1 s1024 bf16-AMP SGD checkpointed was -1.51% without it) is planner/estimate/offload_act.py's."""
+        b, s, h, f, V, L, a = spec.batch_size, spec.seq_len, c.n_embd, c.inner, c.vocab_size, c.n_layer, c.n_head
+        bsh, bsf, bsV = b * s * h, b * s * f, b * s * V
+        e_p = 2 if spec.precision == "bf16" else 4
+        e_w, amp, tail = w.e_m, w.amp, 2 * w.e_ce
+        # parameter counts: GPT2Block's ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj; the head (tied wte, ln_f)
+        ln, c_attn, attn_proj, c_fc, mlp_proj = 2 * h, 3 * h * h + 3 * h, h * h + h, h * f + f, f * h + h
+        block = 2 * ln + c_attn + attn_proj + c_fc + mlp_proj
+        head = V * h + 2 * h
+        if spec.checkpointing:
+            bsh_saved = b * s * h * w.e_r if c.embd_pdrop > 0 else 0
+            return {k: v - bsh_saved if "block" in k else v for k, v in points.items()}
+        out = {"head": max(bsV * (w.e_ce + (w.e_m if amp else 0)),
+                           bsV * w.e_m + V * h * e_w + bsh * w.e_m,
+                           V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail}
+        drop = bsh * w.e_m if c.resid_pdrop > 0 else 0
+        n_act = self.OFFLOAD_ACT_BACKWARD_LIVE[c.activation_function]
+        for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
+            G = g0 * e_p + bsh * w.e_r + tail  # the grads made before the block and the residual stream's grad
+            pts = {"c_proj": G + drop + bsf * w.e_m + mlp_proj * e_w,
+                   "ffn": G + mlp_proj * e_p + n_act * bsf * w.e_m,
+                   "c_fc": G + mlp_proj * e_p + bsh * w.e_m + bsf * w.e_m + c_fc * e_w,
+                   "c_attn": G + (ln + c_fc + mlp_proj + attn_proj) * e_p + 4 * bsh * w.e_m
+                   + c_attn * e_w}
+            if amp:
+                pts["c_proj cast"] = G + h * e_p + bsf * w.e_m + f * h * (e_w + e_p)
+                pts["c_fc cast"] = G + (mlp_proj + f) * e_p + bsh * w.e_r + h * f * (e_w + e_p)
+                pts["c_attn cast"] = (G + (ln + c_fc + mlp_proj + attn_proj + 3 * h) * e_p + bsh * w.e_r
+                                      + 3 * h * h * (e_w + e_p))
+            if not self._flash(c, spec):
+                pts["attention"] = G + (ln + c_fc + mlp_proj + attn_proj) * e_p + bsh * 4 + 2 * b * a * s * s * 4
+            out.update({f"{where} {k}": v for k, v in pts.items()})
+        return out
 
     # ---- inference (planner/estimate/inference.py) ------------------------------------------------
     # live b*s*f tensors at the activation's high point under inference_mode (transformers activations.py):

@@ -244,6 +244,169 @@ class BookGPT2(Family):
             return 2 * w.e_m
         return 4 if (c.attention == "sdpa" and w.e_m < 4) else 0
 
+    # ---- --offload-activations (planner/estimate/offload_act.py) -------------------------------------------
+    def offload_copies(self, c: GPT2Config, spec, w) -> list[Term] | None:
+        """What save_on_cpu copies to the host, saved variable by saved variable (measured: a saved_tensors_hooks
+        inventory of planner/models/gpt2.py's GPTModel under torch 2.13, V1000 h64 a4 b2 s64 dropout 0.1 and
+        V500 h48 b2 s48 dropout 0, eager and SDPA, fp32 and bf16-AMP; the sum equals the pack hook's bytes).
+        Per block: each written-out LayerNorm saves x (var), x - mean and std (the division; sqrt saves std too),
+        norm_x and the scale (the mul); W_query, W_key, W_value each save their input (e_m: one autocast copy each)
+        and weight (e_m; a bias is not saved); the attention: eager q and k^T (the first matmul), the (s, s) bool
+        mask (masked_fill_; the slice's own numel), softmax's output, the dropout's noise (drop_rate > 0), v and
+        the probabilities (the second matmul; with drop_rate 0 the softmax output saved a second time), all e_m;
+        SDPA's math kernel (dropout on the CPU) fp32 q, k^T, v, softmax output, noise and dropped probabilities;
+        SDPA's flash kernel q, k, v, output (e_m) and an fp32 (b, a, s) logsumexp; out_proj its input and weight;
+        the feed-forward's Linears their inputs and weights, the GELU x (pow), the 0-d sqrt(2/pi) constant, tanh's
+        output, 0.5*x and 1 + tanh; each residual dropout its noise (e_m). Outside: the token ids and positions
+        (int64), the embedding dropout's noise (e_r), the final norm, out_head's weight (V*h*e_m, untied) and
+        input, and the loss: log_softmax's output (saved by itself and by nll_loss), the int64 target and the
+        0-d total_weight. Under checkpointing each block's input (b*s*h*e_r) is what save_on_cpu copies."""
+        b, s, h, a, V = spec.batch_size, spec.seq_len, c.emb_dim, c.n_heads, c.vocab_size
+        bsh, bsf, bas2, f = b * s * h, b * s * 4 * h, b * a * s * s, 4 * h
+        e_p = 2 if spec.precision == "bf16" else 4
+        p = c.drop_rate > 0
+
+        def ln(label, per_layer=True, where="block"):
+            return Term(f"host: LayerNorm ({label}): x, x - mean, norm_x, std x2, scale",
+                        "3*b*s*h*e_r + 2*b*s*e_r + h*e_p", 3 * bsh * w.e_r + 2 * b * s * w.e_r + h * e_p, per_layer,
+                        where)
+        blk = [ln("norm1"), Term("host: W_query, W_key, W_value inputs and weights", "3*b*s*h*e_m + 3*h*h*e_m",
+                                 3 * bsh * w.e_m + 3 * h * h * w.e_m, True)]
+        if c.attention == "sdpa" and not (p and spec.device_type == "cpu"):
+            blk.append(Term("host: SDPA q, k, v, output (e_m) and fp32 logsumexp", "4*b*s*h*e_m + 4*b*a*s",
+                            4 * bsh * w.e_m + 4 * b * a * s, True))
+        elif c.attention == "sdpa":
+            blk.append(Term("host: SDPA math kernel (dropout): fp32 q, k^T, v, softmax output, noise, dropped "
+                            "probabilities", "3*b*s*h*4 + 3*b*a*s^2*4", 3 * bsh * 4 + 3 * bas2 * 4, True))
+        else:
+            n_s2 = 3 if p else 2
+            blk.append(Term("host: eager attention q, k^T, v, the (s, s) bool mask, softmax output"
+                            + (", dropout noise" if p else "") + ", the probabilities",
+                            f"3*b*s*h*e_m + s^2 + {n_s2}*b*a*s^2*e_m", 3 * bsh * w.e_m + s * s + n_s2 * bas2 * w.e_m,
+                            True))
+        blk += [Term("host: out_proj input and weight", "b*s*h*e_m + h*h*e_m", bsh * w.e_m + h * h * w.e_m, True),
+                ln("norm2"),
+                Term("host: feed-forward: Linear inputs and weights, GELU's x, 0.5*x, tanh, 1 + tanh (e_m) and "
+                     "sqrt(2/pi) (0-d fp32)", "b*s*h*e_m + 5*b*s*f*e_m + 2*h*f*e_m + 4",
+                     bsh * w.e_m + 5 * bsf * w.e_m + 2 * h * f * w.e_m + 4, True, "mlp")]
+        if p:
+            blk.append(Term("host: residual dropout noise (attention and feed-forward)", "2*b*s*h*e_m",
+                            2 * bsh * w.e_m, True, "mlp"))
+        if spec.checkpointing:
+            blk = [Term("host: checkpointed block input", "b*s*h*e_r", bsh * w.e_r, True)]
+        out = [Term("host: token ids and positions (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
+        if p:
+            out.append(Term("host: embedding dropout noise", "b*s*h*e_r", bsh * w.e_r, where="embed"))
+        out += [ln("final_norm", per_layer=False, where="head"),
+                Term("host: out_head input and weight", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
+                     where="head"),
+                Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
+                     2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
+        return blk + out
+
+    def offload_alive(self, c: GPT2Config, spec, w) -> tuple[int, int, int]:
+        """--offload-activations' device terms alive but not saved: no KV cache, nothing held per checkpointed
+        block (checkpoint is given the block's input only), the forward's points in offload_forward_points."""
+        return 0, 0, 0
+
+    def offload_backward_points(self, c: GPT2Config, spec, w, points: dict[str, int]) -> dict[str, int]:
+        """--offload-activations' backward high points beyond the persistent state (planner/estimate/offload_act.py).
+        Checkpointed: the generic sweep's points (the recomputed block on the device, the stashed inputs on the
+        host) without the saved tensors outside the blocks, host copies now: the positions (8*s int64) and the
+        embedding dropout's noise (b*s*h*e_r). Not checkpointed: every saved tensor is a host copy, so a node's
+        backward holds the grads made so far (G), the residual stream's grad (b*s*h*e_r), its incoming grad and
+        what it makes (measured on the op timelines of V1000 h64 a4 b2 s64 dropout 0.1 and V500 h48 b2 s48
+        dropout 0, fp32 and bf16-AMP, each point to the byte; e_w: the weight grad's dtype, bf16 under autocast,
+        then copied to the fp32 .grad, the bias's copy after the weight's: the "cast" points; 2*e_ce: the 0-d
+        loss's grad and grad_output). The block is transformers' GPT-2's with three q/k/v Linears and a
+        written-out LayerNorm, so the points are planner/arch/gpt2.py's:
+          head:       logits' grad (b*s*V*e_ce; under autocast its bf16 cast too), out_head's weight grad (V*h*e_w)
+                      and input grad (b*s*h*e_m); under autocast the weight grad's fp32 copy beside the bf16 one
+          ff out:     its input grad (b*s*f*e_m), weight and bias grads (e_w), the residual dropout's grad
+          ffn:        the GELU's backward: its incoming grad and five b*s*f*e_m temporaries (x^2, 3*x^2, ...)
+          ff in:      its input grad (b*s*h*e_m), the GELU's grad (b*s*f*e_m), weight and bias grads; under
+                      autocast the input grad's fp32 copy (b*s*h*e_r) and the weight grad's
+          norm:       the LayerNorm's backward: five b*s*h*e_r (its incoming grad, (x - mean)'s and std's chains)
+          attention:  eager: v's grad (b*s*h*e_m) and two b*a*s^2*e_m (the probabilities' grad, then softmax's,
+                      the division's and masked_fill's backward one at a time); SDPA's math kernel (dropout on the
+                      CPU) in fp32, as transformers' GPT-2's"""
+        b, s, h, a, V, L = spec.batch_size, spec.seq_len, c.emb_dim, c.n_heads, c.vocab_size, c.n_layers
+        f, bsh, bsV = 4 * h, b * s * h, b * s * c.vocab_size
+        bsf = b * s * f
+        if spec.checkpointing:
+            outside = 8 * s + (bsh * w.e_r if c.drop_rate > 0 else 0)
+            return {k: v - outside if "block" in k else v for k, v in points.items()}
+        e_p = 2 if spec.precision == "bf16" else 4
+        e_w, amp, tail = w.e_m, w.amp, 2 * w.e_ce
+        # parameter counts (inventory): norm1/norm2 scale and shift, W_query/W_key/W_value (qkv_bias), out_proj,
+        # the feed-forward's two Linears; the head: out_head (untied, no bias) and final_norm
+        ln, qkv, out_proj = 2 * h, 3 * (h * h + (h if c.qkv_bias else 0)), h * h + h
+        ff_in, ff_out = h * f + f, f * h + h
+        block = 2 * ln + qkv + out_proj + ff_in + ff_out
+        head = V * h + 2 * h
+        out = {"head": max(bsV * (w.e_ce + (w.e_m if amp else 0)),
+                           bsV * w.e_m + V * h * e_w + bsh * w.e_m,
+                           V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail}
+        drop = bsh * w.e_m if c.drop_rate > 0 else 0
+        for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
+            G = g0 * e_p + bsh * w.e_r + tail  # the grads made before the block and the residual stream's grad
+            mlp = G + (ff_out + ff_in + ln) * e_p  # the feed-forward's and norm2's grads made
+            pts = {"ff out": G + drop + bsf * w.e_m + ff_out * e_w,
+                   "ffn": G + ff_out * e_p + 6 * bsf * w.e_m,
+                   "ff in": G + ff_out * e_p + bsh * w.e_m + bsf * w.e_m + ff_in * e_w,
+                   "norm2": mlp + 5 * bsh * w.e_r}
+            if amp:
+                pts["ff out cast"] = G + bsf * w.e_m + f * h * (e_w + e_p) + h * e_w
+                pts["ff in cast"] = G + ff_out * e_p + bsh * w.e_r + h * f * (e_w + e_p) + f * e_w
+            if c.attention == "eager":
+                pts["attention"] = mlp + out_proj * e_p + bsh * w.e_m + 2 * b * a * s * s * w.e_m
+            elif c.drop_rate > 0 and spec.device_type == "cpu":
+                pts["attention"] = mlp + out_proj * e_p + bsh * 4 + 2 * b * a * s * s * 4
+            out.update({f"{where} {k}": v for k, v in pts.items()})
+        return out
+
+    def offload_forward_points(self, c: GPT2Config, spec, w) -> dict[str, int]:
+        """--offload-activations' forward high points in the last block beyond the persistent state and autocast's
+        cache (planner/estimate/offload_act.py adds those), read off the op timeline (V1000 h64 a4 b2 s64 dropout
+        0.1, V500 h48 b2 s48 and V97 h32 a4 b2 s256 dropout 0, fp32 and bf16-AMP). Alive throughout: GPTModel's
+        locals tok_embeds (b*s*h*e_r) and pos_embeds (s*h*e_r) and its x, the first block's input (b*s*h*e_r),
+        and from the second block on trf_blocks' input, the last block's (b*s*h*e_r).
+          attention (eager): norm1's output (b*s*h*e_r), keys, queries, values (3*b*s*h*e_m), the full-context
+                 mask.bool() (c^2 bytes, a local until forward returns), and attn_scores, its scaled copy and
+                 softmax's output (b*a*s^2*e_m each); with dropout the scaled copy is gone by then and the noise
+                 and the dropped probabilities join (four)
+          mlp:   the residual (shortcut) and norm2's output (b*s*h*e_r each), the first Linear's output and the
+                 GELU's 0.5*x, pow(x, 3) and 0.044715*pow (4*b*s*f*e_m) and the 0-d sqrt(2/pi) (4 B)
+          attention (SDPA's math kernel, dropout on the CPU): as transformers' GPT-2's (planner/arch/gpt2.py)
+          head:  final_norm's output (b*s*h*e_r; trf_blocks' input is gone), its autocast copy and the logits
+        Autocast has not cast the later weights yet: out_proj's and the feed-forward's at the attention, the
+        second Linear's at the MLP, and out_head's (V*h) at both: (their numel)*e_m less than its whole cache."""
+        b, s, h, a, V, L = spec.batch_size, spec.seq_len, c.emb_dim, c.n_heads, c.vocab_size, c.n_layers
+        f, bsh = 4 * h, b * s * h
+        e_c = w.e_m if w.amp else 0  # autocast's copies
+        # under checkpointing GPTModel's x is reassigned block by block: the first block's input is gone
+        held = bsh * w.e_r + s * h * w.e_r + bsh * w.e_r * (2 if L > 1 and not spec.checkpointing else 1)
+        points = {"mlp": held + 2 * bsh * w.e_r + 4 * b * s * f * w.e_m + 4 - (f * h + h + V * h) * e_c,
+                  "head": bsh * w.e_r + s * h * w.e_r + bsh * w.e_r + bsh * e_c + b * s * V * w.e_m}
+        if c.attention == "eager":
+            n_s2 = 4 if c.drop_rate > 0 else 3
+            points["attention"] = (held + bsh * w.e_r + 3 * bsh * w.e_m + c.context_length ** 2
+                                   + n_s2 * b * a * s * s * w.e_m
+                                   - (h * h + h + h * f + f + f * h + h + V * h) * e_c)
+        elif c.drop_rate > 0 and spec.device_type == "cpu":
+            # SDPA's math kernel (dropout on the CPU), as in transformers' GPT-2 (planner/arch/gpt2.py): fp32 copies
+            # of q, k, v below fp32, the fp32 (s, s) causal mask, k's contiguous copy (b*s*h*4) and three fp32
+            # b*a*s^2 (the probabilities, the dropout's noise and its output)
+            points["attention"] = (held + bsh * w.e_r + 3 * bsh * w.e_m + (3 * bsh * 4 if w.e_m < 4 else 0)
+                                   + s * s * 4 + bsh * 4 + 3 * b * a * s * s * 4
+                                   - (h * h + h + h * f + f + f * h + h + V * h) * e_c)
+        return points
+
+    def offload_loss_held(self, c: GPT2Config, spec, w) -> int:
+        """Beside the logits in the loss: calc_loss_batch runs the loss after GPTModel.forward returned, so none
+        of its locals; the targets are the step's inputs (counted there) and flattened as a view."""
+        return 0
+
     # ---- the real model -------------------------------------------------------------------------------
     def selective_ops(self, c: GPT2Config, spec, w) -> list:
         """The book's block (planner/models/gpt2.py): W_query, W_key, W_value (aten.mm without qkv_bias, addmm

@@ -167,6 +167,127 @@ class MoEDecoder(RMSDecoder):
                           "4*b*s*k" if self.fp32_routing_weights else "b*s*k*e_m", N * k * e_rw, True, "mlp")]
         return True
 
+    # ---- --offload-activations (planner/estimate/offload_act.py) ------------------------------------------
+    def offload_copies(self, c, spec, w) -> list[Term] | None:
+        """What save_on_cpu copies to the host: the RMS decoder's (planner/arch/decoder.py offload_copies) with the
+        sparse block's saved variables in place of the dense MLP's, one copy per saved variable (measured: a
+        saved_tensors_hooks inventory of transformers 5.23's Mixtral, Qwen2-MoE and Qwen3-MoE under torch 2.13,
+        the grid's first shapes, fp32, bf16 and bf16-AMP; the sum equals the pack hook's bytes): the router's
+        input and weight (e_m, autocast's copies under AMP), its fp32 softmax output, the top-k indices (int64),
+        the renormalisation's fp32 sum and values (Mixtral, Qwen with norm_topk_prob), the sort permutation, the
+        gather index and the inverse permutation (int64), each grouped GEMM's weight (E*2f*h and E*f*h, e_x: the
+        parameters' dtype, fp32 under AMP), its int32 offsets and input (the gathered tokens, N*k*h*e_x; the
+        product, N*k*f*e_x), SiLU's input, the product's two operands, and the combine's routing weights (e_rw)
+        and down output (N*k*h*e_x). Qwen2-MoE's shared expert saves a gated MLP's (inputs, weights, SiLU's input,
+        the product's operands, all e_m) and its gate the input and (h, 1) weight, the sigmoid's output and the
+        product's operands (the shared output, N*h*e_m, and the gate, N*e_m)."""
+        terms = super().offload_copies(c, spec, w)
+        if terms is None or spec.checkpointing:
+            return terms
+        N, h, E, k, f = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                         c.expert_size)
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        moe = [Term("host: router input and weight", "N*h*e_m + h*E*e_m", N * h * w.e_m + h * E * w.e_m, True, "mlp"),
+               Term("host: router softmax (fp32), top-k indices (int64)", "4*N*E + 8*N*k", 4 * N * E + 8 * N * k,
+                    True, "mlp")]
+        if self.renormalises(c):
+            moe.append(Term("host: top-k renormalisation: fp32 sum and values", "4*N + 4*N*k", 4 * N + 4 * N * k,
+                            True, "mlp"))
+        moe += [Term("host: sort permutation, gather index, inverse permutation (int64)", "24*N*k", 24 * N * k, True,
+                     "mlp"),
+                Term("host: experts: grouped GEMM weights and int32 offsets, gathered tokens, SiLU input, the "
+                     "product's operands, the product, routing weights, down output",
+                     "3*E*f*h*e_x + 8*E + 2*N*k*h*e_x + 4*N*k*f*e_x + N*k*e_rw",
+                     3 * E * f * h * e_x + 8 * E + 2 * N * k * h * e_x + 4 * N * k * f * e_x + N * k * e_rw, True,
+                     "mlp")]
+        fs = self.shared_expert_size(c)
+        if fs:
+            moe += [Term("host: shared expert: gate/up inputs and weights, SiLU input, the product's operands, down "
+                         "input and weight", "2*N*h*e_m + 4*N*fs*e_m + 3*h*fs*e_m",
+                         2 * N * h * w.e_m + 4 * N * fs * w.e_m + 3 * h * fs * w.e_m, True, "mlp"),
+                    Term("host: shared_expert_gate input and weight, sigmoid output, the product's operands",
+                         "2*N*h*e_m + h*e_m + 2*N*e_m", 2 * N * h * w.e_m + h * w.e_m + 2 * N * w.e_m, True, "mlp")]
+        return [t for t in terms if not (t.per_layer and t.where == "mlp")] + moe
+
+    def offload_alive(self, c, spec, w) -> tuple[int, int, int]:
+        """--offload-activations' device terms alive but not saved: the RMS decoder's KV cache and checkpoint-held
+        RoPE (planner/arch/decoder.py offload_alive), and the sparse block's forward high point: transformers'
+        grouped_mm_experts_forward's locals (integrations/moe.py):
+          routing   the router logits the block keeps as `_` (N*E*e_m), the top-k weights (N*k*e_rw) and indices
+                    (int64), the sorted expert ids and the permutation (int64), the sorted weights (N*k*e_rw),
+                    histc's float input (4*N*k), tokens_per_expert and the int32 offsets (8*E), the gathered tokens
+                    (N*k*h*e_x)
+          gate      the gate_up output (N*k*2f*e_x), SiLU's output and the product (N*k*f*e_x each)
+          combine   the down output, the weighted product and its un-permuted copy (N*k*h*e_w each) and the inverse
+                    permutation (8*N*k), the product gone
+        Qwen2-MoE's shared expert runs first (a gated MLP: 3*N*fs*e_m at its product) and its output (N*h*e_m) is
+        alive through the experts (measured on the op timelines of Mixtral V1000 h64 E4 k2 b2 s64 fp32: 11,296 B of
+        routing locals, then 4*N*k*f*4 at the product)."""
+        cache, rope, _ = super().offload_alive(c, spec, w)
+        N, h, E, k, f = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                         c.expert_size)
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        e_w = max(e_x, e_rw)
+        routing = N * E * w.e_m + N * k * (e_rw + 8) + 2 * 8 * N * k + N * k * e_rw + 4 * N * k + 8 * E + N * k * h * e_x
+        fs = self.shared_expert_size(c)
+        shared = N * h * w.e_m if fs else 0
+        # beside them in the last block: the model's inputs_embeds (a local of the model's forward), the block's
+        # input (its caller's), the residual and the normed x (b*s*h*e_r each; one fewer with one block), RoPE's cos
+        # and sin and the position_ids (2*s*d*e_r + 8*s; under checkpointing counted as held by the checkpoint); the
+        # lm_head's autocast copy (V*h*e_m) is not made yet (measured: Mixtral V1000 h64 b2 s64 and V97 h32 b2
+        # s256, fp32, bf16 and bf16-AMP)
+        s = spec.seq_len
+        held = (4 if c.num_hidden_layers > 1 else 3) * N * h * w.e_r
+        held += 0 if spec.checkpointing else 2 * s * c.head_dim * w.e_r + 8 * s
+        held -= c.vocab_size * h * w.e_m if w.amp else 0
+        point = held + max(3 * N * fs * w.e_m,
+                           shared + routing + max(4 * N * k * f * e_x, 3 * N * k * h * e_w + 8 * N * k))
+        return cache, rope, point
+
+    def offload_backward_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
+        """--offload-activations without checkpointing (planner/estimate/offload_act.py): the attention side's
+        points are the RMS decoder's (the generic sweep with empty saved sets); the sparse block's are its own,
+        with nothing saved on the device (every saved tensor a host copy): the grads made before the block (G),
+        the residual stream's grad (b*s*h*e_r), the 0-d loss grad and grad_output (2*e_ce), and (measured on the op
+        timeline of Mixtral V1000 h64 E4 k2 b2 s64 fp32, each point to the byte):
+          combine:     the sum over k's grad expanded (N*k, h), the un-permutation's new_zeros and index_put
+                       (3*N*k*h*e_w; e_w the weighted product's dtype)
+          down:        the down grouped GEMM's input grad (N*k*f*e_x) and weight grad, the combine's grads alive
+                       (the down output's, N*k*h*e_w, and the routing weights', N*k*e_rw)
+          experts_act: the product's backward and SiLU's: the product's, the activation's and up's grads
+                       (3*N*k*f*e_x) beside the down weight's grad and the routing weights'
+          cat:         SplitBackward's cat of the gate and up grads (N*k*2f*e_x) while both are alive
+          experts:     the gate_up grouped GEMM's weight grad (E*2f*h) and input grad (N*k*h*e_x) beside the cat
+        Checkpointed: the generic sweep's points (the recomputed block on the device)."""
+        if spec.checkpointing:
+            return points
+        moe = self.moe_specs(c, 0)
+        inv = [t for t in self.inventory(c) if t.kind == "param" and t.trainable]
+        head = sum(t.numel for t in inv if t.role in ("head", "norm.final"))
+        if self.tied(c):
+            head += sum(t.numel for t in inv if t.role == "embed")
+        block = sum(t.numel for t in inv if t.block == 0)
+        down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
+        gate_up_n = sum(t.numel for t in moe if t.name.endswith("experts.gate_up_proj"))
+        N, h, k, f, L = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts_per_tok, c.expert_size,
+                         c.num_hidden_layers)
+        e_p = 2 if spec.precision == "bf16" else 4
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        e_w = max(e_x, e_rw)
+        out = {k_: v for k_, v in points.items() if not k_.endswith(("experts_act", "combine", "experts"))}
+        for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
+            G = g0 * e_p + N * h * w.e_r + 2 * w.e_ce
+            pts = {"combine": G + 3 * N * k * h * e_w,
+                   "down": G + N * k * h * e_w + N * k * e_rw + N * k * f * e_x + down_n * e_p,
+                   "experts_act": G + down_n * e_p + N * k * e_rw + 3 * N * k * f * e_x,
+                   "cat": G + down_n * e_p + N * k * e_rw + 4 * N * k * f * e_x,
+                   "experts": G + (down_n + gate_up_n) * e_p + N * k * e_rw + 2 * N * k * f * e_x + N * k * h * e_x}
+            out.update({f"{where} {k_}": v for k_, v in pts.items()})
+        return out
+
     # ---- backward high points -------------------------------------------------------------------------
     def block_points(self, c, spec, w, x) -> dict[str, int]:
         """The attention side's points are Llama's (decoder.RMSDecoder.block_points: norm, attention, attn_in,

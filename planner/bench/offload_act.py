@@ -1,5 +1,6 @@
 """Issue #24: `--offload-activations` measured, simulated and estimated on small Llama and Qwen 2 configs (fp32 and
-bf16-AMP, with and without checkpointing; AdamW and SGD) and one shape per other family (FAMILY_ROWS, AdamW). The step runs under
+bf16-AMP, with and without checkpointing; AdamW and SGD) and one shape per other family (FAMILY_ROWS and the book's
+GPT-2, AdamW). The step runs under
 `torch.autograd.graph.save_on_cpu(pin_memory=True)`; the tracker counts the pack hook's host copies apart
 (planner/measure/tracker.py host_scope), so each row has two figures: the device figure (for the CUDA check) and
 the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~20 min on 2 busy cores)."""
@@ -29,9 +30,20 @@ def grid(quick: bool = False) -> list[tuple[str, object, int, int]]:
 
 
 # Every other family with a formula file: its first grid shape (planner/arch/<family>.py grid_configs), AdamW only;
-# "llama eager" is Llama's first shape with eager attention (the mask added, softmax and probabilities saved)
-FAMILY_ROWS = ("mistral", "qwen3", "phi3", "gemma", "gemma2", "llama eager")
+# "llama eager" is Llama's first shape with eager attention (the mask added, softmax and probabilities saved);
+# transformers' GPT-2 (dropout 0.1 as published: SDPA's math kernel on the CPU) and the MoE families
+FAMILY_ROWS = ("mistral", "qwen3", "phi3", "gemma", "gemma2", "llama eager", "gpt2", "mixtral", "qwen2_moe",
+               "qwen3_moe")
 SHOWN = {"gpt2": "gpt2-hf"}  # planner/arch/gpt2.py is transformers' GPT-2
+
+
+def book_row() -> tuple[str, object, int, int]:
+    """The book's GPT-2 (planner/arch/gpt2_book.py has no grid shapes): its own eager attention with the training
+    chapters' drop_rate 0.1 (the noise of every dropout saved), untied head."""
+    from ..arch.gpt2_book import GPT2Config
+
+    return ("gpt2 (book) V1000 h64 a4 p0.1", GPT2Config(vocab_size=1000, context_length=128, emb_dim=64, n_heads=4,
+                                                         n_layers=2, drop_rate=0.1), 2, 64)
 
 
 def family_grid() -> list[tuple[str, object, int, int]]:
@@ -45,7 +57,7 @@ def family_grid() -> list[tuple[str, object, int, int]]:
         if attn:
             cfg = dataclasses.replace(cfg, attention=attn)
         out.append((f"{SHOWN.get(name, name)} {label.rsplit(' b', 1)[0]}", cfg, b, s))
-    return out
+    return out + [book_row()]
 
 
 def offload_row(label: str, cfg, spec: TrainSpec, plain: TrainSpec, host: str) -> tuple[dict, object, dict] | None:
@@ -82,7 +94,7 @@ def rows(quick: bool = False) -> list[dict]:
                 for ckpt in (False, True):
                     spec = TrainSpec(b, s, prec, opt, checkpointing=ckpt, offload_activations=True)
                     got = offload_row(label, cfg, spec, TrainSpec(b, s, prec, opt, checkpointing=ckpt),
-                                      "host_activation_offload")  # None: refused (GPT-2 without checkpointing)
+                                      "host_activation_offload")  # None: refused in one line
                     if got is None:
                         continue
                     row, est, m = got
@@ -138,10 +150,23 @@ def markdown(quick: bool = False) -> str:
               "with checkpointing was +2.09% from its checkpointed-backward estimate's own error, the first block's "
               "recomputed GELU point 98,808 B above the measured one (the post-feedforward norm's freed saves and "
               "the full-attention mask gone by block 0: planner/arch/gemma2.py block_points, first_block_released); "
-              "now 8 B low. GPT-2 (HF): its "
-              "host copies are modelled to the byte (planner/arch/gpt2.py offload_copies) but its device backward is "
-              "not (under at full size: hf-gpt2-xl b1 s1024 bf16-AMP SGD checkpointed -1.46% against the "
-              "simulation), so the estimate refuses it in one line, as it does the book's GPT-2 and the MoE families. On CUDA the device figure also gets the "
+              "now 8 B low. GPT-2 (HF, planner/arch/gpt2.py) and the book's GPT-2 (planner/arch/gpt2_book.py): "
+              "the host copies saved variable by saved variable (LayerNorm, Conv1D or the book's three Linears, "
+              "gelu_new, dropout's noise, SDPA's flash or math kernel, the book's eager attention and bool mask), "
+              "the forward's points with the models' locals (inputs_embeds, position embeddings, the block's "
+              "attn_output or shortcut), and without checkpointing the backward's own points (offload_backward_points: "
+              "with every saved tensor on the host a node's backward holds only the grads made, the residual's grad "
+              "and its own temporaries: gelu_new's six b*s*f, the weight grads' fp32 casts under autocast, the "
+              "math kernel's s x s grads); the book's loss runs outside the model (offload_loss_held). A tied head's "
+              "accumulation at the end of the backward (every grad and two V*h) is the backward's peak at full size "
+              "(hf-gpt2-xl b1 s1024 bf16-AMP SGD checkpointed was -1.46% without it). The MoE families "
+              "(planner/arch/moe.py): the sparse block's saved variables (router, top-k, dispatch permutations, "
+              "grouped GEMMs, combine; Qwen2-MoE's shared expert) and its forward (the routing locals, the gate "
+              "product or the combine) and backward points (the grouped GEMMs' grads, the combine's). Not in "
+              "this grid: at V97 h32 b2 s256 without checkpointing the RMS decoders' generic points (the forward's "
+              "MLP point without inputs_embeds, the block's input, RoPE's cos and sin; Qwen 3's q/k-norm RoPE "
+              "backward) are under by up to ~20-37% (Llama, Qwen 2/3, Mistral, Phi-3, Gemma, and Qwen2-/Qwen3-MoE "
+              "through them); checkpointed they hold to 8 B. On CUDA the device figure also gets the "
               "unpack hook's device copies in backward (one node's saved tensors at a time) and the pinned host "
               "copies are rounded up to powers of two (`host_pinned_rounded`): both for the CUDA check."]
     if not quick:
@@ -151,7 +176,8 @@ def markdown(quick: bool = False) -> str:
 
 FULL_SIZE = (("llama-3.2-1b", False), ("tinyllama-1.1b", True), ("qwen2.5-0.5b", False), ("mistral-7b-v0.1", False),
              ("qwen3-0.6b", False), ("qwen3-0.6b", True), ("phi-3-mini-4k", False), ("gemma-2b", False),
-             ("gemma-2-2b", False), ("gemma-2-2b", True))
+             ("gemma-2-2b", False), ("gemma-2-2b", True), ("hf-gpt2-xl", False), ("hf-gpt2-xl", True),
+             ("gpt2-xl", False), ("gpt2-xl", True), ("qwen1.5-moe-a2.7b", False), ("qwen1.5-moe-a2.7b", True))
 
 
 def full_size() -> list[str]:

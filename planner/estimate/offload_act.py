@@ -62,11 +62,11 @@ def check_offload_activations(cfg, spec) -> None:
         raise ConfigError(why)
     if family.offload_copies(cfg, spec, w) is None:
         raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
-                          "for the RMSNorm decoders with SiLU or an aten GELU; see planner/arch/<family>.py "
-                          "offload_copies)")
-    if resolved_loss(family, spec) != "labels":
+                          "for the RMSNorm decoders with SiLU or an aten GELU, GPT-2, the book's GPT-2 and the MoE "
+                          "families; see planner/arch/<family>.py offload_copies)")
+    if resolved_loss(family, spec) != family.default_loss:
         raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
-                          f"model(input_ids, labels=...).loss), not {spec.loss}")
+                          f"{family.default_loss}), not {spec.loss}")
 
 
 def host_terms(cfg, spec) -> list:
@@ -111,15 +111,22 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
     rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
     labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
-    ce_out = bsV * w.e_ce + w.e_ce + 8 * b * s  # log_softmax output, total_weight, shifted labels (alive in the loss)
+    ce_out = bsV * w.e_ce + w.e_ce  # log_softmax output, total_weight (alive in the loss)
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
     # the last hidden state (b*s*h*e_r) stays referenced while the loss runs inside the model's forward
     # and the family's points inside the last block (eager attention's s x s scores: planner/arch/decoder.py
     # offload_forward_points)
     fam_points = family.offload_forward_points(cfg, spec, w) if hasattr(family, "offload_forward_points") else {}
-    forward = base + amp_cache + fwd_alive + rope_held + max([bsh * w.e_r + bsV * w.e_m, mlp_point,
+    # the head: the final norm's output, under autocast its low-precision copy (lm_head's input), and the logits
+    head = bsh * w.e_r + (bsh * w.e_m if w.amp else 0) + bsV * w.e_m
+    forward = base + amp_cache + fwd_alive + rope_held + max([head, mlp_point,
                                                               *fam_points.values()])
-    loss = base + amp_cache + fwd_alive + rope_held + labels + bsh * w.e_r + logits + ce_out
+    # alive beside the logits while the loss runs: transformers' loss inside the model holds the padded labels, their
+    # shifted copy (8*b*s) and the last hidden state; a family whose loss runs outside its forward names its own
+    # (offload_loss_held)
+    held = (family.offload_loss_held(cfg, spec, w) if hasattr(family, "offload_loss_held")
+            else labels + 8 * b * s + bsh * w.e_r)
+    loss = base + amp_cache + fwd_alive + rope_held + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
     if spec.checkpointing:
@@ -137,8 +144,15 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
         points = {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in points.items()}
+    if hasattr(family, "offload_backward_points"):  # a family whose backward the generic sweep does not hold
+        points = family.offload_backward_points(cfg, spec, w, points)
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
+    if family.tied(cfg):
+        # a tied head: the head's V*h grad is held by the engine until the embedding's own V*h grad is added out
+        # of place (training.py tied_embedding_accumulation), every grad and two V*h at once, the input grad freed
+        # (measured: GPT-2 V1000 h64 b2 s64, Mixtral V2000 h48 b2 s48, fp32 and bf16-AMP, to the byte)
+        grads_end = max(grads_end, est.grads_bytes + 2 * V * h * e_p + 2 * w.e_ce)
     backward = base + max(ce_start, grads_end, max(points.values()))
     # the optimizer and zero_grad phases are the plain step's (nothing is saved for backward after it ends)
     opt_phase, zero_grad = est.phase_peak_bytes["optimizer"], est.phase_peak_bytes["zero_grad"]
