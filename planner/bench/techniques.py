@@ -226,7 +226,26 @@ def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
         precisions, policies = ("bf16-amp",), ("every:3", "selective")
     return ([(f"{name} b{b} s{s} {prec}", cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol))
              for name, cfg, b, s in models for prec in precisions for pol in policies]
-            + policy_finetune_grid(quick))
+            + policy_accum_grid(quick) + policy_finetune_grid(quick))
+
+
+def policy_accum_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
+    """The policies with gradient accumulation in full training (a later micro-batch's sweep runs with every .grad
+    alive): llama, Gemma 2 and Qwen 3 at their first grid shape with 4 blocks, every:2 and selective, fp32 and
+    bf16-AMP, 2 and 3 micro-batches (quick: llama every:2 fp32 accum 2)."""
+    from ..arch import families
+
+    fams = families()
+    models = []
+    for fam_name in ("llama", "gemma2", "qwen3"):
+        label, cfg, b, s = fams[fam_name].grid_configs()[0]
+        models.append((f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4", fams[fam_name].with_layers(cfg, 4), b, s))
+    precisions, policies, accums = ("fp32", "bf16-amp"), ("every:2", "selective"), (2, 3)
+    if quick:
+        models, precisions, policies, accums = models[:1], ("fp32",), ("every:2",), (2,)
+    return [(f"{name} b{b} s{s} {prec} accum{n}", cfg,
+             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, grad_accum=n))
+            for name, cfg, b, s in models for prec in precisions for pol in policies for n in accums]
 
 
 def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
