@@ -289,15 +289,57 @@ def policy_full_size_rows(progress=print) -> list[dict]:
     return out
 
 
-def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool | None = None) -> str:
+def kept_policy_rows(path) -> tuple[dict, list[str]]:
+    """The measured rows of the policies' section in the file at `path` ((config, policy) -> the measured and
+    simulated bytes and the measured phase) and its full-size table's lines (heading to worst line), for
+    `bench checkpoint-policies --new-rows`."""
+    from pathlib import Path
+
+    text = Path(path).read_text() if Path(path).exists() else ""
+    if CKPT_HEADING not in text:
+        return {}, []
+    sec = text[text.index(CKPT_HEADING):]
+    end = sec.find("\n# ", len(CKPT_HEADING))
+    lines = (sec if end < 0 else sec[:end]).splitlines()
+    kept = {}
+    for line in lines:
+        c = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(c) == 8 and c[3].replace(",", "").isdigit():
+            meas = int(c[3].replace(",", ""))
+            kept[(c[0], c[1])] = {"measured_bytes": meas, "simulated_bytes": meas + int(c[5].replace(",", "")),
+                                  "measured_phase": c[6].split(" / ")[1]}
+    start = next((i for i, line in enumerate(lines) if line.startswith("Full size, one preset per family")), None)
+    full = [] if start is None else lines[start:]
+    while full and not full[-1].strip():
+        full.pop()
+    return kept, full
+
+
+def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool | None = None,
+                                 kept_from: str | None = None) -> str:
     """The policies' grid: each row estimated (planner/estimate/ckpt_policy.py), measured (the real step, live
     bytes on the CPU) and simulated (fake tensors), with the recompute each policy adds (its FLOP share, from the
-    ops' FLOPs); then, without --quick, one preset per family at full size against the simulated step."""
+    ops' FLOPs); then, without --quick, one preset per family at full size against the simulated step.
+    kept_from (a markdown file with this section): the rows its table has keep their measured and simulated bytes
+    (every row is estimated again), only the others are measured, and its full-size table is kept as it is."""
     from .main import run_accuracy
     from ..estimate.ckpt_policy import RECOMPUTE_SOURCE, recompute_share
 
     grid = policy_grid(quick)
-    rows = run_accuracy(grid, in_process=True, simulate=True, progress=progress)
+    kept, kept_full = kept_policy_rows(kept_from) if kept_from else ({}, [])
+    fresh = [row for row in grid if (row[0], row[2].checkpoint_policy) not in kept]
+    measured = iter(run_accuracy(fresh, in_process=True, simulate=True, progress=progress))
+    rows = []
+    for label, cfg, spec in grid:
+        old = kept.get((label, spec.checkpoint_policy))
+        if old is None:
+            rows.append(next(measured))
+            continue
+        est = estimate_training(cfg, spec)
+        rows.append({"config": label, "estimate_bytes": est.peak_bytes, "estimated_phase": est.peak_phase,
+                     "error_pct": 100.0 * (est.peak_bytes - old["measured_bytes"]) / old["measured_bytes"], **old})
+    if kept_from:
+        progress(f"{len(grid) - len(fresh)} rows kept from {kept_from}, {len(fresh)} measured")
     lines = [CKPT_HEADING, "",
              "`--checkpointing every:K`: blocks 0, K, 2K, ... checkpointed (transformers' "
              "`activation_checkpointing_enable(every_n_layers=K)`; the same rule in the book's GPT-2). "
@@ -331,7 +373,9 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
               "under every:K with K even: no checkpointed layer takes the full-attention mask, so it dies with the "
               "forward (planner/arch/gemma2.py checkpoint_mask_count; these rows were b*s^2*e_r, +0.25..0.39%, "
               "above before)." + CKPT_GAP]
-    if full if full is not None else not quick:
+    if kept_full:  # (--new-rows: the full-size rows are full training without accumulation or fine-tuning)
+        lines += [""] + kept_full
+    elif full if full is not None else not quick:
         fr = policy_full_size_rows(progress)
         lines += ["", "Full size, one preset per family, b1 bf16-AMP AdamW (formula vs the simulated step):", "",
                   "| model | policy | peak (formula) | peak (simulated) | error | peak phase | recompute |",
@@ -350,8 +394,12 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
     return "\n".join(lines) + "\n"
 
 
-def main_checkpointing(quick: bool = False, out: str | None = None) -> int:
-    text = checkpoint_policies_markdown(quick)
+def main_checkpointing(quick: bool = False, out: str | None = None, new_rows: bool = False) -> int:
+    if new_rows and not out:
+        from ..validation import ConfigError
+
+        raise ConfigError("--new-rows goes with --out (the file whose section keeps its measured rows)")
+    text = checkpoint_policies_markdown(quick, kept_from=out if new_rows else None)
     print(text)
     if out:
         write_section(out, text)
