@@ -177,6 +177,25 @@ def test_policy_with_grad_accum_in_full_training(policy, precision, accum):
     assert any(k.startswith("later micro-batch: ") for k in est.backward_points)
 
 
+@pytest.mark.parametrize("policy,targets", [("selective", None), ("every:2", "all-linear")])
+def test_policy_on_a_quantized_base(policy, targets):
+    """QLoRA under a policy (planner/estimate/quantized.py): the quantized Linears' forward is bitsandbytes'
+    gemm_4bit custom op, which torchtitan's policy neither saves nor counts among the mms (only the adapters' are)."""
+    pytest.importorskip("bitsandbytes")
+    from planner.estimate.training import estimate_training
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128)
+    kw = dict(lora_r=8, quantize_base="nf4", **({"lora_targets": targets} if targets else {}))
+    spec = TrainSpec(2, 64, "bf16", "adamw", checkpointing=True, checkpoint_policy=policy, **kw)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert abs(est.peak_bytes - meas["peak_bytes"]) <= 0.01 * meas["peak_bytes"], (est.peak_bytes, meas["peak_bytes"])
+    assert est.peak_phase == meas["peak_phase"]
+    for phase in ("loss", "backward"):
+        assert abs(est.phase_peak_bytes[phase] - meas["phase_peak_bytes"][phase]) <= 16, phase
+    assert simulate_training(cfg, spec)["peak_bytes"] == meas["peak_bytes"]
+
+
 def test_policy_with_finetuning_refusals():
     from planner.estimate.training import estimate_training
 

@@ -263,9 +263,30 @@ def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSp
     precisions, policies = ("fp32", "bf16-amp"), ("every:2", "selective")
     if quick:
         models, tunes, precisions = models[:1], tunes[:1], ("bf16-amp",)
-    return [(f"{name} b{b} s{s} {prec} {tune}", cfg,
-             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
-            for name, cfg, b, s in models for tune, kw in tunes for prec in precisions for pol in policies]
+    return ([(f"{name} b{b} s{s} {prec} {tune}", cfg,
+              TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
+             for name, cfg, b, s in models for tune, kw in tunes for prec in precisions for pol in policies]
+            + ([] if quick else policy_qlora_grid()))
+
+
+def policy_qlora_grid() -> list[tuple[str, object, TrainSpec]]:
+    """The policies on a quantized base (QLoRA: planner/estimate/quantized.py, its fp32 twin's policy with
+    bitsandbytes' gemm_4bit ops neither saved nor counted): llama and Qwen 3 at their first grid shape with 4
+    blocks, nf4, LoRA r8 (peft's default targets) and r8 on every linear layer, bf16 (peft's recipe), every:2
+    and selective."""
+    from ..arch import families
+
+    fams = families()
+    rows = []
+    for fam_name in ("llama", "qwen3"):
+        label, cfg, b, s = fams[fam_name].grid_configs()[0]
+        name = f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4"
+        for tune, kw in (("QLoRA nf4 r8", {}), ("QLoRA nf4 r8 all-linear", {"lora_targets": "all-linear"})):
+            for pol in ("every:2", "selective"):
+                rows.append((f"{name} b{b} s{s} bf16 {tune}", fams[fam_name].with_layers(cfg, 4),
+                             TrainSpec(b, s, "bf16", "adamw", checkpointing=True, checkpoint_policy=pol, lora_r=8,
+                                       quantize_base="nf4", **kw)))
+    return rows
 
 
 # One preset per family at full size, bf16-AMP, AdamW: the formula beside the simulated step

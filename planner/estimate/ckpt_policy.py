@@ -17,8 +17,9 @@ selective (torchtitan's op policy through create_selective_checkpoint_contexts)
   cached outputs are the recompute's own tensors: no extra).
 With fine-tuning (LoRA, frozen layers) the fine-tuning step models the policy itself (planner/estimate/finetune.py
 policy_terms / policy_kept: the uncheckpointed blocks' fine-tuning saved sets, selective's outputs with LoRA's
-adapter matmuls counted in the every-second-mm rule, gradient accumulation included); the book's GPT-2 (its own
-fine-tuning walk) and a quantized base are refused here.
+adapter matmuls counted in the every-second-mm rule, gradient accumulation included; a quantized base, QLoRA,
+through its fp32 twin, whose quantized Linears are bitsandbytes' gemm_4bit custom op, neither saved nor counted);
+the book's GPT-2 (its own fine-tuning walk) is refused here.
 Gradient accumulation (full training): a later micro-batch runs with every .grad of the earlier ones alive; its
 forward and loss are full's (which count them), its sweep is built the same way from full training's later sweep
 (every new grad a transient added in place, none "made so far"), plus those grads (measured exact, llama, Gemma 2
@@ -41,14 +42,12 @@ from . import step
 def check_policy_estimable(cfg, spec) -> None:
     """One line for what the policy estimate does not model."""
     policy = spec.checkpoint_policy
-    # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept; the
-    # book's GPT-2 walks its own block there, and a quantized base is not measured under a policy)
+    # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept, a
+    # quantized base through its fp32 twin there, whose policy sees bitsandbytes' custom ops: policy_ops; the
+    # book's GPT-2 walks its own block there)
     if spec.finetuning and family_of(cfg).own_finetune_step:
         raise ConfigError(f"checkpointing policy {policy} with fine-tuning of this model (its own fine-tuning walk) is "
                           "measured and simulated, not estimated yet (use simulate train or measure train)")
-    if spec.finetuning and getattr(spec, "quantize_base", "none") != "none":
-        raise ConfigError(f"checkpointing policy {policy} with a quantized base is measured and simulated, not "
-                          "estimated yet (use simulate train or measure train)")
     if policy == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
         raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
 
