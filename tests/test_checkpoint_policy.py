@@ -58,7 +58,7 @@ def test_cli_checkpointing_flag():
     assert plain.returncode == 0 and json.loads(plain.stdout)["run"]["checkpointing"] is True
     assert json.loads(plain.stdout)["run"]["checkpoint_policy"] == "full"
     for policy, extra, needle in (("every:x", (), "unknown checkpointing policy"),
-                                  ("every:2", ("--train-layers", "last:2"), "not estimated yet")):
+                                  ("selective", ("--train-layers", "last:2"), "not estimated yet")):
         proc = _cli("estimate", "train", "--model", "gpt2-small", "--batch-size", "1", "--seq-len", "64",
                     "--checkpointing", policy, *extra)
         assert proc.returncode == EXIT_INVALID and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -194,6 +194,26 @@ def test_policy_on_a_quantized_base(policy, targets):
     for phase in ("loss", "backward"):
         assert abs(est.phase_peak_bytes[phase] - meas["phase_peak_bytes"][phase]) <= 16, phase
     assert simulate_training(cfg, spec)["peak_bytes"] == meas["peak_bytes"]
+
+
+BOOK4 = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4, drop_rate=0.0, qkv_bias=False)
+
+
+@pytest.mark.parametrize("cfg,kw,policy,precision", [
+    (BOOK4, {"lora_r": 8, "lora_targets": "W_query,W_value"}, "every:2", "fp32"),  # the last block not checkpointed
+    (GPT2Config(vocab_size=300, context_length=64, emb_dim=32, n_heads=2, n_layers=5, drop_rate=0.1),
+     {"lora_r": 4, "lora_targets": "all-linear"}, "every:4", "bf16"),  # the last block checkpointed
+    (BOOK4, {"train_layers": "last:2"}, "every:3", "bf16")])
+def test_book_gpt2_every_k_with_finetuning(cfg, kw, policy, precision):
+    """The book's own fine-tuning walk under every:K (planner/arch/gpt2_book.py _checkpointed): checkpointed
+    blocks keep their input, the others their saved set and their points as without checkpointing; every phase to
+    the byte."""
+    from planner.estimate.training import estimate_training
+
+    spec = TrainSpec(2, 48, precision, "adamw", checkpointing=True, checkpoint_policy=policy, **kw)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert est.phase_peak_bytes == meas["phase_peak_bytes"]
+    assert est.peak_phase == meas["peak_phase"]
 
 
 def test_policy_with_finetuning_refusals():

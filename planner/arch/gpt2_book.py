@@ -466,7 +466,8 @@ def _upto(blk: list[Term], node: str, inclusive: bool = True) -> int:
     return sum(t.bytes for t in blk if NODES.index(t.part) < k or (inclusive and t.part == node))
 
 
-def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int]:
+def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]], earlier: int | None = None,
+                        loop: bool = False) -> dict[str, int]:
     """The forward's high points in the last block's feed-forward (read off the op timeline), above the
     persistent base: everything the earlier blocks saved, what the last one saved before its GELU, and
     alive without being saved: GPTModel.forward's tok_embeds, pos_embeds and x (the embeddings' sum, or
@@ -476,24 +477,28 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
             sqrt(2/pi) constant;
       down: when the GELU's input needs grad, its four saved tensors and its output, and beside them the
             second Linear's output (b*s*h);
-      up adapter / down adapter: peft's forward on an adapted ff.layers.0 / ff.layers.2."""
+      up adapter / down adapter: peft's forward on an adapted ff.layers.0 / ff.layers.2.
+    earlier: what the blocks before the last hold (default: their saved sets); loop: GPTModel's checkpointing
+    loop runs the blocks (every:K with the last block not checkpointed), not nn.Sequential: GPTModel's x is
+    the last block's input (no Sequential `input` beside the embeddings' sum)."""
     b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
     e = w.e_r
     bsh, bsf = b * s * h, b * s * 4 * h
     last = blocks[-1]
-    earlier = sum(t.bytes for blk in blocks[:-1] for t in blk)
+    if earlier is None:
+        earlier = sum(t.bytes for blk in blocks[:-1] for t in blk)
     before_gelu = earlier + _upto(last, "mlp.in")
     block_input_saved = any(t.part == "norm1" and "x, x - mean" in t.name for t in last)
     resid_saved = any(t.part == "norm2" and "x, x - mean" in t.name for t in last)
     n2_saved = any(t.part == "mlp.in" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
                    for t in last)
-    alive = (2 * bsh * e + s * h * e
-             + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0)
-             + (0 if resid_saved else bsh * e) + (0 if n2_saved else bsh * e))
+    # tok_embeds and pos_embeds, the embeddings' sum (GPTModel's x) and nn.Sequential's input (the last block's),
+    # or in the loop GPTModel's x, the last block's input
+    fixed = (bsh * e + s * h * e + (0 if block_input_saved else bsh * e) if loop
+             else 2 * bsh * e + s * h * e + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0))
+    alive = fixed + (0 if resid_saved else bsh * e) + (0 if n2_saved else bsh * e)
     points = {"forward gelu": before_gelu + alive + 4 * bsf * e + 4,
-              "forward attention": _forward_attention_point(
-                  cfg, spec, w, blocks, earlier, 2 * bsh * e + s * h * e
-                  + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0))}
+              "forward attention": _forward_attention_point(cfg, spec, w, blocks, earlier, fixed)}
     if any(t.part == "gelu" for t in last):
         points["forward down"] = before_gelu + alive + 5 * bsf * e + 4 + bsh * e
     lora = lambda node: any(t.part == node and "lora_A output" in t.name for t in last)
@@ -570,32 +575,43 @@ def _stashes(cfg, spec, w, blocks: list[list[Term]]) -> list[int]:
 
 
 def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], train):
-    """GPTModel with gradient_checkpointing: `x = checkpoint(block, x, use_reentrant=False)` per block.
-    The forward keeps only the blocks' stashed inputs; backward recomputes each block it reaches (saving
-    the same set as without checkpointing: the recompute runs on the same inputs) and then runs its
-    backward. Returns the saved terms, the backward's and the forward's high points (read off the op
-    timeline)."""
+    """GPTModel with gradient_checkpointing: `x = checkpoint(block, x, use_reentrant=False)` per block
+    (every:K: blocks 0, K, 2K, ...; the others `x = block(x)` in the same loop, keeping their saved sets).
+    The forward keeps only the checkpointed blocks' stashed inputs; backward recomputes each such block it
+    reaches (saving the same set as without checkpointing: the recompute runs on the same inputs) and then
+    runs its backward; an uncheckpointed block's points are _backward_points' on its saved set. Returns the
+    saved terms, the backward's and the forward's high points (read off the op timeline)."""
+    from ..checkpointing import checkpointed_blocks
+
     b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
     e = w.e_r
     bsh, bsf = b * s * h, b * s * 4 * h
-    stash = _stashes(cfg, spec, w, blocks)
+    L = cfg.n_layers
+    ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
+    stash = [x if i in ckpt else 0 for i, x in enumerate(_stashes(cfg, spec, w, blocks))]
+    kept = [stash[i] if i in ckpt else sum(t.bytes for t in blocks[i]) for i in range(L)]  # through the backward
     out = [Term("checkpointed block inputs (blocks that save)", "n*b*s*h*e", sum(stash), where="ckpt")]
+    out += [dataclasses.replace(t, name=f"block {i} (not checkpointed: {spec.checkpoint_policy}): {t.name}",
+                                per_layer=False, where="ckpt")
+            for i, blk in enumerate(blocks) if i not in ckpt for t in blk]
     out += [t for t in terms if not t.per_layer]
     last = blocks[-1]
     lora = lambda blk, node: any(t.part == node and "lora_A output" in t.name for t in blk)
     # forward: GPTModel.forward's tok_embeds and pos_embeds, the stashes, the last block's input (its
     # loop variable x), the residual after attention and the feed-forward's input, and the GELU at
     # 0.044715 * pow(x, 3) (x, 0.5 * x, pow and the product, b*s*4h each; nothing is saved inside)
-    alive = bsh * e + s * h * e + sum(stash[:-1]) + 3 * bsh * e
+    alive = bsh * e + s * h * e + sum(kept[:-1]) + 3 * bsh * e
     forward = {"forward gelu": alive + 4 * bsf * e + 4,
-               "forward attention": _forward_attention_point(cfg, spec, w, [[]], sum(stash[:-1]),
+               "forward attention": _forward_attention_point(cfg, spec, w, [[]], sum(kept[:-1]),
                                                              bsh * e + s * h * e + bsh * e)}
-    if lora(last, "mlp.in"):
+    if L - 1 not in ckpt:  # the last block runs on its own saved set (its points as without checkpointing)
+        forward = _forward_mlp_points(cfg, spec, w, blocks, earlier=sum(kept[:-1]), loop=True)
+    elif lora(last, "mlp.in"):
         # peft's forward on ff.layers.0: the base result, the scaled lora_B output and their fp32 sum, and
         # (bf16 base) the fp32 copy of the input
         forward["forward up adapter"] = alive + bsf * (e + 2 * ADAPTER_BYTES) + (
             bsh * ADAPTER_BYTES if e != ADAPTER_BYTES else 0)
-    forward |= _forward_head_points(cfg, spec, w, [[Term("stashes", "", sum(stash))]], terms)
+    forward |= _forward_head_points(cfg, spec, w, [[Term("kept", "", sum(kept))]], terms)
     grads_by_block, head = _block_grads(cfg, train)
     points = {}
     grads = head
@@ -603,9 +619,13 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
         blk = blocks[i]
         if not blk:
             continue
+        if i not in ckpt:
+            points.update(_saved_block_points(cfg, spec, w, blk, i, sum(kept[:i]), grads, grads_by_block[i]))
+            grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
+            continue
         # the block's input is its stash: norm1 saves that very tensor when it needs grad
         dup = bsh * e if any(t.part == "norm1" and "x, x - mean" in t.name for t in blk) else 0
-        held = sum(stash[:i]) + stash[i] - dup
+        held = sum(kept[:i]) + stash[i] - dup
         made = grads + grads_by_block[i]["mlp.out"]
         if lora(blk, "mlp.out"):
             # the recompute (started by the first unpack of the block's saved tensors; early stop ends it at
@@ -681,28 +701,35 @@ def _backward_points(cfg, spec, w, blocks: list[list[Term]], train) -> dict[str,
     block's second Linear's), the residual stream's grad (b*s*h), and
       gelu: in the backward of 0.5 * x * (1 + tanh): the GELU output's grad and both factors' grads
             (b*s*4h each)."""
-    b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
-    e = w.e_r
-    bsh, bsf = b * s * h, b * s * 4 * h
     grads_by_block, head = _block_grads(cfg, train)
     points = {}
     grads = head
     for i in range(cfg.n_layers - 1, -1, -1):
-        blk = blocks[i]
-        if not any(t.part == "gelu" for t in blk):
-            grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
-            continue
-        earlier = sum(t.bytes for bl in blocks[:i] for t in bl)
-        made = grads + grads_by_block[i]["mlp.out"]
-        points[f"block {i} gelu backward"] = earlier + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
-        points[f"block {i} softmax backward"] = earlier + _attention_backward(blk, spec, cfg, w, grads_by_block[i], grads)
-        if e != ADAPTER_BYTES and any(t.part == "mlp.out" and "lora_A output" in t.name for t in blk):
-            # ff.layers.2's adapter backward on a bf16 base, at lora_A's input grad (fp32, b*s*4h; measured
-            # on the op timeline): the block's saved set still whole, the grads made (lora_A's and lora_B's
-            # included) and one b*s*h fp32 grad (the output grad's copy, ToCopyBackward)
-            points[f"block {i} down adapter backward"] = (earlier + _upto(blk, "mlp.out") + made
-                                                          + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
+        points.update(_saved_block_points(cfg, spec, w, blocks[i], i, sum(t.bytes for bl in blocks[:i] for t in bl),
+                                          grads, grads_by_block[i]))
         grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
+    return points
+
+
+def _saved_block_points(cfg, spec, w, blk: list[Term], i: int, earlier: int, grads: int,
+                        block_grads: dict[str, int]) -> dict[str, int]:
+    """_backward_points' points in block i, which backward runs on its saved set (not recomputed), above
+    `earlier` (what the blocks before it hold) and `grads` (the grads made before it)."""
+    b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
+    e = w.e_r
+    bsh, bsf = b * s * h, b * s * 4 * h
+    points = {}
+    if not any(t.part == "gelu" for t in blk):
+        return points
+    made = grads + block_grads["mlp.out"]
+    points[f"block {i} gelu backward"] = earlier + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
+    points[f"block {i} softmax backward"] = earlier + _attention_backward(blk, spec, cfg, w, block_grads, grads)
+    if e != ADAPTER_BYTES and any(t.part == "mlp.out" and "lora_A output" in t.name for t in blk):
+        # ff.layers.2's adapter backward on a bf16 base, at lora_A's input grad (fp32, b*s*4h; measured
+        # on the op timeline): the block's saved set still whole, the grads made (lora_A's and lora_B's
+        # included) and one b*s*h fp32 grad (the output grad's copy, ToCopyBackward)
+        points[f"block {i} down adapter backward"] = (earlier + _upto(blk, "mlp.out") + made
+                                                      + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
     return points
 
 

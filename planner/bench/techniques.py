@@ -266,7 +266,22 @@ def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSp
     return ([(f"{name} b{b} s{s} {prec} {tune}", cfg,
               TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
              for name, cfg, b, s in models for tune, kw in tunes for prec in precisions for pol in policies]
-            + ([] if quick else policy_qwen3_lora_grid() + policy_qlora_grid()))
+            + ([] if quick else policy_qwen3_lora_grid() + policy_qlora_grid() + policy_book_finetune_grid()))
+
+
+BOOK_FT_POLICIES = ("every:2",)  # the book's own fine-tuning walk (planner/arch/gpt2_book.py _checkpointed)
+
+
+def policy_book_finetune_grid() -> list[tuple[str, object, TrainSpec]]:
+    """The book's GPT-2 fine-tuned (its own walk: planner/arch/gpt2_book.py) under the policies it estimates: the
+    grid's V500 h48 L4, LoRA r8 on W_query, W_value and the last block trained (last:1), fp32 and a bf16 base (the
+    book fine-tunes without autocast)."""
+    cfg = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4, drop_rate=0.0,
+                     qkv_bias=False)
+    tunes = (("LoRA r8", {"lora_r": 8, "lora_targets": "W_query,W_value"}), ("last:1", {"train_layers": "last:1"}))
+    return [(f"gpt2 (book) V500 h48 L4 b2 s32 {prec} {tune}", cfg,
+             TrainSpec(2, 32, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
+            for tune, kw in tunes for prec in ("fp32", "bf16") for pol in BOOK_FT_POLICIES]
 
 
 def policy_qwen3_lora_grid() -> list[tuple[str, object, TrainSpec]]:

@@ -45,7 +45,7 @@ def check_policy_estimable(cfg, spec) -> None:
     # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept, a
     # quantized base through its fp32 twin there, whose policy sees bitsandbytes' custom ops: policy_ops; the
     # book's GPT-2 walks its own block there)
-    if spec.finetuning and family_of(cfg).own_finetune_step:
+    if spec.finetuning and family_of(cfg).own_finetune_step and policy == "selective":
         raise ConfigError(f"checkpointing policy {policy} with fine-tuning of this model (its own fine-tuning walk) is "
                           "measured and simulated, not estimated yet (use simulate train or measure train)")
     if policy == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
