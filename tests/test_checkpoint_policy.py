@@ -58,7 +58,9 @@ def test_cli_checkpointing_flag():
     assert plain.returncode == 0 and json.loads(plain.stdout)["run"]["checkpointing"] is True
     assert json.loads(plain.stdout)["run"]["checkpoint_policy"] == "full"
     for policy, extra, needle in (("every:x", (), "unknown checkpointing policy"),
-                                  ("selective", ("--train-layers", "last:2"), "not estimated yet")):
+                                  ("every:2", ("--offload-activations",), "full checkpointing or none"),
+                                  ("selective", ("--train-layers", "last:2", "--grad-accum", "2"),
+                                   "gradient accumulation is not modelled")):
         proc = _cli("estimate", "train", "--model", "gpt2-small", "--batch-size", "1", "--seq-len", "64",
                     "--checkpointing", policy, *extra)
         assert proc.returncode == EXIT_INVALID and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -216,9 +218,16 @@ def test_book_gpt2_every_k_with_finetuning(cfg, kw, policy, precision):
     assert est.peak_phase == meas["peak_phase"]
 
 
-def test_policy_with_finetuning_refusals():
+def test_book_gpt2_selective_with_finetuning():
+    """The book's own walk under selective (planner/arch/gpt2_book.py _checkpointed): each block with a graph keeps
+    the outputs torchtitan's policy saves, counted in the book's op order (W_key first), with LoRA's adapter
+    matmuls; a frozen block without a graph keeps none (last:1 = full checkpointing's peak); every phase to the
+    byte."""
     from planner.estimate.training import estimate_training
 
-    book = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4)
-    with pytest.raises(ConfigError, match="not estimated yet"):
-        estimate_training(book, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="selective", train_layers="last:1"))
+    for kw in ({"lora_r": 8, "lora_targets": "W_query,W_value"}, {"train_layers": "last:1"}):
+        spec = TrainSpec(2, 32, "fp32", "adamw", checkpointing=True, checkpoint_policy="selective", **kw)
+        est, meas = estimate_training(BOOK4, spec), measure_training(BOOK4, spec)
+        assert est.phase_peak_bytes == meas["phase_peak_bytes"], kw
+        full = estimate_training(BOOK4, TrainSpec(2, 32, "fp32", "adamw", checkpointing=True, **kw))
+        assert (est.peak_bytes > full.peak_bytes) == ("lora_r" in kw)

@@ -85,13 +85,27 @@ class BookGPT2(Family):
         terms, ce_saved, _ = book_activations(cfg, spec, w, trains, adapted)
         blocks = per_block_all(cfg, spec, w, trains, adapted)
         if spec.checkpointing:
-            terms, backward_points, forward_points = _checkpointed(cfg, spec, w, blocks, terms, train)
+            ops = self.finetune_selective_ops(cfg, spec, w, adapted) if spec.checkpoint_policy == "selective" else None
+            terms, backward_points, forward_points = _checkpointed(cfg, spec, w, blocks, terms, train, ops)
         else:
             backward_points = _backward_points(cfg, spec, w, blocks, train)
             forward_points = (_forward_mlp_points(cfg, spec, w, blocks)
                               | _forward_head_points(cfg, spec, w, blocks, terms))
         return {"terms": terms, "ce_saved": ce_saved, "forward_points": forward_points,
                 "backward_points": backward_points, "loss_bytes": w.e_ce}
+
+    def finetune_selective_ops(self, cfg, spec, w, adapted: dict) -> list:
+        """The block's ops as the selective policy sees them with LoRA's two adapter matmuls after each adapted
+        Linear (planner/checkpointing.py with_adapters; the adapters fp32: the book fine-tunes without autocast)."""
+        from ..checkpointing import with_adapters
+
+        label = {"att.W_query": "W_query", "att.W_key": "W_key", "att.W_value": "W_value", "att.out_proj": "out_proj",
+                 "ff.layers.0": "ff in", "ff.layers.2": "ff out"}
+        first = min((lin.block for lin in adapted.values() if lin.block is not None), default=None)
+        adapters = {label[lin.module.split(".", 2)[2]]: (lin.n_in, lin.n_out)
+                    for lin in adapted.values() if lin.block == first}
+        return with_adapters(self.selective_ops(cfg, spec, w), adapters, spec.batch_size * spec.seq_len, spec.lora_r,
+                             ADAPTER_BYTES)
 
     def presets(self) -> dict:
         return {
@@ -246,15 +260,18 @@ class BookGPT2(Family):
 
     # ---- the real model -------------------------------------------------------------------------------
     def selective_ops(self, c: GPT2Config, spec, w) -> list:
-        """The book's block (planner/models/gpt2.py): W_query, W_key, W_value (aten.mm without qkv_bias, addmm
-        with it), the attention (eager: `@` is bmm; sdpa: the CPU flash kernel unless dropout runs the math path),
-        out_proj and the feed-forward's two Linears (biased: addmm)."""
+        """The book's block (planner/models/gpt2.py): W_key, W_query, W_value in the book's order (keys first:
+        with LoRA's adapter matmuls among them, the order decides which the every-second-mm rule keeps; measured,
+        V500 h48 b2 s32 LoRA r8 on W_query, W_value selective: W_key's, W_query's lora_A, W_value's and its lora_B
+        outputs kept) (aten.mm without qkv_bias, addmm with it), the attention (eager: `@` is bmm; sdpa: the CPU
+        flash kernel unless dropout runs the math path), out_proj and the feed-forward's two Linears (biased:
+        addmm)."""
         from .decoder import attention_op, linear_op
 
         b, s, h = spec.batch_size, spec.seq_len, c.emb_dim
         n, a, d = b * s, c.n_heads, c.emb_dim // c.n_heads
         flash = c.attention == "sdpa" and not (c.drop_rate > 0 and spec.device_type == "cpu")
-        return ([linear_op(name, n, h, h, c.qkv_bias, w) for name in ("W_query", "W_key", "W_value")]
+        return ([linear_op(name, n, h, h, c.qkv_bias, w) for name in ("W_key", "W_query", "W_value")]
                 + [attention_op("sdpa" if flash else "eager", b, s, a, d, w), linear_op("out_proj", n, h, h, True, w),
                    linear_op("ff in", n, h, 4 * h, True, w), linear_op("ff out", n, 4 * h, h, True, w)])
 
@@ -574,14 +591,19 @@ def _stashes(cfg, spec, w, blocks: list[list[Term]]) -> list[int]:
     return [bsh * w.e_r if blk else 0 for blk in blocks]
 
 
-def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], train):
+def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], train, ops: list | None = None):
     """GPTModel with gradient_checkpointing: `x = checkpoint(block, x, use_reentrant=False)` per block
     (every:K: blocks 0, K, 2K, ...; the others `x = block(x)` in the same loop, keeping their saved sets).
     The forward keeps only the checkpointed blocks' stashed inputs; backward recomputes each such block it
     reaches (saving the same set as without checkpointing: the recompute runs on the same inputs) and then
-    runs its backward; an uncheckpointed block's points are _backward_points' on its saved set. Returns the
-    saved terms, the backward's and the forward's high points (read off the op timeline)."""
-    from ..checkpointing import checkpointed_blocks
+    runs its backward; an uncheckpointed block's points are _backward_points' on its saved set. selective
+    (`ops`: the block's ops, BookGPT2.finetune_selective_ops): every block checkpointed, and each block whose
+    backward runs (one with an autograd graph) keeps the outputs the policy saves (planner/checkpointing.py
+    selective_saved) from its forward to its recompute, which takes them over (the same tensors full
+    checkpointing's recompute makes); when the block's last op is one of them it stays beside the recompute
+    through the block's backward (planner/estimate/finetune.py selective_tail says why). Returns the saved
+    terms, the backward's and the forward's high points (read off the op timeline)."""
+    from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved
 
     b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
     e = w.e_r
@@ -589,8 +611,13 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
     L = cfg.n_layers
     ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
     stash = [x if i in ckpt else 0 for i, x in enumerate(_stashes(cfg, spec, w, blocks))]
-    kept = [stash[i] if i in ckpt else sum(t.bytes for t in blocks[i]) for i in range(L)]  # through the backward
+    cache = [selective_saved(ops) if ops is not None and blocks[i] else 0 for i in range(L)]
+    cached_last = ops[-1][2] if ops and saved_ops(ops) and saved_ops(ops)[-1] is ops[-1] else 0
+    kept = [stash[i] + cache[i] if i in ckpt else sum(t.bytes for t in blocks[i]) for i in range(L)]  # to backward
     out = [Term("checkpointed block inputs (blocks that save)", "n*b*s*h*e", sum(stash), where="ckpt")]
+    if any(cache):
+        out.append(Term("selective checkpointing: the outputs the policy saves (every second mm)",
+                        "blocks with a graph * odd aten.mm outputs", sum(cache), where="ckpt"))
     out += [dataclasses.replace(t, name=f"block {i} (not checkpointed: {spec.checkpoint_policy}): {t.name}",
                                 per_layer=False, where="ckpt")
             for i, blk in enumerate(blocks) if i not in ckpt for t in blk]
@@ -600,9 +627,14 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
     # forward: GPTModel.forward's tok_embeds and pos_embeds, the stashes, the last block's input (its
     # loop variable x), the residual after attention and the feed-forward's input, and the GELU at
     # 0.044715 * pow(x, 3) (x, 0.5 * x, pow and the product, b*s*4h each; nothing is saved inside)
-    alive = bsh * e + s * h * e + sum(kept[:-1]) + 3 * bsh * e
+    # the last block's own cached outputs made before a point: before its attention, before ff.layers.2
+    saved = saved_ops(ops) if ops and cache[-1] else []
+    made_before = lambda k: sum(op[2] for op in saved if ops.index(op) < k)
+    at_attention = made_before(next((k for k, op in enumerate(ops) if op[1] in ("bmm", "sdpa")), 0)) if saved else 0
+    at_gelu = made_before(next((k for k, op in enumerate(ops) if op[0] == "ff out"), 0)) if saved else 0
+    alive = bsh * e + s * h * e + sum(kept[:-1]) + at_gelu + 3 * bsh * e
     forward = {"forward gelu": alive + 4 * bsf * e + 4,
-               "forward attention": _forward_attention_point(cfg, spec, w, [[]], sum(kept[:-1]),
+               "forward attention": _forward_attention_point(cfg, spec, w, [[]], sum(kept[:-1]) + at_attention,
                                                              bsh * e + s * h * e + bsh * e)}
     if L - 1 not in ckpt:  # the last block runs on its own saved set (its points as without checkpointing)
         forward = _forward_mlp_points(cfg, spec, w, blocks, earlier=sum(kept[:-1]), loop=True)
@@ -625,7 +657,7 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
             continue
         # the block's input is its stash: norm1 saves that very tensor when it needs grad
         dup = bsh * e if any(t.part == "norm1" and "x, x - mean" in t.name for t in blk) else 0
-        held = sum(kept[:i]) + stash[i] - dup
+        held = sum(kept[:i]) + stash[i] - dup + (cached_last if cache[i] else 0)
         made = grads + grads_by_block[i]["mlp.out"]
         if lora(blk, "mlp.out"):
             # the recompute (started by the first unpack of the block's saved tensors; early stop ends it at

@@ -269,7 +269,7 @@ def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSp
             + ([] if quick else policy_qwen3_lora_grid() + policy_qlora_grid() + policy_book_finetune_grid()))
 
 
-BOOK_FT_POLICIES = ("every:2",)  # the book's own fine-tuning walk (planner/arch/gpt2_book.py _checkpointed)
+BOOK_FT_POLICIES = ("every:2", "selective")  # the book's own fine-tuning walk (planner/arch/gpt2_book.py _checkpointed)
 
 
 def policy_book_finetune_grid() -> list[tuple[str, object, TrainSpec]]:

@@ -19,7 +19,8 @@ With fine-tuning (LoRA, frozen layers) the fine-tuning step models the policy it
 policy_terms / policy_kept: the uncheckpointed blocks' fine-tuning saved sets, selective's outputs with LoRA's
 adapter matmuls counted in the every-second-mm rule, gradient accumulation included; a quantized base, QLoRA,
 through its fp32 twin, whose quantized Linears are bitsandbytes' gemm_4bit custom op, neither saved nor counted);
-the book's GPT-2 (its own fine-tuning walk) is refused here.
+the book's GPT-2 fine-tunes through its own walk (planner/arch/gpt2_book.py _checkpointed: every:K's uncheckpointed
+blocks keep their saved sets, selective's blocks the outputs the policy saves, in the book's op order).
 Gradient accumulation (full training): a later micro-batch runs with every .grad of the earlier ones alive; its
 forward and loss are full's (which count them), its sweep is built the same way from full training's later sweep
 (every new grad a transient added in place, none "made so far"), plus those grads (measured exact, llama, Gemma 2
@@ -44,10 +45,8 @@ def check_policy_estimable(cfg, spec) -> None:
     policy = spec.checkpoint_policy
     # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept, a
     # quantized base through its fp32 twin there, whose policy sees bitsandbytes' custom ops: policy_ops; the
-    # book's GPT-2 walks its own block there)
-    if spec.finetuning and family_of(cfg).own_finetune_step and policy == "selective":
-        raise ConfigError(f"checkpointing policy {policy} with fine-tuning of this model (its own fine-tuning walk) is "
-                          "measured and simulated, not estimated yet (use simulate train or measure train)")
+    # book's GPT-2 in its own walk, planner/arch/gpt2_book.py _checkpointed; gradient accumulation in full
+    # training below, estimate_policy's later micro-batch)
     if policy == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
         raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
 
