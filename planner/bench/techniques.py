@@ -204,6 +204,15 @@ CKPT_BAR_PCT = 1.0
 CKPT_GAP = (" Phi-3 under every:K: an uncheckpointed block runs in checkpointing mode, where the KV cache is off, so SDPA saves v as a view of the fused qkv_proj output and the whole b*s*(a + 2kv)*d*e_m storage stays alive (unless repeat_kv copies v): b*s*(a + kv)*d*e_m a block more than v, found on the simulated step's op log and modelled in planner/arch/phi3.py uncheckpointed_block_extra (phi-3-mini-4k b1 s4096 every:4 was -1.66% without it; tests/test_offload_families.py checks three small shapes to 8 B).")
 
 
+CKPT_REFUSED = (" Not in the grid, refused with one line: LoRA on Phi-3 and on the MoE families (planner/finetune.py; "
+                "not with any checkpointing). Measured under selective with LoRA r8 (V1000 h64 L4 b2 s64, the estimate "
+                "run past that refusal): Phi-3 on qkv_proj, o_proj 4,375,944 B fp32 and 3,840,392 B bf16-AMP, qwen3_moe "
+                "3,928,232 / 3,658,920 B and Mixtral 5,019,016 / 4,880,776 B, each within 4 B of the policy's "
+                "estimate; but the MoE families' LoRA step without checkpointing is 30.7% (Mixtral) and every:2 "
+                "19% (Mixtral) / 9.7% (qwen3_moe) under the measured peak (their experts' saved sets under "
+                "fine-tuning are not modelled), so the refusal stays.")
+
+
 def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     """Every family with a formula file (and the book's GPT-2), its first grid shape with 4 blocks, at fp32,
     bf16-AMP and pure bf16, under every:2, every:3, every:4 and selective (quick: llama and the book's GPT-2,
@@ -406,8 +415,19 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
              "its fine-tuning saved set (its input needs grad: enable_input_require_grads), LoRA's two adapter matmuls "
              "count in the every-second-mm rule, the block's last matmul output the policy cached stays alive through "
              "its backward (the recompute stops before it), and Gemma 2 keeps only the masks its checkpointed layers "
-             "take. Recompute: " + RECOMPUTE_SOURCE + ". Regenerate: "
-             "`python -m planner bench checkpoint-policies --out docs/accuracy.md`. CPU, live-bytes tracker; estimate "
+             "take. With gradient accumulation in full training (rows marked accum2 / accum3) a later micro-batch "
+             "runs with every .grad of the earlier ones alive: its sweep is built from full training's later sweep "
+             "(each new grad a transient added in place) plus those grads (planner/estimate/ckpt_policy.py). On a "
+             "quantized base (rows marked QLoRA: bitsandbytes nf4, peft's recipe, bf16) the step is its fp32 twin's "
+             "with the quantized Linears' forward as bitsandbytes' gemm_4bit custom op, which the policy neither "
+             "saves nor counts among the mms (planner/estimate/finetune.py policy_ops). The book's GPT-2 fine-tunes "
+             "through its own walk (planner/arch/gpt2_book.py _checkpointed): every:K's uncheckpointed blocks keep "
+             "their saved sets and run their backward as without checkpointing; under selective each block with a "
+             "graph keeps the outputs the policy saves, counted in the book's op order (W_key before W_query). "
+             "Recompute: " + RECOMPUTE_SOURCE + ". Regenerate: "
+             "`python -m planner bench checkpoint-policies --out docs/accuracy.md` (add `--new-rows` to measure "
+             "only the rows the section lacks; the others keep their measured and simulated bytes and are estimated "
+             "again). CPU, live-bytes tracker; estimate "
              f"bar {CKPT_BAR_PCT}%, simulate = measure to the byte.", "",
              "| config | policy | estimate | measured | error | simulated - measured (B) | phase est / meas | "
              "recompute |", "|---|---|---:|---:|---:|---:|---|---:|"]
@@ -422,7 +442,7 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
               f"the {CKPT_BAR_PCT}% bar); simulated {'==' if exact else '!='} measured on every row. Gemma 2 "
               "under every:K with K even: no checkpointed layer takes the full-attention mask, so it dies with the "
               "forward (planner/arch/gemma2.py checkpoint_mask_count; these rows were b*s^2*e_r, +0.25..0.39%, "
-              "above before)." + CKPT_GAP]
+              "above before)." + CKPT_GAP + CKPT_REFUSED]
     if kept_full:  # (--new-rows: the full-size rows are full training without accumulation or fine-tuning)
         lines += [""] + kept_full
     elif full if full is not None else not quick:
