@@ -231,3 +231,21 @@ def test_book_gpt2_selective_with_finetuning():
         assert est.phase_peak_bytes == meas["phase_peak_bytes"], kw
         full = estimate_training(BOOK4, TrainSpec(2, 32, "fp32", "adamw", checkpointing=True, **kw))
         assert (est.peak_bytes > full.peak_bytes) == ("lora_r" in kw)
+
+def test_new_rows_keeps_the_sections_measured_rows(tmp_path):
+    """`bench checkpoint-policies --new-rows` (planner/bench/techniques.py kept_policy_rows): the section's rows keep
+    their measured and simulated bytes and measured phase, its full-size table is kept, other sections are not read."""
+    from planner.bench.techniques import CKPT_HEADING, kept_policy_rows
+
+    doc = tmp_path / "acc.md"
+    doc.write_text("# Other\n\n| a | every:2 | 1 | 2 | +0% | +0 | x / y | 1% |\n\n" + CKPT_HEADING + "\n\ntext\n\n"
+                   "| config | policy | estimate | measured | error | simulated - measured (B) | phase est / meas | recompute |\n"
+                   "|---|---|---:|---:|---:|---:|---|---:|\n"
+                   "| llama L4 b2 s64 fp32 | every:2 | 6,569,952 | 6,569,956 | -0.000% | +4 | backward / loss | 13% |\n\n"
+                   "Full size, one preset per family, b1 bf16-AMP AdamW (formula vs the simulated step):\n\n| m |\n\n"
+                   "Worst full-size |formula - simulation| 0.000%.\n\n# Next\n\nbody\n")
+    kept, full = kept_policy_rows(doc)
+    assert kept == {("llama L4 b2 s64 fp32", "every:2"): {"measured_bytes": 6569956, "simulated_bytes": 6569960,
+                                                         "measured_phase": "loss"}}
+    assert full[0].startswith("Full size") and full[-1].startswith("Worst full-size")
+    assert kept_policy_rows(tmp_path / "missing.md") == ({}, [])
