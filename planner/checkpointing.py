@@ -11,8 +11,10 @@ block keeps.
               `_custom_policy`): the outputs of matmuls (aten.mm, every second one recomputed) and of the fused
               attention kernels are saved, pointwise ops are recomputed
 every:K and selective are measured and simulated (the real step) and estimated (planner/estimate/ckpt_policy.py,
-from the full-checkpointing estimate and the family's selective_ops: planner/arch/<family>.py; with fine-tuning,
-planner/estimate/finetune.py policy_terms / policy_kept).
+from the full-checkpointing estimate and the family's selective_ops: planner/arch/<family>.py; with gradient
+accumulation, a later micro-batch's sweep with every .grad alive; with fine-tuning, planner/estimate/finetune.py
+policy_terms / policy_kept, QLoRA through its fp32 twin, and the book's GPT-2 in its own walk,
+planner/arch/gpt2_book.py _checkpointed).
 """
 from __future__ import annotations
 

@@ -58,7 +58,9 @@ def test_cli_checkpointing_flag():
     assert plain.returncode == 0 and json.loads(plain.stdout)["run"]["checkpointing"] is True
     assert json.loads(plain.stdout)["run"]["checkpoint_policy"] == "full"
     for policy, extra, needle in (("every:x", (), "unknown checkpointing policy"),
-                                  ("every:2", ("--train-layers", "last:2"), "not estimated yet")):
+                                  ("every:2", ("--offload-activations",), "full checkpointing or none"),
+                                  ("selective", ("--train-layers", "last:2", "--grad-accum", "2"),
+                                   "gradient accumulation is not modelled")):
         proc = _cli("estimate", "train", "--model", "gpt2-small", "--batch-size", "1", "--seq-len", "64",
                     "--checkpointing", policy, *extra)
         assert proc.returncode == EXIT_INVALID and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -159,11 +161,91 @@ def test_policy_with_finetuning_estimate_within_one_percent(cfg, kw, policy, pre
     assert full.peak_bytes < est.peak_bytes  # the policy keeps more than full checkpointing
 
 
-def test_policy_with_finetuning_refusals():
+@pytest.mark.parametrize("policy,precision,accum", [("every:2", "fp32", 2), ("selective", "bf16-amp", 3)])
+def test_policy_with_grad_accum_in_full_training(policy, precision, accum):
+    """A later micro-batch's sweep runs with every .grad alive (planner/estimate/ckpt_policy.py): its backward phase
+    to the byte but the tracker's 4 B (a small vocabulary: the sweep decides it), above one micro-batch's."""
     from planner.estimate.training import estimate_training
 
-    with pytest.raises(ConfigError, match="grad-accum"):
-        estimate_training(LLAMA4, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="every:2", grad_accum=2))
-    book = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4)
-    with pytest.raises(ConfigError, match="not estimated yet"):
-        estimate_training(book, TrainSpec(2, 32, checkpointing=True, checkpoint_policy="selective", train_layers="last:1"))
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128)
+    spec = TrainSpec(2, 64, precision, "adamw", checkpointing=True, checkpoint_policy=policy, grad_accum=accum)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert abs(est.peak_bytes - meas["peak_bytes"]) <= 0.01 * meas["peak_bytes"], (est.peak_bytes, meas["peak_bytes"])
+    assert est.peak_phase == meas["peak_phase"]
+    assert abs(est.phase_peak_bytes["backward"] - meas["phase_peak_bytes"]["backward"]) <= 16
+    one = estimate_training(cfg, TrainSpec(2, 64, precision, "adamw", checkpointing=True, checkpoint_policy=policy))
+    assert est.phase_peak_bytes["backward"] > one.phase_peak_bytes["backward"]
+    assert any(k.startswith("later micro-batch: ") for k in est.backward_points)
+
+
+@pytest.mark.parametrize("policy,targets", [("selective", None), ("every:2", "all-linear")])
+def test_policy_on_a_quantized_base(policy, targets):
+    """QLoRA under a policy (planner/estimate/quantized.py): the quantized Linears' forward is bitsandbytes'
+    gemm_4bit custom op, which torchtitan's policy neither saves nor counts among the mms (only the adapters' are)."""
+    pytest.importorskip("bitsandbytes")
+    from planner.estimate.training import estimate_training
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128)
+    kw = dict(lora_r=8, quantize_base="nf4", **({"lora_targets": targets} if targets else {}))
+    spec = TrainSpec(2, 64, "bf16", "adamw", checkpointing=True, checkpoint_policy=policy, **kw)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert abs(est.peak_bytes - meas["peak_bytes"]) <= 0.01 * meas["peak_bytes"], (est.peak_bytes, meas["peak_bytes"])
+    assert est.peak_phase == meas["peak_phase"]
+    for phase in ("loss", "backward"):
+        assert abs(est.phase_peak_bytes[phase] - meas["phase_peak_bytes"][phase]) <= 16, phase
+    assert simulate_training(cfg, spec)["peak_bytes"] == meas["peak_bytes"]
+
+
+BOOK4 = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4, drop_rate=0.0, qkv_bias=False)
+
+
+@pytest.mark.parametrize("cfg,kw,policy,precision", [
+    (BOOK4, {"lora_r": 8, "lora_targets": "W_query,W_value"}, "every:2", "fp32"),  # the last block not checkpointed
+    (GPT2Config(vocab_size=300, context_length=64, emb_dim=32, n_heads=2, n_layers=5, drop_rate=0.1),
+     {"lora_r": 4, "lora_targets": "all-linear"}, "every:4", "bf16"),  # the last block checkpointed
+    (BOOK4, {"train_layers": "last:2"}, "every:3", "bf16")])
+def test_book_gpt2_every_k_with_finetuning(cfg, kw, policy, precision):
+    """The book's own fine-tuning walk under every:K (planner/arch/gpt2_book.py _checkpointed): checkpointed
+    blocks keep their input, the others their saved set and their points as without checkpointing; every phase to
+    the byte."""
+    from planner.estimate.training import estimate_training
+
+    spec = TrainSpec(2, 48, precision, "adamw", checkpointing=True, checkpoint_policy=policy, **kw)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert est.phase_peak_bytes == meas["phase_peak_bytes"]
+    assert est.peak_phase == meas["peak_phase"]
+
+
+def test_book_gpt2_selective_with_finetuning():
+    """The book's own walk under selective (planner/arch/gpt2_book.py _checkpointed): each block with a graph keeps
+    the outputs torchtitan's policy saves, counted in the book's op order (W_key first), with LoRA's adapter
+    matmuls; a frozen block without a graph keeps none (last:1 = full checkpointing's peak); every phase to the
+    byte."""
+    from planner.estimate.training import estimate_training
+
+    for kw in ({"lora_r": 8, "lora_targets": "W_query,W_value"}, {"train_layers": "last:1"}):
+        spec = TrainSpec(2, 32, "fp32", "adamw", checkpointing=True, checkpoint_policy="selective", **kw)
+        est, meas = estimate_training(BOOK4, spec), measure_training(BOOK4, spec)
+        assert est.phase_peak_bytes == meas["phase_peak_bytes"], kw
+        full = estimate_training(BOOK4, TrainSpec(2, 32, "fp32", "adamw", checkpointing=True, **kw))
+        assert (est.peak_bytes > full.peak_bytes) == ("lora_r" in kw)
+
+def test_new_rows_keeps_the_sections_measured_rows(tmp_path):
+    """`bench checkpoint-policies --new-rows` (planner/bench/techniques.py kept_policy_rows): the section's rows keep
+    their measured and simulated bytes and measured phase, its full-size table is kept, other sections are not read."""
+    from planner.bench.techniques import CKPT_HEADING, kept_policy_rows
+
+    doc = tmp_path / "acc.md"
+    doc.write_text("# Other\n\n| a | every:2 | 1 | 2 | +0% | +0 | x / y | 1% |\n\n" + CKPT_HEADING + "\n\ntext\n\n"
+                   "| config | policy | estimate | measured | error | simulated - measured (B) | phase est / meas | recompute |\n"
+                   "|---|---|---:|---:|---:|---:|---|---:|\n"
+                   "| llama L4 b2 s64 fp32 | every:2 | 6,569,952 | 6,569,956 | -0.000% | +4 | backward / loss | 13% |\n\n"
+                   "Full size, one preset per family, b1 bf16-AMP AdamW (formula vs the simulated step):\n\n| m |\n\n"
+                   "Worst full-size |formula - simulation| 0.000%.\n\n# Next\n\nbody\n")
+    kept, full = kept_policy_rows(doc)
+    assert kept == {("llama L4 b2 s64 fp32", "every:2"): {"measured_bytes": 6569956, "simulated_bytes": 6569960,
+                                                         "measured_phase": "loss"}}
+    assert full[0].startswith("Full size") and full[-1].startswith("Worst full-size")
+    assert kept_policy_rows(tmp_path / "missing.md") == ({}, [])

@@ -707,7 +707,9 @@ class RMSDecoder(HFCausalLM):
         their autograd node):
         ffn: the activation's backward, with the down projection's grad, the MLP output's grad (b*s*h*e_r)
              and two b*s*f gradients alive; autocast's MLP weight copies (2*f*h) already freed (a later
-             micro-batch: the down projection's backward, whose grad is added in place right after).
+             micro-batch: the down projection's backward, whose grad is added in place right after; under
+             autocast its bf16 weight grad is made before its input grad and both are alive: read off the op
+             timeline, llama V97 h64 b2 s64 bf16-AMP checkpointing accum 2, the backward 16,392 B low before).
         mlp_in: the last MLP input projection's backward (gate_proj's; Phi-3's one gate_up_proj), at its
              input-grad matmul: every MLP weight grad exists (gate's just made); alive are the MLP input
              it saved (b*s*h*e_m), the residual's grad (b*s*h*e_r), the grad of its output (b*s*f*e_m; fused:
@@ -741,7 +743,8 @@ class RMSDecoder(HFCausalLM):
             # fresh grads: the down projection's grad stays; a later micro-batch adds it in place at once,
             # so there the down projection's backward (its grad computed beside dY and d(product)) is the top
             "ffn": x.current + x.bsh * w.e_r + b * s * f * w.e_m - (2 * f * h if w.amp else 0)
-            + (x.down_n * x.e_p + b * s * f * w.e_m if x.g else max(x.down_n * x.e_p, b * s * f * w.e_m)),
+            + (x.down_n * x.e_p + b * s * f * w.e_m if x.g
+               else x.down_n * w.e_m + b * s * f * w.e_m if w.amp else max(x.down_n * x.e_p, b * s * f * w.e_m)),
             "mlp_done": after_mlp + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m + self.mlp_done_extra(c, spec, w),
             "mlp_in": after_mlp + x.bsh * (w.e_r + 2 * w.e_m) + (0 if self.fused_gate_up else x.bsh * w.e_r)
             + (2 if self.fused_gate_up else 1) * b * s * f * w.e_m

@@ -85,13 +85,27 @@ class BookGPT2(Family):
         terms, ce_saved, _ = book_activations(cfg, spec, w, trains, adapted)
         blocks = per_block_all(cfg, spec, w, trains, adapted)
         if spec.checkpointing:
-            terms, backward_points, forward_points = _checkpointed(cfg, spec, w, blocks, terms, train)
+            ops = self.finetune_selective_ops(cfg, spec, w, adapted) if spec.checkpoint_policy == "selective" else None
+            terms, backward_points, forward_points = _checkpointed(cfg, spec, w, blocks, terms, train, ops)
         else:
             backward_points = _backward_points(cfg, spec, w, blocks, train)
             forward_points = (_forward_mlp_points(cfg, spec, w, blocks)
                               | _forward_head_points(cfg, spec, w, blocks, terms))
         return {"terms": terms, "ce_saved": ce_saved, "forward_points": forward_points,
                 "backward_points": backward_points, "loss_bytes": w.e_ce}
+
+    def finetune_selective_ops(self, cfg, spec, w, adapted: dict) -> list:
+        """The block's ops as the selective policy sees them with LoRA's two adapter matmuls after each adapted
+        Linear (planner/checkpointing.py with_adapters; the adapters fp32: the book fine-tunes without autocast)."""
+        from ..checkpointing import with_adapters
+
+        label = {"att.W_query": "W_query", "att.W_key": "W_key", "att.W_value": "W_value", "att.out_proj": "out_proj",
+                 "ff.layers.0": "ff in", "ff.layers.2": "ff out"}
+        first = min((lin.block for lin in adapted.values() if lin.block is not None), default=None)
+        adapters = {label[lin.module.split(".", 2)[2]]: (lin.n_in, lin.n_out)
+                    for lin in adapted.values() if lin.block == first}
+        return with_adapters(self.selective_ops(cfg, spec, w), adapters, spec.batch_size * spec.seq_len, spec.lora_r,
+                             ADAPTER_BYTES)
 
     def presets(self) -> dict:
         return {
@@ -409,15 +423,18 @@ class BookGPT2(Family):
 
     # ---- the real model -------------------------------------------------------------------------------
     def selective_ops(self, c: GPT2Config, spec, w) -> list:
-        """The book's block (planner/models/gpt2.py): W_query, W_key, W_value (aten.mm without qkv_bias, addmm
-        with it), the attention (eager: `@` is bmm; sdpa: the CPU flash kernel unless dropout runs the math path),
-        out_proj and the feed-forward's two Linears (biased: addmm)."""
+        """The book's block (planner/models/gpt2.py): W_key, W_query, W_value in the book's order (keys first:
+        with LoRA's adapter matmuls among them, the order decides which the every-second-mm rule keeps; measured,
+        V500 h48 b2 s32 LoRA r8 on W_query, W_value selective: W_key's, W_query's lora_A, W_value's and its lora_B
+        outputs kept) (aten.mm without qkv_bias, addmm with it), the attention (eager: `@` is bmm; sdpa: the CPU
+        flash kernel unless dropout runs the math path), out_proj and the feed-forward's two Linears (biased:
+        addmm)."""
         from .decoder import attention_op, linear_op
 
         b, s, h = spec.batch_size, spec.seq_len, c.emb_dim
         n, a, d = b * s, c.n_heads, c.emb_dim // c.n_heads
         flash = c.attention == "sdpa" and not (c.drop_rate > 0 and spec.device_type == "cpu")
-        return ([linear_op(name, n, h, h, c.qkv_bias, w) for name in ("W_query", "W_key", "W_value")]
+        return ([linear_op(name, n, h, h, c.qkv_bias, w) for name in ("W_key", "W_query", "W_value")]
                 + [attention_op("sdpa" if flash else "eager", b, s, a, d, w), linear_op("out_proj", n, h, h, True, w),
                    linear_op("ff in", n, h, 4 * h, True, w), linear_op("ff out", n, 4 * h, h, True, w)])
 
@@ -629,7 +646,8 @@ def _upto(blk: list[Term], node: str, inclusive: bool = True) -> int:
     return sum(t.bytes for t in blk if NODES.index(t.part) < k or (inclusive and t.part == node))
 
 
-def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int]:
+def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]], earlier: int | None = None,
+                        loop: bool = False) -> dict[str, int]:
     """The forward's high points in the last block's feed-forward (read off the op timeline), above the
     persistent base: everything the earlier blocks saved, what the last one saved before its GELU, and
     alive without being saved: GPTModel.forward's tok_embeds, pos_embeds and x (the embeddings' sum, or
@@ -639,24 +657,28 @@ def _forward_mlp_points(cfg, spec, w, blocks: list[list[Term]]) -> dict[str, int
             sqrt(2/pi) constant;
       down: when the GELU's input needs grad, its four saved tensors and its output, and beside them the
             second Linear's output (b*s*h);
-      up adapter / down adapter: peft's forward on an adapted ff.layers.0 / ff.layers.2."""
+      up adapter / down adapter: peft's forward on an adapted ff.layers.0 / ff.layers.2.
+    earlier: what the blocks before the last hold (default: their saved sets); loop: GPTModel's checkpointing
+    loop runs the blocks (every:K with the last block not checkpointed), not nn.Sequential: GPTModel's x is
+    the last block's input (no Sequential `input` beside the embeddings' sum)."""
     b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
     e = w.e_r
     bsh, bsf = b * s * h, b * s * 4 * h
     last = blocks[-1]
-    earlier = sum(t.bytes for blk in blocks[:-1] for t in blk)
+    if earlier is None:
+        earlier = sum(t.bytes for blk in blocks[:-1] for t in blk)
     before_gelu = earlier + _upto(last, "mlp.in")
     block_input_saved = any(t.part == "norm1" and "x, x - mean" in t.name for t in last)
     resid_saved = any(t.part == "norm2" and "x, x - mean" in t.name for t in last)
     n2_saved = any(t.part == "mlp.in" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
                    for t in last)
-    alive = (2 * bsh * e + s * h * e
-             + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0)
-             + (0 if resid_saved else bsh * e) + (0 if n2_saved else bsh * e))
+    # tok_embeds and pos_embeds, the embeddings' sum (GPTModel's x) and nn.Sequential's input (the last block's),
+    # or in the loop GPTModel's x, the last block's input
+    fixed = (bsh * e + s * h * e + (0 if block_input_saved else bsh * e) if loop
+             else 2 * bsh * e + s * h * e + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0))
+    alive = fixed + (0 if resid_saved else bsh * e) + (0 if n2_saved else bsh * e)
     points = {"forward gelu": before_gelu + alive + 4 * bsf * e + 4,
-              "forward attention": _forward_attention_point(
-                  cfg, spec, w, blocks, earlier, 2 * bsh * e + s * h * e
-                  + (bsh * e if cfg.n_layers > 1 and not block_input_saved else 0))}
+              "forward attention": _forward_attention_point(cfg, spec, w, blocks, earlier, fixed)}
     if any(t.part == "gelu" for t in last):
         points["forward down"] = before_gelu + alive + 5 * bsf * e + 4 + bsh * e
     lora = lambda node: any(t.part == node and "lora_A output" in t.name for t in last)
@@ -732,33 +754,59 @@ def _stashes(cfg, spec, w, blocks: list[list[Term]]) -> list[int]:
     return [bsh * w.e_r if blk else 0 for blk in blocks]
 
 
-def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], train):
-    """GPTModel with gradient_checkpointing: `x = checkpoint(block, x, use_reentrant=False)` per block.
-    The forward keeps only the blocks' stashed inputs; backward recomputes each block it reaches (saving
-    the same set as without checkpointing: the recompute runs on the same inputs) and then runs its
-    backward. Returns the saved terms, the backward's and the forward's high points (read off the op
-    timeline)."""
+def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], train, ops: list | None = None):
+    """GPTModel with gradient_checkpointing: `x = checkpoint(block, x, use_reentrant=False)` per block
+    (every:K: blocks 0, K, 2K, ...; the others `x = block(x)` in the same loop, keeping their saved sets).
+    The forward keeps only the checkpointed blocks' stashed inputs; backward recomputes each such block it
+    reaches (saving the same set as without checkpointing: the recompute runs on the same inputs) and then
+    runs its backward; an uncheckpointed block's points are _backward_points' on its saved set. selective
+    (`ops`: the block's ops, BookGPT2.finetune_selective_ops): every block checkpointed, and each block whose
+    backward runs (one with an autograd graph) keeps the outputs the policy saves (planner/checkpointing.py
+    selective_saved) from its forward to its recompute, which takes them over (the same tensors full
+    checkpointing's recompute makes); when the block's last op is one of them it stays beside the recompute
+    through the block's backward (planner/estimate/finetune.py selective_tail says why). Returns the saved
+    terms, the backward's and the forward's high points (read off the op timeline)."""
+    from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved
+
     b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
     e = w.e_r
     bsh, bsf = b * s * h, b * s * 4 * h
-    stash = _stashes(cfg, spec, w, blocks)
+    L = cfg.n_layers
+    ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
+    stash = [x if i in ckpt else 0 for i, x in enumerate(_stashes(cfg, spec, w, blocks))]
+    cache = [selective_saved(ops) if ops is not None and blocks[i] else 0 for i in range(L)]
+    cached_last = ops[-1][2] if ops and saved_ops(ops) and saved_ops(ops)[-1] is ops[-1] else 0
+    kept = [stash[i] + cache[i] if i in ckpt else sum(t.bytes for t in blocks[i]) for i in range(L)]  # to backward
     out = [Term("checkpointed block inputs (blocks that save)", "n*b*s*h*e", sum(stash), where="ckpt")]
+    if any(cache):
+        out.append(Term("selective checkpointing: the outputs the policy saves (every second mm)",
+                        "blocks with a graph * odd aten.mm outputs", sum(cache), where="ckpt"))
+    out += [dataclasses.replace(t, name=f"block {i} (not checkpointed: {spec.checkpoint_policy}): {t.name}",
+                                per_layer=False, where="ckpt")
+            for i, blk in enumerate(blocks) if i not in ckpt for t in blk]
     out += [t for t in terms if not t.per_layer]
     last = blocks[-1]
     lora = lambda blk, node: any(t.part == node and "lora_A output" in t.name for t in blk)
     # forward: GPTModel.forward's tok_embeds and pos_embeds, the stashes, the last block's input (its
     # loop variable x), the residual after attention and the feed-forward's input, and the GELU at
     # 0.044715 * pow(x, 3) (x, 0.5 * x, pow and the product, b*s*4h each; nothing is saved inside)
-    alive = bsh * e + s * h * e + sum(stash[:-1]) + 3 * bsh * e
+    # the last block's own cached outputs made before a point: before its attention, before ff.layers.2
+    saved = saved_ops(ops) if ops and cache[-1] else []
+    made_before = lambda k: sum(op[2] for op in saved if ops.index(op) < k)
+    at_attention = made_before(next((k for k, op in enumerate(ops) if op[1] in ("bmm", "sdpa")), 0)) if saved else 0
+    at_gelu = made_before(next((k for k, op in enumerate(ops) if op[0] == "ff out"), 0)) if saved else 0
+    alive = bsh * e + s * h * e + sum(kept[:-1]) + at_gelu + 3 * bsh * e
     forward = {"forward gelu": alive + 4 * bsf * e + 4,
-               "forward attention": _forward_attention_point(cfg, spec, w, [[]], sum(stash[:-1]),
+               "forward attention": _forward_attention_point(cfg, spec, w, [[]], sum(kept[:-1]) + at_attention,
                                                              bsh * e + s * h * e + bsh * e)}
-    if lora(last, "mlp.in"):
+    if L - 1 not in ckpt:  # the last block runs on its own saved set (its points as without checkpointing)
+        forward = _forward_mlp_points(cfg, spec, w, blocks, earlier=sum(kept[:-1]), loop=True)
+    elif lora(last, "mlp.in"):
         # peft's forward on ff.layers.0: the base result, the scaled lora_B output and their fp32 sum, and
         # (bf16 base) the fp32 copy of the input
         forward["forward up adapter"] = alive + bsf * (e + 2 * ADAPTER_BYTES) + (
             bsh * ADAPTER_BYTES if e != ADAPTER_BYTES else 0)
-    forward |= _forward_head_points(cfg, spec, w, [[Term("stashes", "", sum(stash))]], terms)
+    forward |= _forward_head_points(cfg, spec, w, [[Term("kept", "", sum(kept))]], terms)
     grads_by_block, head = _block_grads(cfg, train)
     points = {}
     grads = head
@@ -766,9 +814,13 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
         blk = blocks[i]
         if not blk:
             continue
+        if i not in ckpt:
+            points.update(_saved_block_points(cfg, spec, w, blk, i, sum(kept[:i]), grads, grads_by_block[i]))
+            grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
+            continue
         # the block's input is its stash: norm1 saves that very tensor when it needs grad
         dup = bsh * e if any(t.part == "norm1" and "x, x - mean" in t.name for t in blk) else 0
-        held = sum(stash[:i]) + stash[i] - dup
+        held = sum(kept[:i]) + stash[i] - dup + (cached_last if cache[i] else 0)
         made = grads + grads_by_block[i]["mlp.out"]
         if lora(blk, "mlp.out"):
             # the recompute (started by the first unpack of the block's saved tensors; early stop ends it at
@@ -844,28 +896,35 @@ def _backward_points(cfg, spec, w, blocks: list[list[Term]], train) -> dict[str,
     block's second Linear's), the residual stream's grad (b*s*h), and
       gelu: in the backward of 0.5 * x * (1 + tanh): the GELU output's grad and both factors' grads
             (b*s*4h each)."""
-    b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
-    e = w.e_r
-    bsh, bsf = b * s * h, b * s * 4 * h
     grads_by_block, head = _block_grads(cfg, train)
     points = {}
     grads = head
     for i in range(cfg.n_layers - 1, -1, -1):
-        blk = blocks[i]
-        if not any(t.part == "gelu" for t in blk):
-            grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
-            continue
-        earlier = sum(t.bytes for bl in blocks[:i] for t in bl)
-        made = grads + grads_by_block[i]["mlp.out"]
-        points[f"block {i} gelu backward"] = earlier + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
-        points[f"block {i} softmax backward"] = earlier + _attention_backward(blk, spec, cfg, w, grads_by_block[i], grads)
-        if e != ADAPTER_BYTES and any(t.part == "mlp.out" and "lora_A output" in t.name for t in blk):
-            # ff.layers.2's adapter backward on a bf16 base, at lora_A's input grad (fp32, b*s*4h; measured
-            # on the op timeline): the block's saved set still whole, the grads made (lora_A's and lora_B's
-            # included) and one b*s*h fp32 grad (the output grad's copy, ToCopyBackward)
-            points[f"block {i} down adapter backward"] = (earlier + _upto(blk, "mlp.out") + made
-                                                          + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
+        points.update(_saved_block_points(cfg, spec, w, blocks[i], i, sum(t.bytes for bl in blocks[:i] for t in bl),
+                                          grads, grads_by_block[i]))
         grads += grads_by_block[i]["mlp.out"] + grads_by_block[i]["rest"]
+    return points
+
+
+def _saved_block_points(cfg, spec, w, blk: list[Term], i: int, earlier: int, grads: int,
+                        block_grads: dict[str, int]) -> dict[str, int]:
+    """_backward_points' points in block i, which backward runs on its saved set (not recomputed), above
+    `earlier` (what the blocks before it hold) and `grads` (the grads made before it)."""
+    b, s, h = spec.batch_size, spec.seq_len, cfg.emb_dim
+    e = w.e_r
+    bsh, bsf = b * s * h, b * s * 4 * h
+    points = {}
+    if not any(t.part == "gelu" for t in blk):
+        return points
+    made = grads + block_grads["mlp.out"]
+    points[f"block {i} gelu backward"] = earlier + _upto(blk, "gelu") + made + bsh * e + 3 * bsf * e
+    points[f"block {i} softmax backward"] = earlier + _attention_backward(blk, spec, cfg, w, block_grads, grads)
+    if e != ADAPTER_BYTES and any(t.part == "mlp.out" and "lora_A output" in t.name for t in blk):
+        # ff.layers.2's adapter backward on a bf16 base, at lora_A's input grad (fp32, b*s*4h; measured
+        # on the op timeline): the block's saved set still whole, the grads made (lora_A's and lora_B's
+        # included) and one b*s*h fp32 grad (the output grad's copy, ToCopyBackward)
+        points[f"block {i} down adapter backward"] = (earlier + _upto(blk, "mlp.out") + made
+                                                      + bsh * ADAPTER_BYTES + bsf * ADAPTER_BYTES)
     return points
 
 

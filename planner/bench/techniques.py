@@ -204,6 +204,15 @@ CKPT_BAR_PCT = 1.0
 CKPT_GAP = (" Phi-3 under every:K: an uncheckpointed block runs in checkpointing mode, where the KV cache is off, so SDPA saves v as a view of the fused qkv_proj output and the whole b*s*(a + 2kv)*d*e_m storage stays alive (unless repeat_kv copies v): b*s*(a + kv)*d*e_m a block more than v, found on the simulated step's op log and modelled in planner/arch/phi3.py uncheckpointed_block_extra (phi-3-mini-4k b1 s4096 every:4 was -1.66% without it; tests/test_offload_families.py checks three small shapes to 8 B).")
 
 
+CKPT_REFUSED = (" Not in the grid, refused with one line: LoRA on Phi-3 and on the MoE families (planner/finetune.py; "
+                "not with any checkpointing). Measured under selective with LoRA r8 (V1000 h64 L4 b2 s64, the estimate "
+                "run past that refusal): Phi-3 on qkv_proj, o_proj 4,375,944 B fp32 and 3,840,392 B bf16-AMP, qwen3_moe "
+                "3,928,232 / 3,658,920 B and Mixtral 5,019,016 / 4,880,776 B, each within 4 B of the policy's "
+                "estimate; but the MoE families' LoRA step without checkpointing is 30.7% (Mixtral) and every:2 "
+                "19% (Mixtral) / 9.7% (qwen3_moe) under the measured peak (their experts' saved sets under "
+                "fine-tuning are not modelled), so the refusal stays.")
+
+
 def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     """Every family with a formula file (and the book's GPT-2), its first grid shape with 4 blocks, at fp32,
     bf16-AMP and pure bf16, under every:2, every:3, every:4 and selective (quick: llama and the book's GPT-2,
@@ -226,7 +235,26 @@ def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
         precisions, policies = ("bf16-amp",), ("every:3", "selective")
     return ([(f"{name} b{b} s{s} {prec}", cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol))
              for name, cfg, b, s in models for prec in precisions for pol in policies]
-            + policy_finetune_grid(quick))
+            + policy_accum_grid(quick) + policy_finetune_grid(quick))
+
+
+def policy_accum_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
+    """The policies with gradient accumulation in full training (a later micro-batch's sweep runs with every .grad
+    alive): llama, Gemma 2 and Qwen 3 at their first grid shape with 4 blocks, every:2 and selective, fp32 and
+    bf16-AMP, 2 and 3 micro-batches (quick: llama every:2 fp32 accum 2)."""
+    from ..arch import families
+
+    fams = families()
+    models = []
+    for fam_name in ("llama", "gemma2", "qwen3"):
+        label, cfg, b, s = fams[fam_name].grid_configs()[0]
+        models.append((f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4", fams[fam_name].with_layers(cfg, 4), b, s))
+    precisions, policies, accums = ("fp32", "bf16-amp"), ("every:2", "selective"), (2, 3)
+    if quick:
+        models, precisions, policies, accums = models[:1], ("fp32",), ("every:2",), (2,)
+    return [(f"{name} b{b} s{s} {prec} accum{n}", cfg,
+             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, grad_accum=n))
+            for name, cfg, b, s in models for prec in precisions for pol in policies for n in accums]
 
 
 def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
@@ -244,9 +272,59 @@ def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSp
     precisions, policies = ("fp32", "bf16-amp"), ("every:2", "selective")
     if quick:
         models, tunes, precisions = models[:1], tunes[:1], ("bf16-amp",)
-    return [(f"{name} b{b} s{s} {prec} {tune}", cfg,
-             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
-            for name, cfg, b, s in models for tune, kw in tunes for prec in precisions for pol in policies]
+    return ([(f"{name} b{b} s{s} {prec} {tune}", cfg,
+              TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
+             for name, cfg, b, s in models for tune, kw in tunes for prec in precisions for pol in policies]
+            + ([] if quick else policy_qwen3_lora_grid() + policy_qlora_grid() + policy_book_finetune_grid()))
+
+
+BOOK_FT_POLICIES = ("every:2", "selective")  # the book's own fine-tuning walk (planner/arch/gpt2_book.py _checkpointed)
+
+
+def policy_book_finetune_grid() -> list[tuple[str, object, TrainSpec]]:
+    """The book's GPT-2 fine-tuned (its own walk: planner/arch/gpt2_book.py) under the policies it estimates: the
+    grid's V500 h48 L4, LoRA r8 on W_query, W_value and the last block trained (last:1), fp32 and a bf16 base (the
+    book fine-tunes without autocast)."""
+    cfg = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4, drop_rate=0.0,
+                     qkv_bias=False)
+    tunes = (("LoRA r8", {"lora_r": 8, "lora_targets": "W_query,W_value"}), ("last:1", {"train_layers": "last:1"}))
+    return [(f"gpt2 (book) V500 h48 L4 b2 s32 {prec} {tune}", cfg,
+             TrainSpec(2, 32, prec, "adamw", checkpointing=True, checkpoint_policy=pol, **kw))
+            for tune, kw in tunes for prec in ("fp32", "bf16") for pol in BOOK_FT_POLICIES]
+
+
+def policy_qwen3_lora_grid() -> list[tuple[str, object, TrainSpec]]:
+    """Qwen 3 (q/k norms in the block) with LoRA r8 (peft's default targets) at its first grid shape with 4 blocks,
+    every:2 and selective, fp32 and bf16-AMP. (Phi-3 and the MoE families do not fine-tune with LoRA here: refused
+    with one line, planner/finetune.py; their measured selective rows are in the section's text.)"""
+    from ..arch import families
+
+    fam = families()["qwen3"]
+    label, cfg, b, s = fam.grid_configs()[0]
+    name = f"qwen3: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4"
+    return [(f"{name} b{b} s{s} {prec} LoRA r8", fam.with_layers(cfg, 4),
+             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, lora_r=8))
+            for prec in ("fp32", "bf16-amp") for pol in ("every:2", "selective")]
+
+
+def policy_qlora_grid() -> list[tuple[str, object, TrainSpec]]:
+    """The policies on a quantized base (QLoRA: planner/estimate/quantized.py, its fp32 twin's policy with
+    bitsandbytes' gemm_4bit ops neither saved nor counted): llama and Qwen 3 at their first grid shape with 4
+    blocks, nf4, LoRA r8 (peft's default targets) and r8 on every linear layer, bf16 (peft's recipe), every:2
+    and selective."""
+    from ..arch import families
+
+    fams = families()
+    rows = []
+    for fam_name in ("llama", "qwen3"):
+        label, cfg, b, s = fams[fam_name].grid_configs()[0]
+        name = f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4"
+        for tune, kw in (("QLoRA nf4 r8", {}), ("QLoRA nf4 r8 all-linear", {"lora_targets": "all-linear"})):
+            for pol in ("every:2", "selective"):
+                rows.append((f"{name} b{b} s{s} bf16 {tune}", fams[fam_name].with_layers(cfg, 4),
+                             TrainSpec(b, s, "bf16", "adamw", checkpointing=True, checkpoint_policy=pol, lora_r=8,
+                                       quantize_base="nf4", **kw)))
+    return rows
 
 
 # One preset per family at full size, bf16-AMP, AdamW: the formula beside the simulated step
@@ -270,15 +348,57 @@ def policy_full_size_rows(progress=print) -> list[dict]:
     return out
 
 
-def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool | None = None) -> str:
+def kept_policy_rows(path) -> tuple[dict, list[str]]:
+    """The measured rows of the policies' section in the file at `path` ((config, policy) -> the measured and
+    simulated bytes and the measured phase) and its full-size table's lines (heading to worst line), for
+    `bench checkpoint-policies --new-rows`."""
+    from pathlib import Path
+
+    text = Path(path).read_text() if Path(path).exists() else ""
+    if CKPT_HEADING not in text:
+        return {}, []
+    sec = text[text.index(CKPT_HEADING):]
+    end = sec.find("\n# ", len(CKPT_HEADING))
+    lines = (sec if end < 0 else sec[:end]).splitlines()
+    kept = {}
+    for line in lines:
+        c = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(c) == 8 and c[3].replace(",", "").isdigit():
+            meas = int(c[3].replace(",", ""))
+            kept[(c[0], c[1])] = {"measured_bytes": meas, "simulated_bytes": meas + int(c[5].replace(",", "")),
+                                  "measured_phase": c[6].split(" / ")[1]}
+    start = next((i for i, line in enumerate(lines) if line.startswith("Full size, one preset per family")), None)
+    full = [] if start is None else lines[start:]
+    while full and not full[-1].strip():
+        full.pop()
+    return kept, full
+
+
+def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool | None = None,
+                                 kept_from: str | None = None) -> str:
     """The policies' grid: each row estimated (planner/estimate/ckpt_policy.py), measured (the real step, live
     bytes on the CPU) and simulated (fake tensors), with the recompute each policy adds (its FLOP share, from the
-    ops' FLOPs); then, without --quick, one preset per family at full size against the simulated step."""
+    ops' FLOPs); then, without --quick, one preset per family at full size against the simulated step.
+    kept_from (a markdown file with this section): the rows its table has keep their measured and simulated bytes
+    (every row is estimated again), only the others are measured, and its full-size table is kept as it is."""
     from .main import run_accuracy
     from ..estimate.ckpt_policy import RECOMPUTE_SOURCE, recompute_share
 
     grid = policy_grid(quick)
-    rows = run_accuracy(grid, in_process=True, simulate=True, progress=progress)
+    kept, kept_full = kept_policy_rows(kept_from) if kept_from else ({}, [])
+    fresh = [row for row in grid if (row[0], row[2].checkpoint_policy) not in kept]
+    measured = iter(run_accuracy(fresh, in_process=True, simulate=True, progress=progress))
+    rows = []
+    for label, cfg, spec in grid:
+        old = kept.get((label, spec.checkpoint_policy))
+        if old is None:
+            rows.append(next(measured))
+            continue
+        est = estimate_training(cfg, spec)
+        rows.append({"config": label, "estimate_bytes": est.peak_bytes, "estimated_phase": est.peak_phase,
+                     "error_pct": 100.0 * (est.peak_bytes - old["measured_bytes"]) / old["measured_bytes"], **old})
+    if kept_from:
+        progress(f"{len(grid) - len(fresh)} rows kept from {kept_from}, {len(fresh)} measured")
     lines = [CKPT_HEADING, "",
              "`--checkpointing every:K`: blocks 0, K, 2K, ... checkpointed (transformers' "
              "`activation_checkpointing_enable(every_n_layers=K)`; the same rule in the book's GPT-2). "
@@ -295,8 +415,19 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
              "its fine-tuning saved set (its input needs grad: enable_input_require_grads), LoRA's two adapter matmuls "
              "count in the every-second-mm rule, the block's last matmul output the policy cached stays alive through "
              "its backward (the recompute stops before it), and Gemma 2 keeps only the masks its checkpointed layers "
-             "take. Recompute: " + RECOMPUTE_SOURCE + ". Regenerate: "
-             "`python -m planner bench checkpoint-policies --out docs/accuracy.md`. CPU, live-bytes tracker; estimate "
+             "take. With gradient accumulation in full training (rows marked accum2 / accum3) a later micro-batch "
+             "runs with every .grad of the earlier ones alive: its sweep is built from full training's later sweep "
+             "(each new grad a transient added in place) plus those grads (planner/estimate/ckpt_policy.py). On a "
+             "quantized base (rows marked QLoRA: bitsandbytes nf4, peft's recipe, bf16) the step is its fp32 twin's "
+             "with the quantized Linears' forward as bitsandbytes' gemm_4bit custom op, which the policy neither "
+             "saves nor counts among the mms (planner/estimate/finetune.py policy_ops). The book's GPT-2 fine-tunes "
+             "through its own walk (planner/arch/gpt2_book.py _checkpointed): every:K's uncheckpointed blocks keep "
+             "their saved sets and run their backward as without checkpointing; under selective each block with a "
+             "graph keeps the outputs the policy saves, counted in the book's op order (W_key before W_query). "
+             "Recompute: " + RECOMPUTE_SOURCE + ". Regenerate: "
+             "`python -m planner bench checkpoint-policies --out docs/accuracy.md` (add `--new-rows` to measure "
+             "only the rows the section lacks; the others keep their measured and simulated bytes and are estimated "
+             "again). CPU, live-bytes tracker; estimate "
              f"bar {CKPT_BAR_PCT}%, simulate = measure to the byte.", "",
              "| config | policy | estimate | measured | error | simulated - measured (B) | phase est / meas | "
              "recompute |", "|---|---|---:|---:|---:|---:|---|---:|"]
@@ -311,8 +442,10 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
               f"the {CKPT_BAR_PCT}% bar); simulated {'==' if exact else '!='} measured on every row. Gemma 2 "
               "under every:K with K even: no checkpointed layer takes the full-attention mask, so it dies with the "
               "forward (planner/arch/gemma2.py checkpoint_mask_count; these rows were b*s^2*e_r, +0.25..0.39%, "
-              "above before)." + CKPT_GAP]
-    if full if full is not None else not quick:
+              "above before)." + CKPT_GAP + CKPT_REFUSED]
+    if kept_full:  # (--new-rows: the full-size rows are full training without accumulation or fine-tuning)
+        lines += [""] + kept_full
+    elif full if full is not None else not quick:
         fr = policy_full_size_rows(progress)
         lines += ["", "Full size, one preset per family, b1 bf16-AMP AdamW (formula vs the simulated step):", "",
                   "| model | policy | peak (formula) | peak (simulated) | error | peak phase | recompute |",
@@ -331,8 +464,12 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
     return "\n".join(lines) + "\n"
 
 
-def main_checkpointing(quick: bool = False, out: str | None = None) -> int:
-    text = checkpoint_policies_markdown(quick)
+def main_checkpointing(quick: bool = False, out: str | None = None, new_rows: bool = False) -> int:
+    if new_rows and not out:
+        from ..validation import ConfigError
+
+        raise ConfigError("--new-rows goes with --out (the file whose section keeps its measured rows)")
+    text = checkpoint_policies_markdown(quick, kept_from=out if new_rows else None)
     print(text)
     if out:
         write_section(out, text)

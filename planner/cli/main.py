@@ -187,6 +187,10 @@ def build_parser() -> _Parser:
     b.add_argument("--grid", default="all",
                    help="record: the grid whose rows are measured into tests/data/measured/<grid>.jsonl (accuracy, "
                         "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them")
+    b.add_argument("--new-rows", action="store_true",
+                   help="checkpoint-policies: measure only the rows the --out file's section lacks; the others keep "
+                        "their measured and simulated bytes from it (every row estimated again), and its full-size "
+                        "table is kept")
     b.add_argument("--from-records", action="store_true",
                    help="record: measure nothing; write the grid's section (all: every recorded grid's) from its "
                         "recorded rows, re-estimated with the code as it is (planner/bench/recorded.py)")
@@ -526,7 +530,7 @@ def cmd_bench(args) -> int:
     if args.what == "checkpoint-policies":  # issue #24: planner/bench/techniques.py
         from ..bench.techniques import main_checkpointing
 
-        return main_checkpointing(quick=args.quick, out=args.out)
+        return main_checkpointing(quick=args.quick, out=args.out, new_rows=args.new_rows)
     if args.what == "offload-activations":  # issue #24: save_on_cpu measured, simulated, estimated
         from ..bench.offload_act import main as bench_offload_act
 

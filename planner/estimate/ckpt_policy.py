@@ -17,8 +17,14 @@ selective (torchtitan's op policy through create_selective_checkpoint_contexts)
   cached outputs are the recompute's own tensors: no extra).
 With fine-tuning (LoRA, frozen layers) the fine-tuning step models the policy itself (planner/estimate/finetune.py
 policy_terms / policy_kept: the uncheckpointed blocks' fine-tuning saved sets, selective's outputs with LoRA's
-adapter matmuls counted in the every-second-mm rule, gradient accumulation included); the book's GPT-2 (its own
-fine-tuning walk) and a quantized base are refused here, and so is gradient accumulation in full training.
+adapter matmuls counted in the every-second-mm rule, gradient accumulation included; a quantized base, QLoRA,
+through its fp32 twin, whose quantized Linears are bitsandbytes' gemm_4bit custom op, neither saved nor counted);
+the book's GPT-2 fine-tunes through its own walk (planner/arch/gpt2_book.py _checkpointed: every:K's uncheckpointed
+blocks keep their saved sets, selective's blocks the outputs the policy saves, in the book's op order).
+Gradient accumulation (full training): a later micro-batch runs with every .grad of the earlier ones alive; its
+forward and loss are full's (which count them), its sweep is built the same way from full training's later sweep
+(every new grad a transient added in place, none "made so far"), plus those grads (measured exact, llama, Gemma 2
+and Qwen 3 at 4 blocks, every:2 and selective, fp32 and bf16-AMP, accum 2 and 3: bench checkpoint-policies).
 Measured against both (bench checkpoint-policies): the estimate is held to 1% of the live-bytes peak.
 """
 from __future__ import annotations
@@ -37,26 +43,17 @@ from . import step
 def check_policy_estimable(cfg, spec) -> None:
     """One line for what the policy estimate does not model."""
     policy = spec.checkpoint_policy
-    # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept; the
-    # book's GPT-2 walks its own block there, and a quantized base is not measured under a policy)
-    if spec.finetuning and family_of(cfg).own_finetune_step:
-        raise ConfigError(f"checkpointing policy {policy} with fine-tuning of this model (its own fine-tuning walk) is "
-                          "measured and simulated, not estimated yet (use simulate train or measure train)")
-    if spec.finetuning and getattr(spec, "quantize_base", "none") != "none":
-        raise ConfigError(f"checkpointing policy {policy} with a quantized base is measured and simulated, not "
-                          "estimated yet (use simulate train or measure train)")
-    if spec.grad_accum > 1 and not spec.finetuning:
-        # (fine-tuning's later micro-batches are the fine-tuning step's own sweep, grads_exist: measured exact under
-        # every:2 and selective, llama V97 h64 L4 b2 s128 LoRA r8 accum 2, fp32 and bf16-AMP)
-        raise ConfigError(f"checkpointing policy {policy} with --grad-accum > 1 is measured and simulated, not "
-                          "estimated yet (use simulate train or measure train)")
+    # (fine-tuning a decoder family is modelled in planner/estimate/finetune.py policy_terms / policy_kept, a
+    # quantized base through its fp32 twin there, whose policy sees bitsandbytes' custom ops: policy_ops; the
+    # book's GPT-2 in its own walk, planner/arch/gpt2_book.py _checkpointed; gradient accumulation in full
+    # training below, estimate_policy's later micro-batch)
     if policy == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
         raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
 
 
-def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_bytes):
-    """every:K or selective; estimate_training, grad_numels (parameter counts by role) and autocast_weight_bytes are
-    planner.estimate.training's, passed in (no import circle)."""
+def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_bytes, later_sweep_points):
+    """every:K or selective; estimate_training, grad_numels (parameter counts by role), autocast_weight_bytes and
+    later_sweep_points (a later micro-batch's sweep) are planner.estimate.training's, passed in (no import circle)."""
     check_policy_estimable(cfg, spec)
     family = family_of(cfg)
     policy = spec.checkpoint_policy
@@ -76,9 +73,16 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
     fp = full.backward_points
     ops = family.selective_ops(cfg, spec, w)
     extra_n = 0
+    tail = 0
     if policy == "selective":
+        from .finetune import selective_tail
+
         cache = selective_saved(ops)
         kept = [cache] * L                      # what each block keeps besides its input
+        # the block's last matmul output the policy cached stays alive through its backward beside the recompute
+        # (the recompute stops before that op: planner/estimate/finetune.py selective_tail; its weight needs grad,
+        # so it packs); measured: llama V97 h48 L4 b2 s96 selective, the backward b*s*h*e_m low without it
+        tail = selective_tail(cfg, spec, w, block_terms(cfg, full_spec, w))
         extra_fwd = extra_start = L * cache
         none_points = {}
         kinds = ["c"] * L
@@ -109,19 +113,19 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
     # the sweep: point(i) = block i's last-block point - what that estimate held in blocks 0..L-2 + what blocks
     # 0..i-1 hold here + the grads of blocks i+1..L-1 (a last-block point holds none of them)
     points = {"final norm": fp["final norm"] + sum(kept)}
-    names = {kind: [n[len("last block "):] for n in pts if n.startswith("last block ")]
-             for kind, pts in (("c", fp), ("n", none_points))}
-    held = 0
-    for i in range(L):
-        for name in names[kinds[i]]:
-            if i == 0:  # block 0 is checkpointed under both policies; nothing below it
-                value = fp[f"first block {name}"]
-            elif kinds[i] == "c":
-                value = fp[f"last block {name}"] - (L - 1) * ckpt_in + held + (L - 1 - i) * g_blk
-            else:
-                value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk + extra_n
-            points[f"block {i} {name}"] = value
-        held += ckpt_in + kept[i]
+    points.update(_sweep(fp, none_points, kinds, kept, ckpt_in, saved_n, extra_n, g_blk, L, tail))
+    # gradient accumulation: a later micro-batch runs with every .grad of the earlier ones alive (`accum`, full's
+    # forward and loss phases count them already); its sweep adds each new grad in place, a transient (full
+    # training's later sweep, planner/estimate/training.py _backward_sweep grads_exist), so no block's grads are
+    # "made so far"; its loss backward starts with them too
+    accum = grads if spec.grad_accum > 1 else 0
+    if accum:
+        fl = later_sweep_points(cfg, full_spec)
+        nl = (later_sweep_points(cfg, dataclasses.replace(spec, checkpointing=False, checkpoint_policy="full"))
+              if policy != "selective" else {})
+        later = {"final norm": fl["final norm"] + sum(kept)}
+        later.update(_sweep(fl, nl, kinds, kept, ckpt_in, saved_n, extra_n, 0, L, tail))
+        points.update({f"later micro-batch: {k}": accum + v for k, v in later.items()})
     # the masks no checkpointed layer takes die with the forward (planner/arch/gemma2.py checkpoint_mask_count: every:K
     # with K even leaves Gemma 2's full-attention layers uncheckpointed); full's figures hold every mask until block 0
     unkept = ((family.mask_count(cfg) - family.checkpoint_mask_count(cfg, spec)) * b * s * s * w.e_r
@@ -129,15 +133,17 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
     if unkept:
         # (block 0's points are full's first-block ones, the full mask let go already; an uncheckpointed block's,
         # from the estimate without checkpointing, are left as they are)
-        lowered = lambda name: name == "final norm" or (kinds[int(name.split()[1])] == "c" and not name.startswith("block 0 "))
+        def lowered(name):
+            name = name.removeprefix("later micro-batch: ")
+            return name == "final norm" or (kinds[int(name.split()[1])] == "c" and not name.startswith("block 0 "))
         points = {name: v - unkept if lowered(name) else v for name, v in points.items()}
         extra_fwd -= unkept
         extra_start -= unkept
     # full checkpointing's phases with what the policy keeps beyond it (planner/estimate/step.py)
     phase = step.shifted(full.phase_peak_bytes, forward=extra_fwd, loss=extra_fwd,
-                         backward_at_least=(base + start + extra_start, base + max(points.values())))
+                         backward_at_least=(base + accum + start + extra_start, base + max(points.values())))
     if unkept:  # (below full's own backward, whose candidates held the mask: the new ones and every grad's)
-        phase["backward"] = max(base + start + extra_start, base + max(points.values()), phase["zero_grad"])
+        phase["backward"] = max(base + accum + start + extra_start, base + max(points.values()), phase["zero_grad"])
     peak_phase = step.peak(phase)[0]
     notes = [n for n in full.notes if not n.startswith("checkpointing:")] + [note]
     share = recompute_share(cfg, spec)
@@ -150,6 +156,28 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
                                                     "formula": "see planner/estimate/ckpt_policy.py",
                                                     "bytes": extra_start, "per_layer": False, "where": "block",
                                                     "part": ""}])
+
+
+def _sweep(fp, none_points, kinds, kept, ckpt_in, saved_n, extra_n, g_blk, L, tail=0) -> dict[str, int]:
+    """The backward sweep's in-block points, block by block: fp are full checkpointing's points (first and last
+    block), none_points the step's without checkpointing (the uncheckpointed blocks'), kept what each block keeps
+    beyond its input, g_blk one block's grads (0 in a later micro-batch: they exist already), tail what a
+    checkpointed block holds beside its recompute through its backward (selective's cached last matmul output)."""
+    points = {}
+    names = {kind: [n[len("last block "):] for n in pts if n.startswith("last block ")]
+             for kind, pts in (("c", fp), ("n", none_points))}
+    held = 0
+    for i in range(L):
+        for name in names[kinds[i]]:
+            if i == 0:  # block 0 is checkpointed under both policies; nothing below it
+                value = fp[f"first block {name}"] + tail
+            elif kinds[i] == "c":
+                value = fp[f"last block {name}"] - (L - 1) * ckpt_in + held + (L - 1 - i) * g_blk + tail
+            else:
+                value = none_points[f"last block {name}"] - (L - 1) * saved_n + held + (L - 1 - i) * g_blk + extra_n
+            points[f"block {i} {name}"] = value
+        held += ckpt_in + kept[i]
+    return points
 
 
 RECOMPUTE_SOURCE = ("the recomputed ops' FLOPs over the step's, forward + backward ~ 3x the forward: Kaplan et al. "

@@ -14,7 +14,7 @@ from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ConfigError
 from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved, with_adapters
-from ..finetune import adapted_linears, trainable_names
+from ..finetune import adapted_linears, quantized_linears, trainable_names
 from .activations import Term, Widths
 from .record import SweepContext
 from .step import Step, record as step_record
@@ -81,10 +81,10 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
     return family_of(cfg).saved(cfg, spec, w, i, g, trains, adapted)
 
 
-def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]]]:
+def finetune_activations(cfg, spec, w, quantized: bool = False) -> tuple[list[Term], int, list[list[Term]]]:
     """Saved tensors of the whole forward and the loss (as estimate_training's `activations`), the bytes
     saved for the loss (ce_saved), and each block's saved set as backward meets it (recomputed under
-    checkpointing; empty for a block backward does not reach)."""
+    checkpointing; empty for a block backward does not reach). quantized: QLoRA's fp32 twin (policy_ops)."""
     from ..arch import parts
 
     family = family_of(cfg)
@@ -114,7 +114,7 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
         g = True
         # backward recomputes each block with its input needing grad: this is what it saves again
         per_block = [block_saved(cfg, spec, w, i, True, trains, adapted)[0] for i in range(L)]
-        terms += policy_terms(cfg, spec, w, per_block, ckpt)
+        terms += policy_terms(cfg, spec, w, per_block, ckpt, quantized)
     else:
         g = any(t.name in trains for t in inv if t.role == "embed")
         rope_saved = False
@@ -145,14 +145,23 @@ def finetune_activations(cfg, spec, w) -> tuple[list[Term], int, list[list[Term]
     return terms, ce_saved, per_block
 
 
-def policy_ops(cfg, spec, w) -> list | None:
+def policy_ops(cfg, spec, w, quantized: bool = False) -> list | None:
     """The block's ops as torchtitan's selective policy sees them (planner/arch/<family>.py selective_ops), with
     LoRA's two adapter matmuls after each adapted Linear (planner/checkpointing.py with_adapters; the adapters'
-    outputs in the autocast dtype under AMP, else in their own fp32: ADAPTER_BYTES)."""
+    outputs in the autocast dtype under AMP, else in their own fp32: ADAPTER_BYTES).
+    quantized (QLoRA, or its fp32 twin: planner/estimate/quantized.py): each quantized base Linear runs
+    bitsandbytes' MatMul4Bit, whose forward is one custom op, torch.ops.bitsandbytes.gemm_4bit
+    (bitsandbytes/autograd/_functions.py), not an aten.mm: the policy neither saves its output nor counts it
+    among the mms (measured: llama and qwen3 V1000 h64 L4 b2 s64 QLoRA nf4 r8 selective, 4 * 204,800 B below the
+    fp32 twin's = the twin's q, q's lora_B, v, v's lora_B, gate and down outputs less lora_A's of q and v)."""
     family = family_of(cfg)
     ops = family.selective_ops(cfg, spec, w)
     if ops is None:
         return None
+    if quantized or getattr(spec, "quantize_base", "none") != "none":
+        base = {lin.module.rsplit(".", 1)[1] for lin in quantized_linears(cfg) if lin.block is not None}
+        ops = [(label, "gemm_4bit", nbytes, flops) if label in base and kind in ("mm", "addmm") else
+               (label, kind, nbytes, flops) for label, kind, nbytes, flops in ops]
     first = min((lin.block for lin in adapted_linears(family, cfg, spec) if lin.block is not None), default=None)
     adapters = {lin.module.rsplit(".", 1)[1]: (lin.n_in, lin.n_out)
                 for lin in adapted_linears(family, cfg, spec) if lin.block == first}
@@ -160,18 +169,18 @@ def policy_ops(cfg, spec, w) -> list | None:
                          w.e_m if w.amp else ADAPTER_BYTES)
 
 
-def policy_kept(cfg, spec, w, per_block: list[list[Term]]) -> list[int]:
+def policy_kept(cfg, spec, w, per_block: list[list[Term]], quantized: bool = False) -> list[int]:
     """What each block keeps from its forward to its backward under checkpointing (planner/checkpointing.py):
     a checkpointed block its input (b*s*h*e_r) and, under selective, the outputs the policy saves; a block
     every:K leaves alone its whole saved set (block_saved with its input needing grad: enable_input_require_grads)."""
     L = cfg.layers
     ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
     stash = spec.batch_size * spec.seq_len * cfg.hidden * w.e_r
-    cache = selective_saved(policy_ops(cfg, spec, w)) if spec.checkpoint_policy == "selective" else 0
+    cache = selective_saved(policy_ops(cfg, spec, w, quantized)) if spec.checkpoint_policy == "selective" else 0
     return [stash + cache if i in ckpt else sum(t.bytes for t in per_block[i]) for i in range(L)]
 
 
-def selective_tail(cfg, spec, w, blk: list[Term]) -> int:
+def selective_tail(cfg, spec, w, blk: list[Term], quantized: bool = False) -> int:
     """Selective checkpointing: bytes a recomputed block holds beside its saved set, from its backward's start to
     its end. Autograd packs an op's saved inputs before it runs the op (the generated VariableType code), and torch's
     non-reentrant checkpoint stops the recompute at the last pack (torch/utils/checkpoint.py _StopRecomputationError),
@@ -183,12 +192,12 @@ def selective_tail(cfg, spec, w, blk: list[Term]) -> int:
     down_proj's forward output (b*s*h*e_m) alive at block 3's gated-product backward."""
     if spec.checkpoint_policy != "selective" or any(t.part == "norm.post_mlp" for t in blk):
         return 0
-    ops = policy_ops(cfg, spec, w)
+    ops = policy_ops(cfg, spec, w, quantized)
     saved = saved_ops(ops)
     return ops[-1][2] if saved and saved[-1] is ops[-1] else 0
 
 
-def policy_terms(cfg, spec, w, per_block: list[list[Term]], ckpt: set) -> list[Term]:
+def policy_terms(cfg, spec, w, per_block: list[list[Term]], ckpt: set, quantized: bool = False) -> list[Term]:
     """The checkpointing policy's kept tensors beyond full checkpointing's stashed inputs (module doc): every:K's
     uncheckpointed blocks' saved sets, selective's saved op outputs (measured: llama and gemma2 tiny configs,
     LoRA r8 and last:1, every:2 and selective, fp32 and bf16-AMP: `bench checkpoint-policies`)."""
@@ -196,7 +205,7 @@ def policy_terms(cfg, spec, w, per_block: list[list[Term]], ckpt: set) -> list[T
     if policy == "full":
         return []
     if policy == "selective":
-        cache = selective_saved(policy_ops(cfg, spec, w))
+        cache = selective_saved(policy_ops(cfg, spec, w, quantized))
         return [Term("selective checkpointing: the outputs the policy saves (every second mm, SDPA's)",
                      "L*(odd aten.mm outputs + SDPA output and logsumexp)", cfg.layers * cache, where="ckpt")]
     # (their names keep "autocast-cached": autocast_cache_bytes counts those copies once)
@@ -459,7 +468,7 @@ def _recompute_points_amp(cfg, spec, w, i: int, blk: list[Term], below: int, ada
 
 
 def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_after_loss: int,
-           train, grads_exist: bool = False) -> dict[str, int]:
+           train, grads_exist: bool = False, quantized: bool = False) -> dict[str, int]:
     """The backward's high points, block by block from the last (planner/estimate/training.py
     _backward_sweep, here per block: a fine-tuning step's blocks differ): the family's in-block points
     (planner/arch/<family>.py block_points) on the block's own saved set and trainable counts, above what
@@ -481,7 +490,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     grads = 0 if grads_exist else head_n * e_p
     first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
     if spec.checkpointing:
-        kept = policy_kept(cfg, spec, w, per_block)  # full: b*s*h*e_r a block
+        kept = policy_kept(cfg, spec, w, per_block, quantized)  # full: b*s*h*e_r a block
         ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
     for i in range(L - 1, first_reached - 1, -1):
         blk, n = per_block[i], numels[i]
@@ -495,7 +504,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             others = embed_bytes + sum(saved_blocks[:i])
         ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
                            pending=n["mlp_weight"] * e_p if grads_exist else 0,
-                           current=saved_blocks[i] + (stash + selective_tail(cfg, spec, w, blk) if recomputed else 0),
+                           current=saved_blocks[i] + (stash + selective_tail(cfg, spec, w, blk, quantized) if recomputed else 0),
                            mlp_saved=sum(t.bytes for t in blk if t.where == "mlp"),
                            norm_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.mlp"), casts_mlp=0,
                            mlp_n=n["mlp"], down_n=n["down"], attn_n=n["attn_done"],
@@ -737,7 +746,9 @@ def persistent_bytes(cfg, spec, train) -> tuple[int, int, int, int]:
             sum(n * eb for _, n, eb in train))
 
 
-def estimate_finetune(cfg, spec):
+def estimate_finetune(cfg, spec, quantized: bool = False):
+    """A fine-tuning step (module doc); quantized: QLoRA's fp32 twin (planner/estimate/quantized.py), whose
+    checkpointing policy sees the quantized base's custom ops (policy_ops)."""
     if family_of(cfg).own_finetune_step:  # a block not the decoder's (the book's GPT-2): its planner/arch file walks it
         return estimate_own_step(cfg, spec)
     check_supported(cfg, spec)
@@ -749,7 +760,7 @@ def estimate_finetune(cfg, spec):
     train = trainable_params(cfg, spec)
     params, buffers, inputs, grads = persistent_bytes(cfg, spec, train)
     opt_state, opt_tmp = optimizer_terms(train, spec)
-    terms, ce_saved, per_block = finetune_activations(cfg, spec, w)
+    terms, ce_saved, per_block = finetune_activations(cfg, spec, w, quantized)
     fused = None
     if is_fused(loss_kind):  # chunked-ce / cce: the head runs inside the loss (planner/estimate/losses.py)
         terms, ce_saved, fused = finetune_fused(cfg, spec, w, terms, loss_kind)
@@ -771,7 +782,7 @@ def estimate_finetune(cfg, spec):
     scaler = 8 if spec.precision == "fp16-amp" else 0  # GradScaler's 0-d fp32 scale and int32 growth tracker (training.py)
     base = params + buffers + inputs + opt_state + scaler
     a_before_loss = activations - ce_saved
-    backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train)
+    backward_points = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train, quantized=quantized)
     forward_mlp = 0 if spec.checkpointing else _forward_mlp_point(cfg, spec, w, terms, per_block, a_before_loss, fwd)
     forward_attn = 0
     # (a policy that keeps more than the last block's input, selective or every:K leaving the last block
@@ -805,7 +816,7 @@ def estimate_finetune(cfg, spec):
     accum = grads if spec.grad_accum > 1 else 0
     sweep = max(backward_points.values(), default=0)
     if accum:
-        later = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train, grads_exist=True)
+        later = _sweep(cfg, spec, w, terms, per_block, a_before_loss, train, grads_exist=True, quantized=quantized)
         sweep = max(sweep, accum + max(later.values(), default=0))
         backward_points.update({f"later micro-batch: {k}": accum + v for k, v in later.items()})
     cache = autocast_cache_bytes(cfg, spec, w, terms)

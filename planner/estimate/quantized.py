@@ -132,7 +132,7 @@ def estimate_quantized(cfg, spec):
     """The QLoRA step: its fp32 twin's estimate with the quantized weights and the dequantized weights'
     backward points (module doc)."""
     check_supported(cfg, spec)
-    twin = estimate_finetune(cfg, fp32_twin(spec))
+    twin = estimate_finetune(cfg, fp32_twin(spec), quantized=True)
     delta = weights_delta(cfg, spec)
     base = twin.params_bytes + twin.buffers_bytes + twin.inputs_bytes + twin.optimizer_bytes  # the twin's
     points = dequant_points(cfg, spec, twin)

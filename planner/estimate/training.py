@@ -252,54 +252,13 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
     return (param_count(cfg) + 2 * embed) * e_p
 
 
-def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
-    if getattr(spec, "offload_optimizer", False):  # the optimizer on the host: planner/estimate/offload.py
-        from .offload import estimate_offload_optimizer
-
-        return estimate_offload_optimizer(cfg, spec, estimate_training)
-    if getattr(spec, "offload_activations", False):  # saved tensors on the host: planner/estimate/offload_act.py
-        from .offload_act import estimate_offload_activations
-
-        return estimate_offload_activations(cfg, spec, estimate_training, _backward_sweep, autocast_weight_bytes,
-                                            autocast_bias_bytes)
-    policy = getattr(spec, "checkpoint_policy", "full")
-    if spec.checkpointing and policy != "full" and not spec.finetuning:  # every:K, selective: ckpt_policy.py
-        # (with fine-tuning: planner/estimate/finetune.py, the policy's kept tensors in the fine-tuning step)
-        from .ckpt_policy import estimate_policy
-
-        return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes)
-    if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py; a family walking its own
-        # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
-        from .finetune import estimate_finetune, trainable_params
-        from .quantized import estimate_quantized
-
-        if spec.checkpointing and policy != "full":
-            from .ckpt_policy import check_policy_estimable
-
-            check_policy_estimable(cfg, spec)
-
-        if getattr(spec, "quantize_base", "none") != "none":
-            est = estimate_quantized(cfg, spec)
-        else:
-            est = estimate_finetune(cfg, spec)
-        if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
-            est.transients.update(bnb_extra_lines(spec, [n for _, n, _ in trainable_params(cfg, spec)], est.notes))
-        est.categories = estimate_categories(est, spec)
-        return est
+def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
+    """What the forward and loss save: (the block's terms, the terms outside the blocks, the fused loss or None,
+    the saved autocast weight copies, the loss's saved bytes, every saved byte)."""
     family = family_of(cfg)
-    loss_kind = resolved_loss(family, spec)
-    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
-    e_p = DTYPE_BYTES[spec.param_dtype]
     b, s, V, L = spec.batch_size, spec.seq_len, cfg.vocab_size, cfg.layers
     bsV = b * s * V
-
-    params = param_count(cfg) * e_p
-    buffers = buffer_bytes(cfg, spec.param_dtype)
-    inputs = 2 * 8 * b * s  # input ids and targets, int64
-    grads = params          # one .grad per parameter, in the parameter's dtype
-    opt_state = optimizer_state_bytes(cfg, spec)
-    scaler = 8 if spec.precision == "fp16-amp" else 0  # GradScaler's 0-d fp32 scale and int32 growth tracker
-
+    e_p = DTYPE_BYTES[spec.param_dtype]
     blk = family.block_terms(cfg, spec, w)  # the family file describes its block once (planner/arch)
     out = family.outside_terms(cfg, spec, w)
     fused = None
@@ -326,6 +285,73 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         ce_saved = sum(t.bytes for t in fused.saved if t.where == "loss")
         amp_weights -= autocast_weight_bytes(cfg, spec) - autocast_weight_bytes(cfg, spec, blocks_only=True)
     activations = saved_blocks + out_bytes + amp_weights + ce_saved
+    return blk, out, fused, amp_weights, ce_saved, activations
+
+
+def later_sweep_points(cfg: ModelConfig, spec: TrainSpec) -> dict[str, int]:
+    """The backward sweep's points in a later micro-batch of gradient accumulation (every .grad alive already, not
+    counted here: the caller adds them), for full training with this spec (planner/estimate/ckpt_policy.py builds
+    the policies' later micro-batches from full checkpointing's and no checkpointing's)."""
+    family = family_of(cfg)
+    loss_kind = resolved_loss(family, spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    blk, out, _, amp_weights, ce_saved, activations = _saved_terms(cfg, spec, w, loss_kind)
+    return _backward_sweep(cfg, spec, w, blk, out, DTYPE_BYTES[spec.param_dtype], activations - ce_saved,
+                           amp_weights, grads_exist=True)
+
+
+def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+    if getattr(spec, "offload_optimizer", False):  # the optimizer on the host: planner/estimate/offload.py
+        from .offload import estimate_offload_optimizer
+
+        return estimate_offload_optimizer(cfg, spec, estimate_training)
+    if getattr(spec, "offload_activations", False):  # saved tensors on the host: planner/estimate/offload_act.py
+        from .offload_act import estimate_offload_activations
+
+        return estimate_offload_activations(cfg, spec, estimate_training, _backward_sweep, autocast_weight_bytes,
+                                            autocast_bias_bytes)
+    policy = getattr(spec, "checkpoint_policy", "full")
+    if spec.checkpointing and policy != "full" and not spec.finetuning:  # every:K, selective: ckpt_policy.py
+        # (with fine-tuning: planner/estimate/finetune.py, the policy's kept tensors in the fine-tuning step)
+        from .ckpt_policy import estimate_policy
+
+        return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes,
+                               later_sweep_points)
+    if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py; a family walking its own
+        # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
+        from .finetune import estimate_finetune, trainable_params
+        from .quantized import estimate_quantized
+
+        if spec.checkpointing and policy != "full":
+            from .ckpt_policy import check_policy_estimable
+
+            check_policy_estimable(cfg, spec)
+
+        if getattr(spec, "quantize_base", "none") != "none":
+            est = estimate_quantized(cfg, spec)
+        else:
+            est = estimate_finetune(cfg, spec)
+        if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
+            est.transients.update(bnb_extra_lines(spec, [n for _, n, _ in trainable_params(cfg, spec)], est.notes))
+        est.categories = estimate_categories(est, spec)
+        return est
+    family = family_of(cfg)
+    loss_kind = resolved_loss(family, spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    b, s, V = spec.batch_size, spec.seq_len, cfg.vocab_size
+    bsV = b * s * V
+
+    params = param_count(cfg) * e_p
+    buffers = buffer_bytes(cfg, spec.param_dtype)
+    inputs = 2 * 8 * b * s  # input ids and targets, int64
+    grads = params          # one .grad per parameter, in the parameter's dtype
+    opt_state = optimizer_state_bytes(cfg, spec)
+    scaler = 8 if spec.precision == "fp16-amp" else 0  # GradScaler's 0-d fp32 scale and int32 growth tracker
+
+    blk, out, fused, amp_weights, ce_saved, activations = _saved_terms(cfg, spec, w, loss_kind)
+    # (ce_saved: log_softmax output and nll_loss's 0-d total_weight, with transformers' shifted labels)
+    shifted_labels = 8 * b * s if loss_kind == "labels" else 0
 
     logits = bsV * w.e_m
     # The loss's fp32 copy of low-precision logits: autocast's cast for cross_entropy (fp32 list), or
