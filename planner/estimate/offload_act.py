@@ -22,6 +22,9 @@ reads the copies in place. On CUDA the unpack hook makes a device copy of each s
 Checkpointing: checkpoint's own hooks are innermost in a checkpointed block, so save_on_cpu sees only each block's
 input (and the tensors outside the blocks); the recompute in backward runs outside save_on_cpu and stays on the
 device.
+Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
+micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
+Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
 """
 from __future__ import annotations
 
@@ -51,8 +54,6 @@ def check_offload_activations(cfg, spec) -> None:
     if spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full":
         raise ConfigError("--offload-activations is modelled with full checkpointing or none, not "
                           f"{spec.checkpoint_policy}")
-    if spec.grad_accum > 1:
-        raise ConfigError("--offload-activations with --grad-accum > 1 is not modelled yet")
     if spec.precision not in ("fp32", "bf16-amp", "bf16"):
         raise ConfigError(f"--offload-activations is modelled for fp32, bf16 and bf16-amp, not {spec.precision}")
     family = family_of(cfg)
@@ -122,24 +123,43 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     loss = base + amp_cache + fwd_alive + rope_held + labels + bsh * w.e_r + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
-    if spec.checkpointing:
-        # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every stashed
-        # block input is a host copy (the sweep counts L of them at the last block, one at the first; measured: the
-        # recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back: for the CUDA check)
-        points = {k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0) * bsh * w.e_r
-                  for k, v in est.backward_points.items()}
-    else:  # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
+    def sweep(grads_exist: bool) -> dict[str, int]:
+        """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
+        already there (a later one of --grad-accum: new grads are transients added in place)."""
+        if spec.checkpointing:
+            # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
+            # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
+            # measured: the recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back:
+            # for the CUDA check)
+            got = est.backward_points
+            if grads_exist:  # the plain sweep's arguments under checkpointing (training.py estimate_training)
+                blk, out = family.block_terms(cfg, plain, w), family.outside_terms(cfg, plain, w)
+                amp_head = autocast_weight_bytes(cfg, plain) - autocast_weight_bytes(cfg, plain, blocks_only=True)
+                got = backward_sweep(cfg, plain, w, blk, out, e_p, L * bsh * w.e_r + sum(t.bytes for t in out)
+                                     + amp_head, amp_head, grads_exist=True)
+            return {k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0) * bsh * w.e_r
+                    for k, v in got.items()}
+        # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
         fp = dataclasses.replace(plain, precision="fp32")
         wf = Widths.of(fp, loss_upcast=family.loss_upcast(cfg, fp))
         blk = [dataclasses.replace(t, bytes=0) for t in family.block_terms(cfg, fp, wf)]
         out = [dataclasses.replace(t, bytes=0) for t in family.outside_terms(cfg, fp, wf)]
-        points = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0)
+        got = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0, grads_exist=grads_exist)
         # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
-        points = {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in points.items()}
+        return {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}
+
+    points = sweep(False)
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
     backward = base + max(ce_start, grads_end, max(points.values()))
+    # --grad-accum N: a later micro-batch's forward, loss and backward run with every .grad alive (measured: each
+    # phase of accumulation 2 is the first micro-batch's plus the grads, Llama V300 h48 b2 s32)
+    accum_grads = est.grads_bytes if spec.grad_accum > 1 else 0
+    if accum_grads:
+        forward, loss = forward + accum_grads, loss + accum_grads
+        later = sweep(True)
+        backward = max(backward, base + accum_grads + max(ce_start, max(later.values())))
     # the optimizer and zero_grad phases are the plain step's (nothing is saved for backward after it ends)
     opt_phase, zero_grad = est.phase_peak_bytes["optimizer"], est.phase_peak_bytes["zero_grad"]
     phase = step.phases(step.Step(base=base, grads=zero_grad - cuda - base, forward=forward - base,

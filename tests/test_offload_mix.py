@@ -1,0 +1,43 @@
+"""Issue #24: --offload-activations combined with what users combine it with (torchtune's recipes): gradient
+accumulation, checkpointing policies and --offload-optimizer. Each mix measured, simulated and estimated: simulate =
+measure to the byte (device and host), the estimate's device peak within 1% and its host bytes exact."""
+import importlib
+
+import pytest
+
+from planner.config import LlamaConfig
+from planner.estimate.training import estimate_training
+from planner.measure.simulate import simulate_training
+from planner.measure.training import measure_training
+from planner.spec import TrainSpec
+
+LLAMA = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def family_shape(arch):
+    _, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[0]
+    return cfg, b, s
+
+
+def check(cfg, spec, host_key="host_activation_offload"):
+    meas, sim, est = measure_training(cfg, spec), simulate_training(cfg, spec), estimate_training(cfg, spec)
+    assert sim["peak_bytes"] == meas["peak_bytes"]
+    assert sim[f"{host_key}_bytes"] == meas[f"{host_key}_bytes"] > 0
+    assert abs(est.peak_bytes / meas["peak_bytes"] - 1) < 0.01, (est.phase_peak_bytes, meas["phase_peak_bytes"])
+    assert est.transients[host_key] == meas[f"{host_key}_bytes"]
+    return est, meas
+
+
+@pytest.mark.parametrize("arch,prec,ckpt", [("llama", "fp32", False), ("gemma2", "fp32", True),
+                                            ("qwen3", "bf16-amp", False)])
+def test_grad_accumulation(arch, prec, ckpt):
+    """A later micro-batch runs forward, loss and backward with every .grad alive: the host copies are one
+    micro-batch's (freed by each backward), the device's forward and loss phases carry the grads."""
+    cfg, b, s = (LLAMA, 2, 32) if arch == "llama" else family_shape(arch)
+    spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True, grad_accum=2)
+    est, meas = check(cfg, spec)
+    one = measure_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True))
+    assert meas["host_activation_offload_bytes"] == one["host_activation_offload_bytes"]
+    grads = est.grads_bytes
+    assert meas["phase_peak_bytes"]["loss"] == one["phase_peak_bytes"]["loss"] + grads
