@@ -217,6 +217,12 @@ class Gemma2(Gemma):
                     points["ffn"] += x.bsh * w.e_r
         return points
 
+    def selective_unconsumed(self, c, spec, w) -> int:
+        """The post-feedforward norm saves down_proj's output, so the recompute replays down_proj and consumes its
+        cached output (planner/arch/base.py; measured: gemma2 tiny fp32 selective under --offload-activations, the
+        backward exact without it)."""
+        return 0
+
     def mlp_done_extra(self, c, spec, w) -> int:
         """The gate projection's input grad is made while the up projection's is still held apart, its sum
         with the residual's grad not yet formed (the post-feedforward norm sits between them): one more

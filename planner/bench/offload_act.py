@@ -104,12 +104,17 @@ def mix_grid() -> list[tuple[str, object, int, int]]:
 
 
 def mix_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
-    """(kind, spec) of every combination, AdamW: --grad-accum 2 with checkpointing off and on."""
+    """(kind, spec) of every combination, AdamW: --grad-accum 2 with checkpointing off and on; the checkpointing
+    policies every:2 and selective."""
     out = []
     for prec in ("fp32", "bf16-amp"):
         for ckpt in (False, True):
             out.append(("grad-accum", TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=2,
                                                 offload_activations=True)))
+    for prec in ("fp32", "bf16-amp"):
+        for policy in ("every:2", "selective"):
+            out.append(("policy", TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy,
+                                            offload_activations=True)))
     return out
 
 
@@ -135,11 +140,19 @@ def mix_lines() -> list[str]:
     worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
     worst_host = max(abs(r["est_host"] / r["meas_host"] - 1) for r in rs)
     sim_equal = all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
-    lines = ["", "## Combinations: accumulation", "",
-             "`--grad-accum N`: each micro-batch's forward and loss run under save_on_cpu, and its backward frees its "
-             "host copies, so the host holds one micro-batch's copies; a later micro-batch's forward, loss and "
-             "backward run with every `.grad` alive (its new grads are transients added in place: planner/estimate/"
-             "training.py `_backward_sweep(grads_exist=True)`).", "",
+    lines = ["", "## Combinations: accumulation, checkpointing policies", "",
+             "`--grad-accum N` (grad-accum rows): each micro-batch's forward and loss run under save_on_cpu, and its "
+             "backward frees its host copies, so the host holds one micro-batch's copies; a later micro-batch's "
+             "forward, loss and backward run with every `.grad` alive (its new grads are transients added in place: "
+             "planner/estimate/training.py `_backward_sweep(grads_exist=True)`). `--checkpointing every:K` (policy "
+             "rows): a block not checkpointed saves through save_on_cpu's hook, so its whole saved set is copied to "
+             "the host and its backward reads the copies (no recompute); a checkpointed block's input is copied. "
+             "`--checkpointing selective`: the outputs torchtitan's policy keeps are held by the checkpoint's own "
+             "cache (create_selective_checkpoint_contexts), not by saved-tensor hooks, so they stay on the device; "
+             "the host holds each block's input only, as under full checkpointing. The recompute stops once the "
+             "last saved tensor is recovered, before the block's last op, so that op's cached output (down_proj's "
+             "in the decoders without a post-feedforward norm) stays alive through the block's backward "
+             "(planner/arch/base.py `selective_unconsumed`). Estimate: planner/estimate/offload_act.py.", "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
              f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
              "| model | combination | run | peak without offload (measured) | device peak: estimate | measured | "
