@@ -58,3 +58,21 @@ def test_checkpointing_policies(arch, prec, policy):
         assert host == full.transients["host_activation_offload"]
     else:  # L = 2: block 0 checkpointed, block 1 not
         assert host * 2 == full.transients["host_activation_offload"] + none.transients["host_activation_offload"]
+
+
+@pytest.mark.parametrize("arch,prec,ckpt,accum", [("llama", "bf16-amp", True, 1), ("gemma2", "fp32", False, 1),
+                                                  ("qwen3", "fp32", True, 2)])
+def test_with_the_optimizer_offloaded(arch, prec, ckpt, accum):
+    """--offload-activations --offload-optimizer: the host holds the optimizer's copies and states and the saved-tensor
+    copies (each figure exact, the host's peak their sum); the device figure is within 1%."""
+    cfg, b, s = (LLAMA, 2, 32) if arch == "llama" else family_shape(arch)
+    spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=accum, offload_activations=True,
+                     offload_optimizer=True)
+    est, meas = check(cfg, spec)
+    sim = simulate_training(cfg, spec)
+    assert est.transients["host_optimizer_offload"] == meas["host_optimizer_offload_bytes"] == \
+        sim["host_optimizer_offload_bytes"] > 0
+    assert meas["host_peak_bytes"] == meas["host_optimizer_offload_bytes"] + meas["host_activation_offload_bytes"]
+    act = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=accum,
+                                           offload_activations=True))
+    assert est.peak_bytes < act.peak_bytes  # the offloaded states leave the device

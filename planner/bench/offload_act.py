@@ -115,6 +115,10 @@ def mix_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
         for policy in ("every:2", "selective"):
             out.append(("policy", TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy,
                                             offload_activations=True)))
+    for prec in ("fp32", "bf16-amp"):
+        for ckpt in (False, True):
+            out.append(("+ offload-optimizer", TrainSpec(b, s, prec, "adamw", checkpointing=ckpt,
+                                                         offload_activations=True, offload_optimizer=True)))
     return out
 
 
@@ -131,7 +135,11 @@ def mix_rows() -> list[dict]:
             row, est, m = got
             phases = m["measured"]["phase_peak_bytes"]
             out.append({**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
-                                                           for k in phases if phases[k]}})
+                                                           for k in phases if phases[k]},
+                        # --offload-optimizer: its host copies and states (the host's peak is the two together)
+                        "est_opt_host": est.transients.get("host_optimizer_offload"),
+                        "meas_opt_host": m["measured"].get("host_optimizer_offload_bytes"),
+                        "meas_host_peak": m["measured"].get("host_peak_bytes")})
     return out
 
 
@@ -140,7 +148,10 @@ def mix_lines() -> list[str]:
     worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
     worst_host = max(abs(r["est_host"] / r["meas_host"] - 1) for r in rs)
     sim_equal = all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
-    lines = ["", "## Combinations: accumulation, checkpointing policies", "",
+    opt = [r for r in rs if r["est_opt_host"] is not None]
+    opt_exact = all(r["est_opt_host"] == r["meas_opt_host"] and r["meas_host_peak"] == r["meas_host"]
+                    + r["meas_opt_host"] for r in opt)
+    lines = ["", "## Combinations: accumulation, checkpointing policies, optimizer offloading", "",
              "`--grad-accum N` (grad-accum rows): each micro-batch's forward and loss run under save_on_cpu, and its "
              "backward frees its host copies, so the host holds one micro-batch's copies; a later micro-batch's "
              "forward, loss and backward run with every `.grad` alive (its new grads are transients added in place: "
@@ -152,20 +163,30 @@ def mix_lines() -> list[str]:
              "the host holds each block's input only, as under full checkpointing. The recompute stops once the "
              "last saved tensor is recovered, before the block's last op, so that op's cached output (down_proj's "
              "in the decoders without a post-feedforward norm) stays alive through the block's backward "
-             "(planner/arch/base.py `selective_unconsumed`). Estimate: planner/estimate/offload_act.py.", "",
-             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
-             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
+             "(planner/arch/base.py `selective_unconsumed`). `--offload-optimizer` beside it (+ offload-optimizer "
+             "rows): the two mechanisms do not meet on the device (the optimizer's host copies are made before the "
+             "step and its grad hook copies in place), so the device figure is the activation-offloaded step's less "
+             "the offloaded parameters' states (planner/estimate/offload.py over planner/estimate/offload_act.py) and "
+             "the host holds both: the optimizer's copies and states all step, the saved-tensor copies up to the "
+             "loss (the record's `host_peak_bytes` is their sum). Estimate: planner/estimate/offload_act.py.", "",
+             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); "
+             f"optimizer host bytes exact and host peak = activation copies + optimizer host: "
+             f"{'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "
+             f"{'yes' if sim_equal else 'NO'}. Bar: 1%. \"without offload\" is the same run without "
+             "--offload-activations (an optimizer-offload row keeps its optimizer on the host).", "",
              "| model | combination | run | peak without offload (measured) | device peak: estimate | measured | "
-             "simulated | error | phase (est / meas) | host: estimate | measured | simulated | host error | "
-             "worst phase error |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+             "simulated | error | phase (est / meas) | host (activation copies): estimate | measured | simulated | "
+             "host error | host (optimizer): estimate / measured | worst phase error |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rs:
         worst_phase = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
         lines.append(
             f"| {r['model']} | {r['kind']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | "
             f"{r['meas_peak']:,} | {r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.2%} | "
             f"{r['est_phase']} / {r['meas_phase']} | {r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | "
-            f"{r['est_host'] / r['meas_host'] - 1:+.2%} | {worst_phase} {r['phase_err'][worst_phase]:+.1%} |")
+            f"{r['est_host'] / r['meas_host'] - 1:+.2%} | "
+            + (f"{r['est_opt_host']:,} / {r['meas_opt_host']:,}" if r["est_opt_host"] is not None else "-")
+            + f" | {worst_phase} {r['phase_err'][worst_phase]:+.1%} |")
     return lines
 
 

@@ -50,8 +50,6 @@ def check_offload_activations(cfg, spec) -> None:
     if spec.finetuning:
         raise ConfigError("--offload-activations with fine-tuning (LoRA, a trainable subset, QLoRA) is not modelled "
                           "yet")
-    if getattr(spec, "offload_optimizer", False):
-        raise ConfigError("--offload-activations with --offload-optimizer is not modelled yet")
     if policy_of(spec) != "full" and spec.grad_accum > 1:  # (as the policy estimate without offloading)
         raise ConfigError(f"--offload-activations with checkpointing policy {spec.checkpoint_policy} and --grad-accum "
                           "> 1 is measured and simulated, not estimated yet (use simulate train or measure train)")
