@@ -76,3 +76,16 @@ def test_with_the_optimizer_offloaded(arch, prec, ckpt, accum):
     act = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=accum,
                                            offload_activations=True))
     assert est.peak_bytes < act.peak_bytes  # the offloaded states leave the device
+
+
+def test_tied_head_at_full_size_simulated():
+    """A tied head: the embedding's backward sums its grad with the head's out of place (every grad and two V*h
+    tensors; in a later micro-batch the shared .grad beside them), the backward's top once the optimizer's states are
+    on the host: llama-3.2-1b against the simulation (fake tensors, the same hooks)."""
+    from planner.config import PRESETS
+
+    for kw in ({"grad_accum": 2}, {"grad_accum": 2, "offload_optimizer": True}):
+        spec = TrainSpec(1, 256, "bf16-amp", "adamw", checkpointing=True, offload_activations=True, **kw)
+        est, sim = estimate_training(PRESETS["llama-3.2-1b"], spec), simulate_training(PRESETS["llama-3.2-1b"], spec)
+        assert abs(est.peak_bytes / sim["peak_bytes"] - 1) < 0.001 and est.peak_phase == sim["peak_phase"] == "backward"
+        assert est.transients["host_activation_offload"] == sim["host_activation_offload_bytes"]

@@ -109,7 +109,7 @@ def copy_seconds(host: int, bytes_per_s: float = PCIE_GEN4_X16_BYTES_PER_S) -> f
 
 
 def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, autocast_weight_bytes,
-                                 autocast_bias_bytes):
+                                 autocast_bias_bytes, tied_embedding_accumulation):
     """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
     check_offload_activations(cfg, spec)
     policy = policy_of(spec)
@@ -214,14 +214,22 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
                 "through save_on_cpu (their saved tensors on the host), the checkpointed ones their input"]
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
-    backward = base + max(ce_start, grads_end, max(points.values()))
+    # a tied head: the embedding's backward adds its grad to the head's out of place, every grad and two V*h tensors
+    # alive (training.py tied_embedding_accumulation; the backward's top once --offload-optimizer has taken AdamW's
+    # states off the device: measured, llama-3.2-1b b1 s256 simulated, 11.17 GiB)
+    tied = tied_embedding_accumulation(cfg, plain)
+    backward = base + max(ce_start, grads_end, tied, max(points.values()))
     # --grad-accum N: a later micro-batch's forward, loss and backward run with every .grad alive (measured: each
     # phase of accumulation 2 is the first micro-batch's plus the grads, Llama V300 h48 b2 s32)
     accum_grads = est.grads_bytes if spec.grad_accum > 1 else 0
     if accum_grads:
         forward, loss = forward + accum_grads, loss + accum_grads
         later = sweep(True)
-        backward = max(backward, base + accum_grads + max(ce_start, max(later.values())))
+        # a tied head in a later micro-batch: the shared weight's .grad exists beside the head's part, the
+        # embedding's part and their sum (tied's two V*h tensors and one more; measured: llama-3.2-1b b1 s256
+        # accum2 checkpointed, simulated, backward 22,925,054,800 B, one V*h*e_p above tied's)
+        tied_later = tied + (tied - est.grads_bytes) // 2 if tied else 0
+        backward = max(backward, base + accum_grads + max(ce_start, max(later.values())), base + tied_later)
     # the optimizer and zero_grad phases are the plain step's (nothing is saved for backward after it ends)
     opt_phase, zero_grad = est.phase_peak_bytes["optimizer"], est.phase_peak_bytes["zero_grad"]
     phase = step.phases(step.Step(base=base, grads=zero_grad - cuda - base, forward=forward - base,
