@@ -2,7 +2,8 @@
 bf16-AMP, with and without checkpointing; AdamW and SGD) and one shape per other family (FAMILY_ROWS, AdamW). The step runs under
 `torch.autograd.graph.save_on_cpu(pin_memory=True)`; the tracker counts the pack hook's host copies apart
 (planner/measure/tracker.py host_scope), so each row has two figures: the device figure (for the CUDA check) and
-the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~20 min on 2 busy cores)."""
+the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~13 min on 2 busy cores, the
+combinations included)."""
 from __future__ import annotations
 
 from ..config import LlamaConfig
@@ -168,7 +169,10 @@ def mix_lines() -> list[str]:
              "step and its grad hook copies in place), so the device figure is the activation-offloaded step's less "
              "the offloaded parameters' states (planner/estimate/offload.py over planner/estimate/offload_act.py) and "
              "the host holds both: the optimizer's copies and states all step, the saved-tensor copies up to the "
-             "loss (the record's `host_peak_bytes` is their sum). Estimate: planner/estimate/offload_act.py.", "",
+             "loss (the record's `host_peak_bytes` is their sum). Estimate: planner/estimate/offload_act.py. The "
+             "forward phase is the main table's estimate (points inside a block not modelled): against the smaller "
+             "device figure under --offload-optimizer it is up to +18% here, below the estimated peak in every row.",
+             "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); "
              f"optimizer host bytes exact and host peak = activation copies + optimizer host: "
              f"{'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "

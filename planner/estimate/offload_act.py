@@ -25,6 +25,13 @@ device.
 Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
 micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
 Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
+Checkpointing policies (planner/checkpointing.py): under every:K a block not checkpointed saves through save_on_cpu's
+hook (its saved set is copied to the host, its backward reads the copies: no recompute), a checkpointed one its input;
+under selective the policy's kept outputs are held by the checkpoint's own cache on the device, the host holds each
+block's input as under full (host_terms; measured, the same configs). Not with --grad-accum > 1 yet (as the policy
+estimate without offloading).
+--offload-optimizer beside it: planner/estimate/offload.py takes the offloaded parameters' states off this step's
+device phases; the host holds both (the optimizer's copies and states all step, these copies up to the loss).
 """
 from __future__ import annotations
 
