@@ -43,13 +43,15 @@ def test_grad_accumulation(arch, prec, ckpt):
     assert meas["phase_peak_bytes"]["loss"] == one["phase_peak_bytes"]["loss"] + grads
 
 
-@pytest.mark.parametrize("arch,prec,policy", [("llama", "fp32", "selective"), ("qwen3", "bf16-amp", "every:2"),
-                                              ("gemma2", "fp32", "every:2"), ("gemma2", "fp32", "selective")])
-def test_checkpointing_policies(arch, prec, policy):
+@pytest.mark.parametrize("arch,prec,policy,accum", [("llama", "fp32", "selective", 1), ("qwen3", "bf16-amp", "every:2", 1),
+                                                    ("gemma2", "fp32", "every:2", 1), ("gemma2", "fp32", "selective", 1),
+                                                    ("llama", "fp32", "selective", 2), ("gemma2", "fp32", "every:2", 2)])
+def test_checkpointing_policies(arch, prec, policy, accum):
     """every:K: a block not checkpointed saves through save_on_cpu (its saved set on the host); selective: the
     policy's kept outputs stay on the device (the checkpoint's own cache), the host holds each block's input only."""
     cfg, b, s = (LLAMA, 2, 32) if arch == "llama" else family_shape(arch)
-    spec = TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy, offload_activations=True)
+    spec = TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy, offload_activations=True,
+                     grad_accum=accum)
     check(cfg, spec)
     full = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, offload_activations=True))
     none = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", offload_activations=True))

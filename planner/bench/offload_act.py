@@ -106,16 +106,18 @@ def mix_grid() -> list[tuple[str, object, int, int]]:
 
 def mix_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
     """(kind, spec) of every combination, AdamW: --grad-accum 2 with checkpointing off and on; the checkpointing
-    policies every:2 and selective."""
+    policies every:2 and selective, alone and with --grad-accum 2; --offload-optimizer beside it."""
     out = []
     for prec in ("fp32", "bf16-amp"):
         for ckpt in (False, True):
             out.append(("grad-accum", TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=2,
                                                 offload_activations=True)))
-    for prec in ("fp32", "bf16-amp"):
-        for policy in ("every:2", "selective"):
-            out.append(("policy", TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy,
-                                            offload_activations=True)))
+    for accum in (1, 2):
+        for prec in ("fp32", "bf16-amp"):
+            for policy in ("every:2", "selective"):
+                out.append(("policy" + (" + grad-accum" if accum > 1 else ""),
+                            TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy,
+                                      grad_accum=accum, offload_activations=True)))
     for prec in ("fp32", "bf16-amp"):
         for ckpt in (False, True):
             out.append(("+ offload-optimizer", TrainSpec(b, s, prec, "adamw", checkpointing=ckpt,
@@ -164,7 +166,9 @@ def mix_lines() -> list[str]:
              "the host holds each block's input only, as under full checkpointing. The recompute stops once the "
              "last saved tensor is recovered, before the block's last op, so that op's cached output (down_proj's "
              "in the decoders without a post-feedforward norm) stays alive through the block's backward "
-             "(planner/arch/base.py `selective_unconsumed`). `--offload-optimizer` beside it (+ offload-optimizer "
+             "(planner/arch/base.py `selective_unconsumed`). With `--grad-accum 2` (policy + grad-accum rows) a "
+             "later micro-batch runs the policy's backward with every grad alive, as above. `--offload-optimizer` "
+             "beside it (+ offload-optimizer "
              "rows): the two mechanisms do not meet on the device (the optimizer's host copies are made before the "
              "step and its grad hook copies in place), so the device figure is the activation-offloaded step's less "
              "the offloaded parameters' states (planner/estimate/offload.py over planner/estimate/offload_act.py) and "

@@ -28,8 +28,8 @@ Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
 Checkpointing policies (planner/checkpointing.py): under every:K a block not checkpointed saves through save_on_cpu's
 hook (its saved set is copied to the host, its backward reads the copies: no recompute), a checkpointed one its input;
 under selective the policy's kept outputs are held by the checkpoint's own cache on the device, the host holds each
-block's input as under full (host_terms; measured, the same configs). Not with --grad-accum > 1 yet (as the policy
-estimate without offloading).
+block's input as under full (host_terms; measured, the same configs); with --grad-accum too (a later micro-batch's
+points with every grad alive).
 --offload-optimizer beside it: planner/estimate/offload.py takes the offloaded parameters' states off this step's
 device phases; the host holds both (the optimizer's copies and states all step, these copies up to the loss).
 """
@@ -57,9 +57,6 @@ def check_offload_activations(cfg, spec) -> None:
     if spec.finetuning:
         raise ConfigError("--offload-activations with fine-tuning (LoRA, a trainable subset, QLoRA) is not modelled "
                           "yet")
-    if policy_of(spec) != "full" and spec.grad_accum > 1:  # (as the policy estimate without offloading)
-        raise ConfigError(f"--offload-activations with checkpointing policy {spec.checkpoint_policy} and --grad-accum "
-                          "> 1 is measured and simulated, not estimated yet (use simulate train or measure train)")
     if policy_of(spec) == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
         raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
     if spec.precision not in ("fp32", "bf16-amp", "bf16"):
@@ -179,8 +176,9 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
         return {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}
 
-    points = sweep(False)
     note = []
+    cache = tail = g_blk = unkept = 0
+    ckpt = set()
     if policy == "selective":
         # every block keeps the outputs torchtitan's policy saves on the device (the checkpoint's own cache, not a
         # saved-tensor hook): L caches through the forward, loss and the backward's start, blocks 0..i-1's at block i
@@ -189,8 +187,6 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         forward, loss, ce_start = forward + L * cache, loss + L * cache, ce_start + L * cache
         # and the current block's cached output its recompute never replays (planner/arch/base.py)
         tail = family.selective_unconsumed(cfg, spec, w)
-        points = {k: v + (L if k == "final norm" else L - 1 if k.startswith("last block") else 0) * cache
-                  + (tail if k != "final norm" else 0) for k, v in points.items()}
         note = [f"selective checkpointing: each block's kept matmul and attention outputs ({cache:,} B a block) "
                 "stay on the device (the checkpoint's own cache); save_on_cpu copies each block's input"]
     elif policy != "full":
@@ -206,19 +202,31 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # gemma2.py checkpoint_mask_count; measured: Gemma 2 every:2, the loss phase b*s^2*e_r under full's)
         unkept = ((family.mask_count(cfg) - family.checkpoint_mask_count(cfg, spec)) * b * s * s * w.e_r
                   if hasattr(family, "checkpoint_mask_count") else 0)
-        none = sweep(False, ckpt=False)
-        new = {"final norm": points["final norm"] - unkept}
+        loss, ce_start = loss - unkept, ce_start - unkept
+        note = [f"checkpointing every {every_k(policy)} blocks: the {L - len(ckpt)} blocks not checkpointed save "
+                "through save_on_cpu (their saved tensors on the host), the checkpointed ones their input"]
+
+    def policy_points(grads_exist: bool) -> dict[str, int]:
+        """The sweep's points under the policy (grads_exist: a later micro-batch, whose grads the caller counts)."""
+        pts = sweep(grads_exist)
+        if policy == "selective":
+            return {k: v + (L if k == "final norm" else L - 1 if k.startswith("last block") else 0) * cache
+                    + (tail if k != "final norm" else 0) for k, v in pts.items()}
+        if policy == "full":
+            return pts
+        none = sweep(grads_exist, ckpt=False)
+        growth = 0 if grads_exist else g_blk  # later micro-batches: no grad is new
+        out = {"final norm": pts["final norm"] - unkept}
         for i in range(L):
-            src, prefix = ((points, "first block ") if i == 0 else (points, "last block ") if i in ckpt
+            src, prefix = ((pts, "first block ") if i == 0 else (pts, "last block ") if i in ckpt
                            else (none, "last block "))
             for k, v in src.items():
                 if k.startswith(prefix):
                     held = (rope_held - unkept) if i not in ckpt else -unkept if i else 0
-                    new[f"block {i} {k[len(prefix):]}"] = v + (L - 1 - i) * g_blk * (i > 0) + held
-        points = new
-        loss, ce_start = loss - unkept, ce_start - unkept
-        note = [f"checkpointing every {every_k(policy)} blocks: the {L - len(ckpt)} blocks not checkpointed save "
-                "through save_on_cpu (their saved tensors on the host), the checkpointed ones their input"]
+                    out[f"block {i} {k[len(prefix):]}"] = v + (L - 1 - i) * growth * (i > 0) + held
+        return out
+
+    points = policy_points(False)
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
     # a tied head: the embedding's backward adds its grad to the head's out of place, every grad and two V*h tensors
@@ -231,7 +239,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     accum_grads = est.grads_bytes if spec.grad_accum > 1 else 0
     if accum_grads:
         forward, loss = forward + accum_grads, loss + accum_grads
-        later = sweep(True)
+        later = policy_points(True)
         # a tied head in a later micro-batch: the shared weight's .grad exists beside the head's part, the
         # embedding's part and their sum (tied's two V*h tensors and one more; measured: llama-3.2-1b b1 s256
         # accum2 checkpointed, simulated, backward 22,925,054,800 B, one V*h*e_p above tied's)
