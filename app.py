@@ -91,6 +91,10 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         if pspec:
             check_parallel_run(spec, pspec)
             check_wrappable(run_cfg, pspec)
+        if spec.offload_optimizer:  # planner/estimate/offload.py decides what is modelled (adam / adamw, ...)
+            from planner.estimate.offload import check_offload_optimizer
+
+            check_offload_optimizer(spec)
         if spec.offload_activations:  # planner/estimate/offload_act.py decides what is modelled; one line here
             from planner.estimate.offload_act import check_offload_activations
 
@@ -127,6 +131,13 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     if "host_activation_offload" in est.transients:  # --offload-activations: the host is a budget of its own
         lines.append(f"Host RAM for the offloaded activations: {fmt_bytes(est.transients['host_activation_offload'])} "
                      "(not in the peak above, which is the device figure: for the CUDA check).")
+    if "host_optimizer_offload" in est.transients and not pspec:  # --offload-optimizer: its host line
+        host = est.transients["host_optimizer_offload"]
+        lines.append(f"Host RAM for the offloaded optimizer (parameter and grad copies, AdamW's states): "
+                     f"{fmt_bytes(host)} (not in the peak above, which is the device's)"
+                     + (f"; on a cpu device both are this machine's RAM: {fmt_bytes(p.peak_bytes + host)} with the "
+                        "peak above (the plain-torch equivalent of torchao measured here, unpinned copies)."
+                        if spec.device_type == "cpu" else "."))
     if p.cuda_context_bytes:
         lines.insert(0, f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and "
                         f"kernels, outside PyTorch's allocator, so not in the estimate) = "
@@ -596,10 +607,10 @@ ckpt_policy = st.selectbox("Checkpointing policy", CKPT_POLICIES, key="ckpt_poli
                                 "second matmul's output and the fused attention's kept, the rest recomputed); every:K: "
                                 "transformers' every_n_layers, only every K-th block checkpointed")
 offload_opt = st.toggle("Optimizer on the host", False, key="offload_opt", bind="query-params",
-                        disabled=device != "cuda",
                         help="--offload-optimizer: torchao's CPUOffloadOptimizer keeps AdamW's states on the host (the "
-                             "host's bytes are their own line); its mechanism measured on the CPU with a plain-torch copy of it, "
-                             "torchao's own CUDA run not yet (docs/accuracy.md, Optimizer offloading)")
+                             "host's bytes are their own line). On cuda: torchao's own run, estimated (not yet measured "
+                             "on a GPU); on cpu: its plain-torch equivalent, the mechanism measured here "
+                             "(planner/routines/offload_optim.py; docs/accuracy.md, Optimizer offloading)")
 offload_act = st.toggle("Activations on the host", False, key="offload_act", bind="query-params",
                         disabled=device != "cuda",
                         help="--offload-activations: torch.autograd.graph.save_on_cpu(pin_memory=True) copies every "
@@ -618,7 +629,7 @@ par = None if layout == LAYOUTS[0] else {
 run_fields = {"precision": precision, "optimizer": optimizer, "checkpointing": bool(ckpt), "grad_accum": int(accum),
               "optimizer_impl": impl, "device": device, "loss": loss,
               "checkpoint_policy": ckpt_policy if ckpt else "full",
-              "offload_optimizer": bool(offload_opt) and device == "cuda",
+              "offload_optimizer": bool(offload_opt),  # cuda (torchao) and cpu (its equivalent): offload.py
               "offload_activations": bool(offload_act) and device == "cuda", **tuning}
 if is_fitted(cfg):  # issue #20: no formula family reads this model_type: a fit of simulations answers
     fitted_planner(cfg, run_fields, attention, par)

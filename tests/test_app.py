@@ -2,6 +2,7 @@
 the pages: each page starts its child with the right arguments, then shows and keeps the child's recorded output
 (tests/replay.py); the children themselves are tested through the CLI (tests/test_cli.py, tests/test_loading.py)
 and end to end in a browser (tests/e2e/test_browser.py)."""
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from planner.config import PRESETS, config_from_dict
+from planner.estimate.offload import host_bytes
 from planner.estimate.training import CUDA_CONTEXT_BYTES, estimate_training, optimizer_state_bytes
 from planner.finetune import target_choices, tune_fields
 from planner.spec import TrainSpec, prepare
@@ -58,8 +60,7 @@ def shown(at, cfg=None) -> tuple[TrainSpec, str]:
                                device=at.selectbox(key="device").value, loss=at.selectbox(key="loss").value,
                                checkpoint_policy=at.selectbox(key="ckpt_policy").value
                                if at.toggle(key="ckpt").value else "full",
-                               offload_optimizer=at.toggle(key="offload_opt").value
-                               and at.selectbox(key="device").value == "cuda"),
+                               offload_optimizer=at.toggle(key="offload_opt").value),
                        **tuning})
     return spec, at.selectbox(key="attention").value
 
@@ -340,3 +341,21 @@ def test_checkpointing_policy_and_optimizer_offload_controls():
     assert spec.offload_optimizer
     est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
     assert est.transients["host_optimizer_offload"] > 0
+    # on the cpu too: the plain-torch equivalent's device figure and its unpinned host bytes (planner/estimate/
+    # offload.py with --device cpu), the host's own line, and both summed as this machine's RAM
+    at.selectbox(key="device").set_value("cpu").run()
+    spec, _ = shown(at)
+    assert spec.offload_optimizer and spec.device == "cpu"
+    est = assert_figures_follow_what_is_shown(at, PRESETS["gpt2-small"])
+    host = est.transients["host_optimizer_offload"]
+    assert host == sum(host_bytes(PRESETS["gpt2-small"], spec).values()) and "pinned_param_and_grad_copies" not in \
+        host_bytes(PRESETS["gpt2-small"], spec)
+    caption = " ".join(c.value for c in at.caption)
+    assert f"Host RAM for the offloaded optimizer (parameter and grad copies, AdamW's states): {fmt_bytes(host)}" in \
+        caption and fmt_bytes(est.peak_bytes + host) in caption
+    plain = estimate_training(PRESETS["gpt2-small"], dataclasses.replace(spec, offload_optimizer=False,
+                                                                         optimizer_impl="fused"))
+    assert est.peak_bytes < plain.peak_bytes  # the offloaded states leave the device's figure
+    # an optimizer it does not model: the planner's one line, not an exception
+    at.selectbox(key="optimizer").set_value("sgd").run()
+    assert not at.exception and at.error and "--offload-optimizer is modelled for adam / adamw" in at.error[0].value

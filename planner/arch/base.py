@@ -257,6 +257,20 @@ class Family:
         modelled for this family."""
         return None
 
+    def selective_unconsumed(self, cfg, spec, w) -> int:
+        """Selective checkpointing: bytes of a block's policy-cached outputs its recompute never replays, alive
+        through the block's backward (until its checkpoint frame is freed). Non-reentrant checkpoint stops the
+        recompute once the last saved tensor is recovered (torch/utils/checkpoint.py _StopRecomputationError), and an
+        op's inputs are saved before it runs (VariableType), so the block's last op is not replayed when nothing after
+        it saves: its cached output (create_selective_checkpoint_contexts' storage) is never consumed. Default: the
+        last listed op's output when the policy keeps it (the decoders' down_proj, b*s*h*e_m; measured under
+        --offload-activations: Llama / Qwen 3 tiny fp32 and pure bf16, block 0's backward b*s*h*e_m above full's)."""
+        from ..checkpointing import saved_ops
+
+        ops = self.selective_ops(cfg, spec, w)
+        kept = saved_ops(ops) if ops else []
+        return ops[-1][2] if kept and kept[-1] is ops[-1] else 0
+
     def offload_copies(self, cfg, spec, w) -> list | None:
         """--offload-activations (planner/estimate/offload_act.py): every tensor autograd saves in one forward and
         loss, as Terms of the bytes torch.autograd.graph.save_on_cpu's pack hook copies to the host: one copy per

@@ -178,6 +178,11 @@ class Gemma2(Gemma):
             if x.post_mlp_saved is None:  # full training: every weight trains, the norm saved its full set
                 points["ffn"] += h * x.g - sum(t.bytes for t in self.norm_terms("post_feedforward_layernorm",
                                                                                   b, s, h, w))
+                if x.g == 0:  # a later micro-batch: the down projection's backward, below (the same two grads;
+                    # measured in full training under --offload-activations, where the last block's point is the
+                    # backward's top: gemma2 V1000 h64 L2 b2 s32/s64/s128 fp32 AdamW checkpointing accum2,
+                    # b*s*h*e_r under before at each)
+                    points["ffn"] += x.bsh * w.e_r
             else:
                 points["ffn"] -= x.post_mlp_saved
                 if x.g == 0 and x.down_n and not spec.lora_r:
@@ -189,6 +194,12 @@ class Gemma2(Gemma):
                     # matmul, 1,728,524 B, both grads alive (12,296 B under before)
                     points["ffn"] += x.bsh * w.e_r
         return points
+
+    def selective_unconsumed(self, c, spec, w) -> int:
+        """The post-feedforward norm saves down_proj's output, so the recompute replays down_proj and consumes its
+        cached output (planner/arch/base.py; measured: gemma2 tiny fp32 selective under --offload-activations, the
+        backward exact without it)."""
+        return 0
 
     def mlp_done_extra(self, c, spec, w) -> int:
         """The gate projection's input grad is made while the up projection's is still held apart, its sum

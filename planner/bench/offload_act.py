@@ -3,7 +3,8 @@ bf16-AMP, with and without checkpointing; AdamW and SGD) and one shape per other
 GPT-2, AdamW). The step runs under
 `torch.autograd.graph.save_on_cpu(pin_memory=True)`; the tracker counts the pack hook's host copies apart
 (planner/measure/tracker.py host_scope), so each row has two figures: the device figure (for the CUDA check) and
-the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~20 min on 2 busy cores)."""
+the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~13 min on 2 busy cores, the
+combinations included)."""
 from __future__ import annotations
 
 from ..config import LlamaConfig
@@ -74,8 +75,10 @@ def offload_row(label: str, cfg, spec: TrainSpec, plain: TrainSpec, host: str) -
     except ConfigError:  # refused in one line: no row
         return None
     meas, sim, base = measure_training(cfg, spec), simulate_training(cfg, spec), measure_training(cfg, plain)
+    policy = getattr(spec, "checkpoint_policy", "full")
     row = {"model": label, "run": f"b{spec.batch_size} s{spec.seq_len} {spec.precision} {spec.optimizer}"
-           + (" ckpt" if spec.checkpointing else ""),
+           + ((" ckpt" if policy == "full" else f" ckpt {policy}") if spec.checkpointing else "")
+           + (f" accum{spec.grad_accum}" if spec.grad_accum > 1 else ""),
            "plain_peak": base["peak_bytes"], "est_peak": est.peak_bytes,
            "meas_peak": meas["peak_bytes"], "sim_peak": sim["peak_bytes"],
            "est_phase": est.peak_phase, "meas_phase": meas["peak_phase"],
@@ -102,6 +105,142 @@ def rows(quick: bool = False) -> list[dict]:
                     out.append({**row, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
                                                      for k in phases if phases[k]}})
     return out
+
+
+# The combinations users make with --offload-activations (torchtune's recipes: accumulation, checkpointing), on
+# Llama (the grid's first shape), Gemma 2 (sandwich norms, two masks, soft-capping) and Qwen 3 (q/k norms)
+MIX_FAMILIES = ("gemma2", "qwen3")
+
+
+def mix_grid() -> list[tuple[str, object, int, int]]:
+    return grid(quick=True)[:1] + [row for row in family_grid() if row[0].split()[0] in MIX_FAMILIES]
+
+
+def mix_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
+    """(kind, spec) of every combination, AdamW: --grad-accum 2 with checkpointing off and on; the checkpointing
+    policies every:2 and selective, alone and with --grad-accum 2; --offload-optimizer beside it."""
+    out = []
+    for prec in ("fp32", "bf16-amp"):
+        for ckpt in (False, True):
+            out.append(("grad-accum", TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=2,
+                                                offload_activations=True)))
+    for accum in (1, 2):
+        for prec in ("fp32", "bf16-amp"):
+            for policy in ("every:2", "selective"):
+                out.append(("policy" + (" + grad-accum" if accum > 1 else ""),
+                            TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy,
+                                      grad_accum=accum, offload_activations=True)))
+    for prec in ("fp32", "bf16-amp"):
+        for ckpt in (False, True):
+            out.append(("+ offload-optimizer", TrainSpec(b, s, prec, "adamw", checkpointing=ckpt,
+                                                         offload_activations=True, offload_optimizer=True)))
+    return out
+
+
+def mix_rows() -> list[dict]:
+    import dataclasses
+
+    out = []
+    for label, cfg, b, s in mix_grid():
+        for kind, spec in mix_specs(b, s):
+            got = offload_row(label, cfg, spec, dataclasses.replace(spec, offload_activations=False),
+                              "host_activation_offload")
+            if got is None:
+                continue
+            row, est, m = got
+            phases = m["measured"]["phase_peak_bytes"]
+            out.append({**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
+                                                           for k in phases if phases[k]},
+                        # --offload-optimizer: its host copies and states (the host's peak is the two together)
+                        "est_opt_host": est.transients.get("host_optimizer_offload"),
+                        "meas_opt_host": m["measured"].get("host_optimizer_offload_bytes"),
+                        "meas_host_peak": m["measured"].get("host_peak_bytes")})
+    return out
+
+
+def mix_lines() -> list[str]:
+    rs = mix_rows()
+    worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
+    worst_host = max(abs(r["est_host"] / r["meas_host"] - 1) for r in rs)
+    sim_equal = all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
+    opt = [r for r in rs if r["est_opt_host"] is not None]
+    opt_exact = all(r["est_opt_host"] == r["meas_opt_host"] and r["meas_host_peak"] == r["meas_host"]
+                    + r["meas_opt_host"] for r in opt)
+    lines = ["", "## Combinations: accumulation, checkpointing policies, optimizer offloading", "",
+             "`--grad-accum N` (grad-accum rows): each micro-batch's forward and loss run under save_on_cpu, and its "
+             "backward frees its host copies, so the host holds one micro-batch's copies; a later micro-batch's "
+             "forward, loss and backward run with every `.grad` alive (its new grads are transients added in place: "
+             "planner/estimate/training.py `_backward_sweep(grads_exist=True)`). `--checkpointing every:K` (policy "
+             "rows): a block not checkpointed saves through save_on_cpu's hook, so its whole saved set is copied to "
+             "the host and its backward reads the copies (no recompute); a checkpointed block's input is copied. "
+             "`--checkpointing selective`: the outputs torchtitan's policy keeps are held by the checkpoint's own "
+             "cache (create_selective_checkpoint_contexts), not by saved-tensor hooks, so they stay on the device; "
+             "the host holds each block's input only, as under full checkpointing. The recompute stops once the "
+             "last saved tensor is recovered, before the block's last op, so that op's cached output (down_proj's "
+             "in the decoders without a post-feedforward norm) stays alive through the block's backward "
+             "(planner/arch/base.py `selective_unconsumed`). With `--grad-accum 2` (policy + grad-accum rows) a "
+             "later micro-batch runs the policy's backward with every grad alive, as above. `--offload-optimizer` "
+             "beside it (+ offload-optimizer "
+             "rows): the two mechanisms do not meet on the device (the optimizer's host copies are made before the "
+             "step and its grad hook copies in place), so the device figure is the activation-offloaded step's less "
+             "the offloaded parameters' states (planner/estimate/offload.py over planner/estimate/offload_act.py) and "
+             "the host holds both: the optimizer's copies and states all step, the saved-tensor copies up to the "
+             "loss (the record's `host_peak_bytes` is their sum). Estimate: planner/estimate/offload_act.py. The "
+             "forward phase is the main table's estimate (points inside a block not modelled): against the smaller "
+             "device figure under --offload-optimizer it is up to +18% here, below the estimated peak in every row.",
+             "",
+             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); "
+             f"optimizer host bytes exact and host peak = activation copies + optimizer host: "
+             f"{'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "
+             f"{'yes' if sim_equal else 'NO'}. Bar: 1%. \"without offload\" is the same run without "
+             "--offload-activations (an optimizer-offload row keeps its optimizer on the host).", "",
+             "| model | combination | run | peak without offload (measured) | device peak: estimate | measured | "
+             "simulated | error | phase (est / meas) | host (activation copies): estimate | measured | simulated | "
+             "host error | host (optimizer): estimate / measured | worst phase error |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in rs:
+        worst_phase = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
+        lines.append(
+            f"| {r['model']} | {r['kind']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | "
+            f"{r['meas_peak']:,} | {r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.2%} | "
+            f"{r['est_phase']} / {r['meas_phase']} | {r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | "
+            f"{r['est_host'] / r['meas_host'] - 1:+.2%} | "
+            + (f"{r['est_opt_host']:,} / {r['meas_opt_host']:,}" if r["est_opt_host"] is not None else "-")
+            + f" | {worst_phase} {r['phase_err'][worst_phase]:+.1%} |")
+    return lines
+
+
+# Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device): one row per combination, on tied
+# (llama-3.2-1b, qwen3-0.6b) and untied (gemma-2-2b) heads
+MIX_FULL_SIZE = (("llama-3.2-1b", dict(checkpointing=True, grad_accum=2)),
+                 ("llama-3.2-1b", dict(checkpointing=True, grad_accum=2, offload_optimizer=True)),
+                 ("qwen3-0.6b", dict(checkpointing=True, checkpoint_policy="selective")),
+                 ("qwen3-0.6b", dict(grad_accum=2, offload_optimizer=True)),
+                 ("gemma-2-2b", dict(checkpointing=True, checkpoint_policy="every:2", offload_optimizer=True)))
+
+
+def mix_full_size() -> list[str]:
+    from ..config import PRESETS
+    from ..estimate.training import estimate_training
+    from ..measure.simulate import simulate_training
+
+    lines = ["", "Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device; llama-3.2-1b and "
+             "qwen3-0.6b tie their head: the tied weight's grad is summed out of place at the embedding's backward, "
+             "one more V*h tensor in a later micro-batch, planner/estimate/offload_act.py):", "",
+             "| preset | combination | device peak: estimate | simulated | error | host (activation copies): "
+             "estimate | simulated | host (optimizer): estimate | simulated |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, kw in MIX_FULL_SIZE:
+        spec = TrainSpec(1, 256, "bf16-amp", "adamw", offload_activations=True, device="cpu", **kw)
+        est, sim = estimate_training(PRESETS[name], spec), simulate_training(PRESETS[name], spec)
+        what = ", ".join(("checkpointing " + kw.get("checkpoint_policy", "full")) if k == "checkpointing" else
+                         f"grad-accum {v}" if k == "grad_accum" else "offload-optimizer"
+                         for k, v in kw.items() if k != "checkpoint_policy")
+        opt = est.transients.get("host_optimizer_offload")
+        lines.append(f"| {name} | {what} | {est.peak_bytes:,} | {sim['peak_bytes']:,} | "
+                     f"{est.peak_bytes / sim['peak_bytes'] - 1:+.3%} | {est.transients['host_activation_offload']:,} | "
+                     f"{sim['host_activation_offload_bytes']:,} | "
+                     + (f"{opt:,} | {sim['host_optimizer_offload_bytes']:,} |" if opt is not None else "- | - |"))
+    return lines
 
 
 def markdown(quick: bool = False) -> str:
@@ -170,7 +309,7 @@ def markdown(quick: bool = False) -> str:
               "unpack hook's device copies in backward (one node's saved tensors at a time) and the pinned host "
               "copies are rounded up to powers of two (`host_pinned_rounded`): both for the CUDA check."]
     if not quick:
-        lines += full_size()
+        lines += mix_lines() + mix_full_size() + full_size()
     return "\n".join(lines) + "\n"
 
 

@@ -88,6 +88,10 @@ def estimate_offload_optimizer(cfg, spec, estimate_training):
     """The device-side estimate: the run's own with torchao's fused AdamW, less the offloaded parameters' states;
     estimate_training is planner.estimate.training's (passed in: no import back up)."""
     check_offload_optimizer(spec)
+    if getattr(spec, "offload_activations", False):  # both offloads: the activations' limits, seeing this flag too
+        from .offload_act import check_offload_activations
+
+        check_offload_activations(cfg, spec)
     on_device = dataclasses.replace(spec, offload_optimizer=False, optimizer_impl="fused")  # torchao sets fused=True
     est = estimate_training(cfg, on_device)
     e_p = DTYPE_BYTES[spec.param_dtype]

@@ -22,15 +22,26 @@ reads the copies in place. On CUDA the unpack hook makes a device copy of each s
 Checkpointing: checkpoint's own hooks are innermost in a checkpointed block, so save_on_cpu sees only each block's
 input (and the tensors outside the blocks); the recompute in backward runs outside save_on_cpu and stays on the
 device.
+Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
+micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
+Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
+Checkpointing policies (planner/checkpointing.py): under every:K a block not checkpointed saves through save_on_cpu's
+hook (its saved set is copied to the host, its backward reads the copies: no recompute), a checkpointed one its input;
+under selective the policy's kept outputs are held by the checkpoint's own cache on the device, the host holds each
+block's input as under full (host_terms; measured, the same configs); with --grad-accum too (a later micro-batch's
+points with every grad alive).
+--offload-optimizer beside it: planner/estimate/offload.py takes the offloaded parameters' states off this step's
+device phases; the host holds both (the optimizer's copies and states all step, these copies up to the loss).
 """
 from __future__ import annotations
 
 import dataclasses
 
-from ..accounting import DTYPE_BYTES
+from ..accounting import DTYPE_BYTES, tensor_inventory
 from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..arch.terms import Widths
+from ..checkpointing import checkpointed_blocks, every_k, selective_saved
 from ..validation import ConfigError
 from . import step
 
@@ -46,13 +57,8 @@ def check_offload_activations(cfg, spec) -> None:
     if spec.finetuning:
         raise ConfigError("--offload-activations with fine-tuning (LoRA, a trainable subset, QLoRA) is not modelled "
                           "yet")
-    if getattr(spec, "offload_optimizer", False):
-        raise ConfigError("--offload-activations with --offload-optimizer is not modelled yet")
-    if spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full":
-        raise ConfigError("--offload-activations is modelled with full checkpointing or none, not "
-                          f"{spec.checkpoint_policy}")
-    if spec.grad_accum > 1:
-        raise ConfigError("--offload-activations with --grad-accum > 1 is not modelled yet")
+    if policy_of(spec) == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
+        raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
     if spec.precision not in ("fp32", "bf16-amp", "bf16"):
         raise ConfigError(f"--offload-activations is modelled for fp32, bf16 and bf16-amp, not {spec.precision}")
     family = family_of(cfg)
@@ -64,18 +70,44 @@ def check_offload_activations(cfg, spec) -> None:
         raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
                           "for the RMSNorm decoders with SiLU or an aten GELU, GPT-2, the book's GPT-2 and the MoE "
                           "families; see planner/arch/<family>.py offload_copies)")
+    if hasattr(family, "offload_backward_points") and (spec.grad_accum > 1 or policy_of(spec) != "full"
+                                                       or getattr(spec, "offload_optimizer", False)):
+        # (the family's own backward points are measured for one micro-batch under full checkpointing or none,
+        # without --offload-optimizer; the combinations are measured on the RMSNorm decoders)
+        raise ConfigError(f"--offload-activations for {family.arch} is modelled with one micro-batch, full "
+                          "checkpointing or none, and the optimizer on the device (not --grad-accum > 1, "
+                          "every:K / selective or --offload-optimizer with it yet)")
     if resolved_loss(family, spec) != family.default_loss:
         raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
                           f"{family.default_loss}), not {spec.loss}")
 
 
+def policy_of(spec) -> str:
+    """The checkpointing policy in force ("full" without checkpointing too: nothing to tell apart)."""
+    return getattr(spec, "checkpoint_policy", "full") if spec.checkpointing else "full"
+
+
 def host_terms(cfg, spec) -> list:
-    """The family's copies, each Term's bytes times L when it is one block's."""
+    """The family's copies, each Term's bytes times the blocks it is one block's copy for: L, or under every:K the
+    checkpointed blocks' input copies and the others' whole saved sets (their saves reach save_on_cpu's hook:
+    measured, Llama / Qwen 3 / Gemma 2 tiny L2 every:2, fp32 and bf16-AMP, host bytes exact). Under selective the
+    policy's kept outputs are held by the checkpoint's own cache (create_selective_checkpoint_contexts), not by
+    saved-tensor hooks: the host holds each block's input only, as under full (measured, the same configs)."""
     family = family_of(cfg)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
     L = cfg.layers
-    return [dataclasses.replace(t, bytes=t.bytes * (L if t.per_layer else 1), per_layer=False)
-            for t in family.offload_copies(cfg, spec, w)]
+    policy = policy_of(spec)
+    if policy in ("full", "selective"):
+        return [dataclasses.replace(t, bytes=t.bytes * (L if t.per_layer else 1), per_layer=False)
+                for t in family.offload_copies(cfg, spec, w)]
+    n_ckpt = len(checkpointed_blocks(policy, L))
+    none = dataclasses.replace(spec, checkpointing=False, checkpoint_policy="full")
+    ckpt = [dataclasses.replace(t, bytes=t.bytes * n_ckpt, per_layer=False,
+                                name=f"{t.name} ({n_ckpt} checkpointed blocks)")
+            for t in family.offload_copies(cfg, spec, w) if t.per_layer]
+    return ckpt + [dataclasses.replace(t, bytes=t.bytes * (L - n_ckpt), per_layer=False,
+                                       name=f"{t.name} ({L - n_ckpt} blocks not checkpointed)") if t.per_layer else t
+                   for t in family.offload_copies(cfg, none, w)]
 
 
 def pow2_ceil(n: int) -> int:
@@ -91,7 +123,9 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
                                  autocast_bias_bytes):
     """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
     check_offload_activations(cfg, spec)
-    plain = dataclasses.replace(spec, offload_activations=False)
+    policy = policy_of(spec)
+    # the step without offloading under full checkpointing (or none); a policy's own terms are added below
+    plain = dataclasses.replace(spec, offload_activations=False, checkpoint_policy="full")
     est = estimate_training(cfg, plain)
     family = family_of(cfg)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
@@ -129,31 +163,106 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     loss = base + amp_cache + fwd_alive + rope_held + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
-    if spec.checkpointing:
-        # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every stashed
-        # block input is a host copy (the sweep counts L of them at the last block, one at the first; measured: the
-        # recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back: for the CUDA check)
-        points = {k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0) * bsh * w.e_r
-                  for k, v in est.backward_points.items()}
-    else:  # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
-        fp = dataclasses.replace(plain, precision="fp32")
+    def sweep(grads_exist: bool, ckpt: bool = spec.checkpointing) -> dict[str, int]:
+        """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
+        already there (a later one of --grad-accum: new grads are transients added in place); ckpt: the blocks
+        checkpointed, else not."""
+        if ckpt:
+            # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
+            # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
+            # measured: the recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back:
+            # for the CUDA check)
+            got = est.backward_points
+            if grads_exist:  # the plain sweep's arguments under checkpointing (training.py estimate_training)
+                blk, out = family.block_terms(cfg, plain, w), family.outside_terms(cfg, plain, w)
+                amp_head = autocast_weight_bytes(cfg, plain) - autocast_weight_bytes(cfg, plain, blocks_only=True)
+                got = backward_sweep(cfg, plain, w, blk, out, e_p, L * bsh * w.e_r + sum(t.bytes for t in out)
+                                     + amp_head, amp_head, grads_exist=True)
+            return {k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0) * bsh * w.e_r
+                    for k, v in got.items()}
+        # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
+        fp = dataclasses.replace(plain, precision="fp32", checkpointing=False)
         wf = Widths.of(fp, loss_upcast=family.loss_upcast(cfg, fp))
         blk = [dataclasses.replace(t, bytes=0) for t in family.block_terms(cfg, fp, wf)]
         out = [dataclasses.replace(t, bytes=0) for t in family.outside_terms(cfg, fp, wf)]
-        points = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0)
+        got = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0, grads_exist=grads_exist)
         # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
-        points = {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in points.items()}
+        return {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}
+
+    note = []
+    cache = tail = g_blk = unkept = 0
+    ckpt = set()
+    if policy == "selective":
+        # every block keeps the outputs torchtitan's policy saves on the device (the checkpoint's own cache, not a
+        # saved-tensor hook): L caches through the forward, loss and the backward's start, blocks 0..i-1's at block i
+        # (the current block's are the recompute's own), as without offloading (planner/estimate/ckpt_policy.py)
+        cache = selective_saved(family.selective_ops(cfg, spec, w))
+        forward, loss, ce_start = forward + L * cache, loss + L * cache, ce_start + L * cache
+        # and the current block's cached output its recompute never replays (planner/arch/base.py)
+        tail = family.selective_unconsumed(cfg, spec, w)
+        note = [f"selective checkpointing: each block's kept matmul and attention outputs ({cache:,} B a block) "
+                "stay on the device (the checkpoint's own cache); save_on_cpu copies each block's input"]
+    elif policy != "full":
+        # every:K: a block not checkpointed saves through save_on_cpu's hook (its saved set on the host), so what
+        # the device holds is full checkpointing's except at that block's backward, which is the step without
+        # checkpointing's (no recompute) beside what the checkpointed blocks below it hold (RoPE's cos and sin,
+        # position_ids and the masks they take). Block i of the sweep: the last block's points with the grads of
+        # blocks i+1..L-1 (planner/estimate/ckpt_policy.py); block 0 is always checkpointed.
+        ckpt = set(checkpointed_blocks(policy, L))
+        # one block's grads (block 0's parameters, every one trains: full training)
+        g_blk = e_p * sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.block == 0)
+        # the masks no checkpointed layer takes die with the model's forward, before the loss (planner/arch/
+        # gemma2.py checkpoint_mask_count; measured: Gemma 2 every:2, the loss phase b*s^2*e_r under full's)
+        unkept = ((family.mask_count(cfg) - family.checkpoint_mask_count(cfg, spec)) * b * s * s * w.e_r
+                  if hasattr(family, "checkpoint_mask_count") else 0)
+        loss, ce_start = loss - unkept, ce_start - unkept
+        note = [f"checkpointing every {every_k(policy)} blocks: the {L - len(ckpt)} blocks not checkpointed save "
+                "through save_on_cpu (their saved tensors on the host), the checkpointed ones their input"]
+
+    def policy_points(grads_exist: bool) -> dict[str, int]:
+        """The sweep's points under the policy (grads_exist: a later micro-batch, whose grads the caller counts)."""
+        pts = sweep(grads_exist)
+        if policy == "selective":
+            return {k: v + (L if k == "final norm" else L - 1 if k.startswith("last block") else 0) * cache
+                    + (tail if k != "final norm" else 0) for k, v in pts.items()}
+        if policy == "full":
+            return pts
+        none = sweep(grads_exist, ckpt=False)
+        growth = 0 if grads_exist else g_blk  # later micro-batches: no grad is new
+        out = {"final norm": pts["final norm"] - unkept}
+        for i in range(L):
+            src, prefix = ((pts, "first block ") if i == 0 else (pts, "last block ") if i in ckpt
+                           else (none, "last block "))
+            for k, v in src.items():
+                if k.startswith(prefix):
+                    held = (rope_held - unkept) if i not in ckpt else -unkept if i else 0
+                    out[f"block {i} {k[len(prefix):]}"] = v + (L - 1 - i) * growth * (i > 0) + held
+        return out
+
+    points = policy_points(False)
     if hasattr(family, "offload_backward_points"):  # a family whose backward the generic sweep does not hold
+        # (measured for one micro-batch under full checkpointing or none: check_offload_activations refuses the rest)
         points = family.offload_backward_points(cfg, spec, w, points)
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
-    if family.tied(cfg):
-        # a tied head: the head's V*h grad is held by the engine until the embedding's own V*h grad is added out
-        # of place (training.py tied_embedding_accumulation), every grad and two V*h at once, the input grad freed
-        # (measured: GPT-2 V1000 h64 b2 s64, Mixtral V2000 h48 b2 s48, fp32 and bf16-AMP, to the byte)
-        grads_end = max(grads_end, est.grads_bytes + 2 * V * h * e_p + 2 * w.e_ce)
-    backward = base + max(ce_start, grads_end, max(points.values()))
+    # a tied head: the head's V*h grad is held by the engine until the embedding's own V*h grad is added out of
+    # place (training.py tied_embedding_accumulation), every grad and two V*h at once, the input grad freed (measured:
+    # GPT-2 V1000 h64 b2 s64, Mixtral V2000 h48 b2 s48, fp32 and bf16-AMP, to the byte; the backward's top once
+    # --offload-optimizer has taken AdamW's states off the device: llama-3.2-1b b1 s256 simulated, 11.17 GiB)
+    tied = est.grads_bytes + 2 * V * h * e_p + 2 * w.e_ce if family.tied(cfg) else 0
+    backward = base + max(ce_start, grads_end, tied, max(points.values()))
+    # --grad-accum N: a later micro-batch's forward, loss and backward run with every .grad alive (measured: each
+    # phase of accumulation 2 is the first micro-batch's plus the grads, Llama V300 h48 b2 s32)
+    accum_grads = est.grads_bytes if spec.grad_accum > 1 else 0
+    if accum_grads:
+        forward, loss = forward + accum_grads, loss + accum_grads
+        later = policy_points(True)
+        # a tied head in a later micro-batch: the shared weight's .grad exists beside the head's part, the
+        # embedding's part and their sum (tied's two V*h tensors and one more; measured: llama-3.2-1b b1 s256
+        # accum2 checkpointed, simulated, backward 22,925,054,800 B, one V*h*e_p above tied's)
+        tied_later = tied + V * h * e_p if tied else 0
+        backward = max(backward, base + accum_grads + max(ce_start, max(later.values())), base + tied_later)
     # the optimizer and zero_grad phases are the plain step's (nothing is saved for backward after it ends)
     opt_phase, zero_grad = est.phase_peak_bytes["optimizer"], est.phase_peak_bytes["zero_grad"]
     phase = step.phases(step.Step(base=base, grads=zero_grad - cuda - base, forward=forward - base,
@@ -164,7 +273,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     host = sum(t.bytes for t in hterms)
     pinned = sum(pow2_ceil(t.bytes) for t in hterms) if spec.device_type == "cuda" else 0
     secs = copy_seconds(host)
-    notes = est.notes + [
+    notes = est.notes + note + [
         f"activations offloaded (torch.autograd.graph.save_on_cpu(pin_memory=True)): {host:,} B of saved-tensor "
         f"copies live on the host (one per saved variable, weights saved by the matmuls included); {DEVICE_NOTE} "
         "(on CUDA the unpack hook's device copy of each node's saved tensors adds a transient in backward). "

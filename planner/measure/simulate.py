@@ -329,8 +329,8 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         emit({"event": "progress", "stage": "tracked step", "fraction": 0.6})
         answers.reads = dict.fromkeys(answers.reads, 0)  # report the tracked step's reads
         tracker = _OpTracker() if trace else LiveBytesTracker()
-        with tracker.host_scope():  # --offload-optimizer: the host's copies and states, counted apart
-            tracker.track(step.host_tensors() if hasattr(step, "host_tensors") else [])
+        # --offload-optimizer: the host's copies and states, counted apart
+        tracker.register_host(step.host_tensors() if hasattr(step, "host_tensors") else [])
         tracker.track(step.persistent_tensors())
         tracker.reset_peak()
         persistent = tracker.current

@@ -38,6 +38,7 @@ class LiveBytesTracker(TorchDispatchMode):
         self.host_keys: set[int] = set()
         self.host_current = 0
         self.host_peak = 0
+        self.host_registered = 0  # the host bytes registered before the step (register_host: the offloaded optimizer)
 
     def _forget(self, key: int) -> None:
         entry = self.live.pop(key, None)
@@ -82,6 +83,13 @@ class LiveBytesTracker(TorchDispatchMode):
             def __exit__(self, *exc):
                 tracker.host_depth -= 1
         return _Scope()
+
+    def register_host(self, tensors) -> None:
+        """What lives on the host before the step (--offload-optimizer's copies and states), counted apart; what the
+        step's pack hook adds later (--offload-activations) is host_peak - host_registered."""
+        with self.host_scope():
+            self.track(tensors)
+        self.host_registered = self.host_current
 
     def track_module(self, module: torch.nn.Module) -> None:
         self.track(list(module.parameters()), list(module.buffers()))

@@ -125,8 +125,8 @@ def _measure(cfg: ModelConfig, spec: TrainSpec, emit: Callable[[dict], None], ma
     # Step 3: tracked.
     emit({"event": "progress", "stage": "tracked step", "fraction": 0.7})
     tracker = LiveBytesTracker()
-    with tracker.host_scope():  # --offload-optimizer: the host's copies and states, counted apart
-        tracker.track(step.host_tensors() if hasattr(step, "host_tensors") else [])
+    # --offload-optimizer: the host's copies and states, counted apart
+    tracker.register_host(step.host_tensors() if hasattr(step, "host_tensors") else [])
     tracker.track(step.persistent_tensors())
     tracker.reset_peak()
     persistent = tracker.current
@@ -172,11 +172,14 @@ def host_figures(tracker: LiveBytesTracker, spec) -> dict:
     figure (`peak_bytes`: everything else). On a CPU device the 'device' is the same RAM: the device figure is the
     mechanism measured here, for the CUDA check (on CUDA the unpack hook's device copies in backward add to it)."""
     note = {"device_figure_note": "device figure: for the CUDA check (measured on " + str(spec.device) + ")"}
+    out = {}
     if getattr(spec, "offload_optimizer", False):  # planner/routines/offload_optim.py: all persistent on the host
-        return {"host_optimizer_offload_bytes": tracker.host_peak, **note}
-    if not getattr(spec, "offload_activations", False):
-        return {}
-    return {"host_activation_offload_bytes": tracker.host_peak, **note}
+        out["host_optimizer_offload_bytes"] = tracker.host_registered
+    if getattr(spec, "offload_activations", False):  # the pack hook's copies, on top of what was registered
+        out["host_activation_offload_bytes"] = tracker.host_peak - tracker.host_registered
+    if len(out) == 2:  # both: the host's peak, the two together
+        out["host_peak_bytes"] = tracker.host_peak
+    return {**out, **note} if out else {}
 
 
 def start_log(tracker: LiveBytesTracker, step):

@@ -1,0 +1,93 @@
+"""Issue #24: --offload-activations combined with what users combine it with (torchtune's recipes): gradient
+accumulation, checkpointing policies and --offload-optimizer. Each mix measured, simulated and estimated: simulate =
+measure to the byte (device and host), the estimate's device peak within 1% and its host bytes exact."""
+import importlib
+
+import pytest
+
+from planner.config import LlamaConfig
+from planner.estimate.training import estimate_training
+from planner.measure.simulate import simulate_training
+from planner.measure.training import measure_training
+from planner.spec import TrainSpec
+
+LLAMA = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def family_shape(arch):
+    _, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[0]
+    return cfg, b, s
+
+
+def check(cfg, spec, host_key="host_activation_offload"):
+    meas, sim, est = measure_training(cfg, spec), simulate_training(cfg, spec), estimate_training(cfg, spec)
+    assert sim["peak_bytes"] == meas["peak_bytes"]
+    assert sim[f"{host_key}_bytes"] == meas[f"{host_key}_bytes"] > 0
+    assert abs(est.peak_bytes / meas["peak_bytes"] - 1) < 0.01, (est.phase_peak_bytes, meas["phase_peak_bytes"])
+    assert est.transients[host_key] == meas[f"{host_key}_bytes"]
+    return est, meas
+
+
+@pytest.mark.parametrize("arch,prec,ckpt", [("llama", "fp32", False), ("gemma2", "fp32", True),
+                                            ("qwen3", "bf16-amp", False)])
+def test_grad_accumulation(arch, prec, ckpt):
+    """A later micro-batch runs forward, loss and backward with every .grad alive: the host copies are one
+    micro-batch's (freed by each backward), the device's forward and loss phases carry the grads."""
+    cfg, b, s = (LLAMA, 2, 32) if arch == "llama" else family_shape(arch)
+    spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True, grad_accum=2)
+    est, meas = check(cfg, spec)
+    one = measure_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True))
+    assert meas["host_activation_offload_bytes"] == one["host_activation_offload_bytes"]
+    grads = est.grads_bytes
+    assert meas["phase_peak_bytes"]["loss"] == one["phase_peak_bytes"]["loss"] + grads
+
+
+@pytest.mark.parametrize("arch,prec,policy,accum", [("llama", "fp32", "selective", 1), ("qwen3", "bf16-amp", "every:2", 1),
+                                                    ("gemma2", "fp32", "every:2", 1), ("gemma2", "fp32", "selective", 1),
+                                                    ("llama", "fp32", "selective", 2), ("gemma2", "fp32", "every:2", 2)])
+def test_checkpointing_policies(arch, prec, policy, accum):
+    """every:K: a block not checkpointed saves through save_on_cpu (its saved set on the host); selective: the
+    policy's kept outputs stay on the device (the checkpoint's own cache), the host holds each block's input only."""
+    cfg, b, s = (LLAMA, 2, 32) if arch == "llama" else family_shape(arch)
+    spec = TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=policy, offload_activations=True,
+                     grad_accum=accum)
+    check(cfg, spec)
+    full = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, offload_activations=True))
+    none = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", offload_activations=True))
+    host = estimate_training(cfg, spec).transients["host_activation_offload"]
+    if policy == "selective":
+        assert host == full.transients["host_activation_offload"]
+    else:  # L = 2: block 0 checkpointed, block 1 not
+        assert host * 2 == full.transients["host_activation_offload"] + none.transients["host_activation_offload"]
+
+
+@pytest.mark.parametrize("arch,prec,ckpt,accum", [("llama", "bf16-amp", True, 1), ("gemma2", "fp32", False, 1),
+                                                  ("qwen3", "fp32", True, 2)])
+def test_with_the_optimizer_offloaded(arch, prec, ckpt, accum):
+    """--offload-activations --offload-optimizer: the host holds the optimizer's copies and states and the saved-tensor
+    copies (each figure exact, the host's peak their sum); the device figure is within 1%."""
+    cfg, b, s = (LLAMA, 2, 32) if arch == "llama" else family_shape(arch)
+    spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=accum, offload_activations=True,
+                     offload_optimizer=True)
+    est, meas = check(cfg, spec)
+    sim = simulate_training(cfg, spec)
+    assert est.transients["host_optimizer_offload"] == meas["host_optimizer_offload_bytes"] == \
+        sim["host_optimizer_offload_bytes"] > 0
+    assert meas["host_peak_bytes"] == meas["host_optimizer_offload_bytes"] + meas["host_activation_offload_bytes"]
+    act = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, grad_accum=accum,
+                                           offload_activations=True))
+    assert est.peak_bytes < act.peak_bytes  # the offloaded states leave the device
+
+
+def test_tied_head_at_full_size_simulated():
+    """A tied head: the embedding's backward sums its grad with the head's out of place (every grad and two V*h
+    tensors; in a later micro-batch the shared .grad beside them), the backward's top once the optimizer's states are
+    on the host: llama-3.2-1b against the simulation (fake tensors, the same hooks)."""
+    from planner.config import PRESETS
+
+    for kw in ({"grad_accum": 2}, {"grad_accum": 2, "offload_optimizer": True}):
+        spec = TrainSpec(1, 256, "bf16-amp", "adamw", checkpointing=True, offload_activations=True, **kw)
+        est, sim = estimate_training(PRESETS["llama-3.2-1b"], spec), simulate_training(PRESETS["llama-3.2-1b"], spec)
+        assert abs(est.peak_bytes / sim["peak_bytes"] - 1) < 0.001 and est.peak_phase == sim["peak_phase"] == "backward"
+        assert est.transients["host_activation_offload"] == sim["host_activation_offload_bytes"]
