@@ -61,9 +61,11 @@ class MoEDecoder(RMSDecoder):
     renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob
     fp32_routing_weights: ClassVar[bool] = True  # Mixtral keeps the top-k weights fp32; Qwen casts them back to
     # the router logits' dtype (router_top_value.to(router_logits.dtype))
-    lora_supported: ClassVar[bool] = False    # fine-tuning of MoE families is walked (saved_mlp), not measured yet
-    subset_supported: ClassVar[bool] = False
-    qlora_supported: ClassVar[bool] = False
+    # fine-tuning walked (saved_mlp) and measured (bench finetune / finetune-amp's MoE rows, tests/test_finetune.py):
+    # frozen layers and LoRA on the Linears peft can wrap (attention, Qwen2-MoE's shared expert; lora_module)
+    lora_supported: ClassVar[bool] = True
+    subset_supported: ClassVar[bool] = True
+    qlora_supported: ClassVar[bool] = False  # QLoRA (bitsandbytes on the Linears only) not measured on MoE
 
     def renormalises(self, c) -> bool:
         return self.renormalise_topk

@@ -132,7 +132,7 @@ FINETUNE_MODES = [
 # "lora r8 attention" every attention projection (planner/finetune.py target_choices: Phi-3's qkv_proj and o_proj);
 # all-linear adapts every nn.Linear but the head: a MoE's router and experts are no Linears (moe.py lora_module),
 # so it adds Qwen2-MoE's shared expert and shared_expert_gate and nothing more on Mixtral / Qwen3-MoE
-FINETUNE_WALKED_FAMILIES = ("phi3",)
+FINETUNE_WALKED_FAMILIES = ("phi3", "qwen2_moe", "mixtral", "qwen3_moe")
 FINETUNE_WALKED_MODES = [
     ("last:1", dict(train_layers="last:1")),
     ("lora r8 default", dict(lora_r=8)),
