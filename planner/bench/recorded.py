@@ -95,10 +95,15 @@ def record(name: str, out_dir: Path = RECORD_DIR, progress=print, family: str | 
             if header["versions"] != versions():
                 raise ConfigError(f"{path.name} was measured on other versions: record the whole grid")
             kept = [r for r in old if r["config"].get("arch") not in chosen]
+    date = today = datetime.date.today().isoformat()
+    if family and path.exists() and not header["date"].startswith(today):
+        # the kept rows were measured on the header's date: it stays, with the date of the families renewed now
+        note = f"{', '.join(sorted(chosen))} rows: {today}"
+        date = header["date"][:-1] + f"; {note})" if header["date"].endswith(")") else f"{header['date']} ({note})"
     tmp = path.with_suffix(".jsonl.part")
     with tmp.open("w") as fh:
         fh.write(json.dumps({"grid": name, "bar_pct": bar, "rows": len(kept) + len(rows), "versions": versions(),
-                             "date": datetime.date.today().isoformat()}) + "\n")
+                             "date": date}) + "\n")
         for row in kept:
             fh.write(json.dumps(row) + "\n")
         for i, (label, cfg, spec) in enumerate(rows):
