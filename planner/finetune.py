@@ -134,7 +134,7 @@ def lora_target_names(family, cfg, spec) -> tuple[str, ...]:
     linear layers for a name it does not have."""
     from .accounting import tensor_inventory
 
-    inv = tensor_inventory(cfg)
+    inv = [t for t in tensor_inventory(cfg) if family.lora_module(t.name.rsplit(".", 1)[0])]
     names = linear_names(inv)
     text = (spec.lora_targets or "").strip()
     if not text:
@@ -169,8 +169,9 @@ def _adapted(cfg, lora_targets: str) -> tuple[Linear, ...]:
     from .accounting import tensor_inventory
     from .arch import family_of
 
-    targets = set(lora_target_names(family_of(cfg), cfg, SimpleNamespace(lora_targets=lora_targets)))
-    return tuple(lin for lin in linears(tensor_inventory(cfg)) if lin.short in targets)
+    family = family_of(cfg)
+    targets = set(lora_target_names(family, cfg, SimpleNamespace(lora_targets=lora_targets)))
+    return tuple(lin for lin in linears(tensor_inventory(cfg)) if lin.short in targets and family.lora_module(lin.module))
 
 
 def _memo(fn):

@@ -89,7 +89,10 @@ def test_the_books_gpt2_offers_its_own_linear_layers_and_a_family_without_lora_t
     assert not at.exception and not at.error
     assert at.selectbox(key="lora_targets").options == ["attention", "all-linear"]
     assert tuned(at).lora_targets == "W_query,W_key,W_value,out_proj"
-    at.selectbox(key="preset").set_value("phi-3-mini-4k").run()  # fused qkv_proj: not modelled for LoRA yet
+    at.selectbox(key="preset").set_value("phi-3-mini-4k").run()  # fused qkv_proj: peft maps no default targets
+    assert not at.exception and not at.error
+    assert at.selectbox(key="lora_targets").options == ["attention", "all-linear"]
+    at.selectbox(key="preset").set_value("hf-gpt2").run()  # transformers' GPT-2 (Conv1D): no LoRA terms yet
     assert not at.exception and at.error and "LoRA" in at.error[0].value
 
 

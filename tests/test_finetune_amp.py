@@ -54,11 +54,11 @@ def test_sdpa_forward_under_autocast_counts_the_fp32_kv_cache(kw):
 
 
 def test_amp_grid_covers_every_finetuning_family_both_dtypes_and_checkpointing():
-    from planner.bench.main import FINETUNE_FAMILIES
+    from planner.bench.main import FINETUNE_FAMILIES, FINETUNE_WALKED_FAMILIES
 
     rows = finetune_amp_grid()
-    assert {label.split(" ", 1)[0] for label, _, _ in rows} == set(FINETUNE_FAMILIES)
-    for family in FINETUNE_FAMILIES:
+    assert {label.split(" ", 1)[0] for label, _, _ in rows} == set(FINETUNE_FAMILIES + FINETUNE_WALKED_FAMILIES)
+    for family in FINETUNE_FAMILIES + FINETUNE_WALKED_FAMILIES:
         specs = [spec for label, _, spec in rows if label.startswith(family + " ")]
         assert {sp.precision for sp in specs} == {"bf16-amp", "fp16-amp"}
         assert {sp.checkpointing for sp in specs} == {False, True}

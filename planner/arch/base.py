@@ -66,6 +66,12 @@ class Family:
     # own fine-tuning step: finetune_check / finetune_step below (the book's GPT-2).
     own_finetune_step: ClassVar[bool] = False
 
+    def lora_module(self, module: str) -> bool:
+        """Whether peft's LoRA can wrap this matmul weight's module (planner/finetune.py: what --lora-targets and
+        all-linear may name): an nn.Linear or Conv1D, which every inventory `linear` is unless the family says
+        otherwise (a MoE router is a bare parameter read by F.linear: planner/arch/moe.py)."""
+        return True
+
     def finetune_check(self, cfg, spec) -> None:
         """own_finetune_step: raise ConfigError for a fine-tuning run this family's walk does not model."""
 

@@ -76,8 +76,8 @@ class RMSDecoder(HFCausalLM):
     lora_default_targets: ClassVar[tuple[str, ...]] = ("q_proj", "v_proj")  # peft's mapping for llama, mistral,
     # qwen2, qwen3, gemma, gemma2 (peft/utils/constants.py); Phi-3 has none there
     # Fine-tuning terms are measured for the plain RMSNorm decoders (Llama, Mistral, Qwen 2, Qwen 3), which
-    # set these, and so do Gemma and Gemma 2 (GemmaRMSNorm, sandwich norms, soft-capping: planner/estimate/finetune.py);
-    # Phi-3's fused projections are walked (planner/arch/saved.py) but their fine-tuning is not measured yet.
+    # set these, and so do Gemma and Gemma 2 (GemmaRMSNorm, sandwich norms, soft-capping: planner/estimate/finetune.py),
+    # Phi-3 (fused projections, walked by planner/arch/saved.py) and the MoE families that set them (planner/arch/moe.py).
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
     # --offload-activations' host copies (offload_copies below) were first measured for the plain Llama-shaped

@@ -20,7 +20,9 @@ bf16-AMP, tiny Mixtral b2 s16 h32 f48 E4 k2; measured sum = the terms below to t
   top-k indices 8*N*k, renormalisation: the fp32 sum 4*N and the top-k values 4*N*k (Mixtral/Qwen3),
   sort permutation and gather index 2*8*N*k, offsets 4*E, gathered tokens N*k*h*e_x, gate_up output
   2*N*k*f*e_x, activation output and product 2*N*k*f*e_x, sorted routing weights 4*N*k, down output
-  N*k*h*e_x, inverse permutation 8*N*k; e_x = the parameters' dtype (fp32 under AMP).
+  N*k*h*e_x, inverse permutation 8*N*k; e_x = the parameters' dtype (fp32 under AMP). The gathered tokens
+  and the product are the grouped GEMMs' inputs, saved for the experts' weight grads only: frozen experts
+  (LoRA) save neither (MoEDecoder.saved_mlp).
 """
 from __future__ import annotations
 
@@ -59,12 +61,22 @@ class MoEDecoder(RMSDecoder):
     renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob
     fp32_routing_weights: ClassVar[bool] = True  # Mixtral keeps the top-k weights fp32; Qwen casts them back to
     # the router logits' dtype (router_top_value.to(router_logits.dtype))
-    lora_supported: ClassVar[bool] = False    # fine-tuning of MoE families is walked (saved_mlp), not measured yet
-    subset_supported: ClassVar[bool] = False
-    qlora_supported: ClassVar[bool] = False
+    # fine-tuning walked (saved_mlp) and measured (bench finetune / finetune-amp's MoE rows, tests/test_finetune.py):
+    # frozen layers and LoRA on the Linears peft can wrap (attention, Qwen2-MoE's shared expert; lora_module)
+    lora_supported: ClassVar[bool] = True
+    subset_supported: ClassVar[bool] = True
+    qlora_supported: ClassVar[bool] = False  # QLoRA (bitsandbytes on the Linears only) not measured on MoE
 
     def renormalises(self, c) -> bool:
         return self.renormalise_topk
+
+    def lora_module(self, module: str) -> bool:
+        """The router is no nn.Linear (MixtralTopKRouter / Qwen2MoeTopKRouter / Qwen3MoeTopKRouter hold a bare
+        (E, h) nn.Parameter read by F.linear, transformers 5.23), so peft's LoRA cannot wrap it: all-linear
+        (peft/tuners/tuners_utils.py _maybe_include_all_linear_layers: nn.Linear / Conv1D modules) leaves it out,
+        and naming it is refused. The experts are 3-D parameters of one module, no Linears either (not in the
+        matmul inventory `linears` reads)."""
+        return not module.endswith("." + self.router_name)
 
     def shared_expert_size(self, c) -> int:
         """The width of Qwen2-MoE's shared expert (a dense gated MLP beside the routed ones); 0: none."""
@@ -130,9 +142,11 @@ class MoEDecoder(RMSDecoder):
         whose weight trains); the shared expert is a gated MLP (BlockWalk.gated_mlp, its down_proj the mlp.out
         Linear); sigmoid(shared_expert_gate(x)) * shared_expert(x) saves the sigmoid output and the shared
         expert's output. The routed part (softmax, top-k, dispatch, the experts' grouped GEMMs, the combine)
-        saves its whole set once anything in it needs grad (its input, the router or the experts). Measured
-        with every tensor training (full training); MoE fine-tuning is refused (lora_supported False), so a
-        frozen router or frozen experts are not measured."""
+        saves its set once anything in it needs grad (its input, the router or the experts), but the grouped
+        GEMMs' inputs (the gathered tokens, the product) only when the experts train. Measured with every
+        tensor training (full training, the last blocks of --train-layers) and with the router and the experts
+        frozen under an input that needs grad (LoRA: the router and experts are no nn.Linear, moe.py lora_module);
+        a training router beside frozen experts (no mode of the planner makes one) is not measured."""
         c, w = wk.cfg, wk.w
         N, h, E, k, f = wk.b * wk.s, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
         e_x = 4 if w.amp else w.e_m  # the experts run in the parameters' dtype
@@ -146,8 +160,8 @@ class MoEDecoder(RMSDecoder):
                 wk.terms.append(Term("shared_expert_gate sigmoid output and shared expert output (its product's "
                                      "operands)", "b*s*e_m + b*s*h*e_m", N * w.e_m + N * h * w.e_m, True, "mlp"))
                 out_rg = True
-        routed_rg = (rg_in or ins.get(self.router_name.rsplit(".", 1)[1], False)
-                     or any(wk.trains(t.name) for t in wk.inv if ".experts." in t.name))
+        experts_tr = any(wk.trains(t.name) for t in wk.inv if ".experts." in t.name)
+        routed_rg = rg_in or ins.get(self.router_name.rsplit(".", 1)[1], False) or experts_tr
         if not routed_rg:
             return out_rg
         e_rw = 4 if self.fp32_routing_weights else w.e_m
@@ -159,12 +173,17 @@ class MoEDecoder(RMSDecoder):
         wk.terms += [Term("dispatch: sort permutation, gather index, inverse permutation (int64)", "24*b*s*k",
                           24 * N * k, True, "mlp"),
                      Term("grouped GEMM offsets (int32)", "4*E", 4 * E, True, "mlp"),
-                     Term("gathered tokens and experts' down output", "2*b*s*k*h*e_x", 2 * N * k * h * e_x, True,
+                     Term("experts' down output (the routing weights' grad)", "b*s*k*h*e_x", N * k * h * e_x, True,
                           "mlp"),
-                     Term("experts' gate_up output, activation output, product", "4*b*s*k*f*e_x",
-                          4 * N * k * f * e_x, True, "mlp"),
+                     Term("experts' gate_up output, activation output", "3*b*s*k*f*e_x", 3 * N * k * f * e_x, True,
+                          "mlp"),
                      Term("sorted routing weights" + (" (fp32)" if self.fp32_routing_weights else ""),
                           "4*b*s*k" if self.fp32_routing_weights else "b*s*k*e_m", N * k * e_rw, True, "mlp")]
+        if experts_tr:  # each grouped GEMM saves its input for its (E, ., .) weight's grad only (torch's
+            # _grouped_mm derivative, as mm's: frozen experts under LoRA save neither; measured, Qwen2-MoE V1000
+            # h64 b2 s64 LoRA on attention: 2*b*s*k*(h + f)*e_x less over the two blocks, to the byte)
+            wk.terms.append(Term("experts' gathered tokens and product (the grouped GEMMs' inputs, for the "
+                                 "experts' weight grads)", "b*s*k*(h + f)*e_x", N * k * (h + f) * e_x, True, "mlp"))
         return True
 
     # ---- --offload-activations (planner/estimate/offload_act.py) ------------------------------------------

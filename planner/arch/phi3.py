@@ -65,6 +65,11 @@ class Phi3(RMSDecoder):
     fused_qkv = True
     fused_gate_up = True
     lora_default_targets = ()  # peft 0.21 maps no default LoRA targets for phi3
+    # fine-tuning measured (bench finetune / finetune-amp's Phi-3 rows, tests/test_finetune.py): the block walk's
+    # fused qkv_proj / gate_up_proj (planner/arch/saved.py), frozen layers and LoRA, fp32 / bf16 / under autocast.
+    # QLoRA is not measured on Phi-3 (qlora_supported False)
+    lora_supported = subset_supported = True
+    qlora_supported = False
     # RoPE here ends in torch.cat (apply_rotary_pos_emb splits the rotary and pass-through halves), so q is a
     # contiguous (b, a, s, d) tensor and SDPA's output comes out in that layout too: the o_proj input
     # (transpose(1, 2).contiguous()) is one more copy, saved by o_proj (the block walk, planner/arch/saved.py).

@@ -71,6 +71,7 @@ class Qwen2Moe(MoEDecoder):
     renormalise_topk = False  # read from norm_topk_prob (renormalises)
     fp32_routing_weights = False
     o_bias = False
+    lora_default_targets = ()  # peft 0.21 maps no default LoRA targets for this model type (peft/utils/constants.py)
 
     def biases(self, c) -> tuple[bool, bool, bool]:
         return bool(c.qkv_bias), False, False

@@ -60,6 +60,7 @@ class Qwen3Moe(MoEDecoder):
                 "num_experts_per_tok", "moe_intermediate_size")
     description = "transformers Qwen3MoeForCausalLM (sparse MoE)"
     qk_norm = True
+    lora_default_targets = ()  # peft 0.21 maps no default LoRA targets for this model type (peft/utils/constants.py)
     router_first = False  # Qwen3MoeSparseMoeBlock.__init__ registers experts, then gate
     fp32_routing_weights = False
 

@@ -22,43 +22,46 @@ SECTION = "# Fine-tuning under autocast: estimate vs measurement"
 
 
 def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = None) -> list[tuple]:
-    """(label, config, spec) rows, one per family x shape x every other mode (the other modes on the next
-    shape); quick: every 7th row."""
+    """(label, config, spec) rows, one per family x shape x a quarter of the modes (the others on the other
+    shapes); the walked families (planner.bench.main FINETUNE_WALKED_FAMILIES: Phi-3, the MoE families) two
+    (checkpointing off and on) per shape x every walked mode on their first two shapes; quick: every 7th row."""
     from ..arch import families
-    from .main import FINETUNE_FAMILIES, FINETUNE_MODES
+    from .main import FINETUNE_FAMILIES, FINETUNE_MODES, FINETUNE_WALKED_FAMILIES, walked_modes
 
     rows = []
     i = 0
-    for family in families_ or FINETUNE_FAMILIES:
+    for family in families_ or FINETUNE_FAMILIES + FINETUNE_WALKED_FAMILIES:
         fam = families()[family]
-        for n, (label, cfg, b, s) in enumerate(fam.grid_configs()):
+        walked = family in FINETUNE_WALKED_FAMILIES
+        for n, (label, cfg, b, s) in enumerate(fam.grid_configs()[:2] if walked else fam.grid_configs()):
             kernels = [k for k in ("eager", "sdpa") if k in fam.attention_kinds(cfg)]
-            for m, (mode, kw) in enumerate(FINETUNE_MODES):
+            for m, (mode, kw) in enumerate(walked_modes(fam, cfg) if walked else FINETUNE_MODES):
                 if kw.get("train_layers") == "head" and fam.tied(cfg):
                     continue
-                if (m + n + 1) % 4:
+                if not walked and (m + n + 1) % 4:
                     continue  # a quarter of the modes on each shape, each mode on one of the four shapes
-                i += 1
-                # one row per (shape, mode): checkpointing, the autocast dtype, the kernel and the optimizer
-                # each alternate along the grid, so every pair of them is met within a family
-                ckpt = i % 2 == 1
-                precision = ("bf16-amp", "fp16-amp")[(i // 2) % 2]
-                attention = kernels[(i // 4) % len(kernels)]
-                optimizer = ("adamw", "sgd")[(i // 3) % 2]
-                spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer,
-                                 checkpointing=ckpt, **kw)
-                rows.append((f"{family} {label} {mode} {attention} {precision}{' ckpt' if ckpt else ''} "
-                             f"{optimizer}", replace(cfg, attention=attention), spec))
+                for _ in range(2 if walked else 1):  # a walked family: checkpointing off and on (i alternates it)
+                    i += 1
+                    # one row per (shape, mode): checkpointing, the autocast dtype, the kernel and the optimizer
+                    # each alternate along the grid, so every pair of them is met within a family
+                    ckpt = i % 2 == 1
+                    precision = ("bf16-amp", "fp16-amp")[(i // 2) % 2]
+                    attention = kernels[(i // 4) % len(kernels)]
+                    optimizer = ("adamw", "sgd")[(i // 3) % 2]
+                    spec = TrainSpec(batch_size=b, seq_len=s, precision=precision, optimizer=optimizer,
+                                     checkpointing=ckpt, **kw)
+                    rows.append((f"{family} {label} {mode} {attention} {precision}{' ckpt' if ckpt else ''} "
+                                 f"{optimizer}", replace(cfg, attention=attention), spec))
     return rows[::7] if quick else rows
 
 
 def amp_markdown(results: list[dict], device: str) -> str:
     """The section: the worst |error| per part of the grid (mode, dtype, checkpointing, family), then every row."""
-    from .main import FINETUNE_MODES
+    from .main import FINETUNE_MODES, FINETUNE_WALKED_MODES
     from .common import _cpu_count, _torch_version, _version
 
     def mode_of(label: str) -> str:
-        for mode, _ in sorted(FINETUNE_MODES, key=lambda m: -len(m[0])):
+        for mode, _ in sorted(FINETUNE_MODES + FINETUNE_WALKED_MODES, key=lambda m: -len(m[0])):
             if f" {mode} " in label:
                 return mode
         return "?"

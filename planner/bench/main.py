@@ -125,10 +125,44 @@ FINETUNE_MODES = [
 ]
 
 
-def finetune_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_FAMILIES) -> list[tuple[str, ModelConfig, TrainSpec]]:
+# Fine-tuning measured later (issue #19): Phi-3's fused qkv_proj / gate_up_proj and the MoE families' sparse blocks
+# (router, experts, Qwen2-MoE's shared expert), walked by planner/arch/saved.py (moe.py saved_mlp), on a smaller
+# grid: each family's first two grid shapes x these modes. "lora r8 default" is peft's default targets
+# (peft/utils/constants.py maps mixtral only; phi3, qwen2_moe and qwen3_moe have none: the row is left out),
+# "lora r8 attention" every attention projection (planner/finetune.py target_choices: Phi-3's qkv_proj and o_proj);
+# all-linear adapts every nn.Linear but the head: a MoE's router and experts are no Linears (moe.py lora_module),
+# so it adds Qwen2-MoE's shared expert and shared_expert_gate and nothing more on Mixtral / Qwen3-MoE
+FINETUNE_WALKED_FAMILIES = ("phi3", "qwen2_moe", "mixtral", "qwen3_moe")
+FINETUNE_WALKED_MODES = [
+    ("last:1", dict(train_layers="last:1")),
+    ("lora r8 default", dict(lora_r=8)),
+    ("lora r8 attention", dict(lora_r=8, lora_targets="attention")),
+    ("lora r8 all-linear", dict(lora_r=8, lora_targets="all-linear")),
+    ("lora r4 all-linear p0.1", dict(lora_r=4, lora_targets="all-linear", lora_dropout=0.1)),
+]
+
+
+def walked_modes(fam, cfg) -> list[tuple[str, dict]]:
+    """FINETUNE_WALKED_MODES on this family: "attention" resolved to its attention projections, the default
+    targets' row left out where peft maps none."""
+    from ..finetune import target_choices
+
+    out = []
+    for mode, kw in FINETUNE_WALKED_MODES:
+        if kw.get("lora_r") and "lora_targets" not in kw and not fam.lora_default_targets:
+            continue
+        if kw.get("lora_targets") == "attention":
+            kw = {**kw, "lora_targets": target_choices(cfg)["attention"]}
+        out.append((mode, kw))
+    return out
+
+
+def finetune_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_FAMILIES + FINETUNE_WALKED_FAMILIES
+                  ) -> list[tuple[str, ModelConfig, TrainSpec]]:
     """Fine-tuning rows (issue #12): each family's tiny configs (planner/arch/<family>.py grid_configs) x
     FINETUNE_MODES x fp32 / a bf16 base (peft keeps the adapters fp32) x checkpointing off/on, attention
-    kernels and AdamW/SGD alternating. A tied head is the input embedding, so "head" is skipped there.
+    kernels and AdamW/SGD alternating; the FINETUNE_WALKED_FAMILIES on their first two shapes x their
+    walked_modes. A tied head is the input embedding, so "head" is skipped there.
     quick: every 23rd row (the tests; 23 rows over the four families' 9 modes)."""
     from ..arch import families
 
@@ -136,9 +170,10 @@ def finetune_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_FAM
     i = 0
     for family in families_:
         fam = families()[family]
-        for label, cfg, b, s in fam.grid_configs():
+        walked = family in FINETUNE_WALKED_FAMILIES
+        for label, cfg, b, s in fam.grid_configs()[:2] if walked else fam.grid_configs():
             kernels = [k for k in ("eager", "sdpa") if k in fam.attention_kinds(cfg)]
-            for mode, kw in FINETUNE_MODES:
+            for mode, kw in walked_modes(fam, cfg) if walked else FINETUNE_MODES:
                 if kw.get("train_layers") == "head" and fam.tied(cfg):
                     continue
                 for precision, ckpt in itertools.product(("fp32", "bf16"), (False, True)):
@@ -296,7 +331,7 @@ def finetune_markdown(results: list[dict], device: str, gaps: list[bool] | None 
     """The `# Fine-tuning ...` section of docs/accuracy.md: the worst |error| per part of the grid, then
     every row."""
     def part(label: str) -> str:
-        for mode, _ in sorted(FINETUNE_MODES + FINETUNE_BOOK_MODES, key=lambda m: -len(m[0])):  # "accum2 last:1" before "last:1"
+        for mode, _ in sorted(FINETUNE_MODES + FINETUNE_BOOK_MODES + FINETUNE_WALKED_MODES, key=lambda m: -len(m[0])):  # "accum2 last:1" before "last:1"
             if f" {mode} " in label:
                 return mode
         return "?"

@@ -2,7 +2,8 @@
 
     python -m planner bench record [--grid accuracy|families|finetune|finetune-book|qlora|8bit|finetune-amp|all]
     python -m planner bench record --grid families --family mixtral,qwen2_moe   (those families' rows only, put in
-                                                                                  the kept file in place of theirs)
+                                                                                  the kept file in place of theirs;
+                                                                                  also --grid finetune|finetune-amp)
 
 A row is measured exactly as `measure train` measures it (planner.measure.training.measure_training, the
 live-bytes tracker), in one process for the whole grid: a fresh TrainingStep per row holds the same bytes as a
@@ -24,6 +25,8 @@ from pathlib import Path
 
 RECORD_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured"
 PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
+# the grids whose rows `bench record --family` can renew one family at a time (every row names its config's arch)
+FAMILY_GRIDS = ("families", "finetune", "finetune-amp")
 
 
 def grids() -> dict[str, tuple[float, callable]]:
@@ -69,9 +72,9 @@ def record_row(label: str, cfg, spec) -> dict:
 def record(name: str, out_dir: Path = RECORD_DIR, progress=print, family: str | None = None) -> Path:
     """Measure every row of one grid (in this process) and write its file; returns the path.
 
-    family (the families grid only; comma-separated arch names): measure only those families' rows and put them
-    in the existing file in place of that family's old rows (the other families' records are kept as they are;
-    the header's versions must be the ones installed, as the test requires of every row)."""
+    family (FAMILY_GRIDS only; comma-separated arch names): measure only those families' rows and put them in the
+    existing file in place of that family's old rows (the other families' records are kept as they are; the
+    header's versions must be the ones installed, as the test requires of every row)."""
     bar, rows_of = grids()[name]
     rows = rows_of()
     kept: list[dict] = []
@@ -81,21 +84,26 @@ def record(name: str, out_dir: Path = RECORD_DIR, progress=print, family: str | 
         from ..config import ConfigError
 
         chosen = {f.strip() for f in family.split(",") if f.strip()}
-        if name != "families":
-            raise ConfigError("bench record --family goes with --grid families")
+        if name not in FAMILY_GRIDS:
+            raise ConfigError(f"bench record --family goes with --grid {', '.join(FAMILY_GRIDS)}")
         unknown = chosen - {cfg.arch for _, cfg, _ in rows}
         if unknown:
-            raise ConfigError(f"no rows of {', '.join(sorted(unknown))} in the families grid")
+            raise ConfigError(f"no rows of {', '.join(sorted(unknown))} in the {name} grid")
         rows = [r for r in rows if r[1].arch in chosen]
         if path.exists():
             header, old = load(path)
             if header["versions"] != versions():
                 raise ConfigError(f"{path.name} was measured on other versions: record the whole grid")
             kept = [r for r in old if r["config"].get("arch") not in chosen]
+    date = today = datetime.date.today().isoformat()
+    if family and path.exists() and not header["date"].startswith(today):
+        # the kept rows were measured on the header's date: it stays, with the date of the families renewed now
+        note = f"{', '.join(sorted(chosen))} rows: {today}"
+        date = header["date"][:-1] + f"; {note})" if header["date"].endswith(")") else f"{header['date']} ({note})"
     tmp = path.with_suffix(".jsonl.part")
     with tmp.open("w") as fh:
         fh.write(json.dumps({"grid": name, "bar_pct": bar, "rows": len(kept) + len(rows), "versions": versions(),
-                             "date": datetime.date.today().isoformat()}) + "\n")
+                             "date": date}) + "\n")
         for row in kept:
             fh.write(json.dumps(row) + "\n")
         for i, (label, cfg, spec) in enumerate(rows):
@@ -207,7 +215,7 @@ def main(grid: str = "all", out: str | None = None, progress=print, family: str 
         from .common import write_section
 
         write_section(out, text)
-        if family:  # the families' own tables in the families section, from the rows just recorded
+        if family and grid == "families":  # the families' own tables in the families section, from the rows just recorded
             write_section(out, families_markdown_from_record([f.strip() for f in family.split(",") if f.strip()], out))
     return 0
 
@@ -215,7 +223,9 @@ def main(grid: str = "all", out: str | None = None, progress=print, family: str 
 # The recorded grids' sections of docs/accuracy.md, rebuilt from their records (`bench record --from-records`):
 # the same table writers as the benchmarks that measure them, fed each recorded row re-estimated now.
 FROM_RECORD_COLUMNS = "measured (B) and meas. phase"  # what a record row holds (record_row): peak and phase peaks
-FINETUNE_OWN_TABLES = ("gemma", "gemma2")  # measured after the first four families: their own subsections
+# measured after the first four families: their own subsections (Phi-3 and the MoE families: planner/bench/main.py
+# FINETUNE_WALKED_FAMILIES, on a smaller grid)
+FINETUNE_OWN_TABLES = ("gemma", "gemma2", "phi3", "qwen2_moe", "mixtral", "qwen3_moe")
 
 
 def results_from_record(rows: list[dict]) -> list[dict]:

@@ -508,8 +508,10 @@ def cmd_bench(args) -> int:
 
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
-        if args.family and args.grid != "families":
-            raise ConfigError("bench record --family goes with --grid families")
+        from ..bench.recorded import FAMILY_GRIDS
+
+        if args.family and args.grid not in FAMILY_GRIDS:
+            raise ConfigError(f"bench record --family goes with --grid {', '.join(FAMILY_GRIDS)}")
         if args.from_records:
             if args.family:
                 raise ConfigError("bench record --from-records re-estimates whole grids: leave out --family")
