@@ -204,13 +204,10 @@ CKPT_BAR_PCT = 1.0
 CKPT_GAP = (" Phi-3 under every:K: an uncheckpointed block runs in checkpointing mode, where the KV cache is off, so SDPA saves v as a view of the fused qkv_proj output and the whole b*s*(a + 2kv)*d*e_m storage stays alive (unless repeat_kv copies v): b*s*(a + kv)*d*e_m a block more than v, found on the simulated step's op log and modelled in planner/arch/phi3.py uncheckpointed_block_extra (phi-3-mini-4k b1 s4096 every:4 was -1.66% without it; tests/test_offload_families.py checks three small shapes to 8 B).")
 
 
-CKPT_REFUSED = (" Not in the grid, refused with one line: LoRA on Phi-3 and on the MoE families (planner/finetune.py; "
-                "not with any checkpointing). Measured under selective with LoRA r8 (V1000 h64 L4 b2 s64, the estimate "
-                "run past that refusal): Phi-3 on qkv_proj, o_proj 4,375,944 B fp32 and 3,840,392 B bf16-AMP, qwen3_moe "
-                "3,928,232 / 3,658,920 B and Mixtral 5,019,016 / 4,880,776 B, each within 4 B of the policy's "
-                "estimate; but the MoE families' LoRA step without checkpointing is 30.7% (Mixtral) and every:2 "
-                "19% (Mixtral) / 9.7% (qwen3_moe) under the measured peak (their experts' saved sets under "
-                "fine-tuning are not modelled), so the refusal stays.")
+CKPT_REFUSED = (" Phi-3 and the MoE families fine-tune with LoRA on the Linears peft can wrap (the attention; Qwen2-MoE's "
+                "shared expert too: a router is a bare parameter and the experts 3-D ones, planner/arch/moe.py); their "
+                "rows under every:2 and selective are in the grid (LoRA r8 on the attention), a frozen expert saving "
+                "no grouped-GEMM input (planner/arch/moe.py saved_mlp).")
 
 
 def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
@@ -294,17 +291,24 @@ def policy_book_finetune_grid() -> list[tuple[str, object, TrainSpec]]:
 
 
 def policy_qwen3_lora_grid() -> list[tuple[str, object, TrainSpec]]:
-    """Qwen 3 (q/k norms in the block) with LoRA r8 (peft's default targets) at its first grid shape with 4 blocks,
-    every:2 and selective, fp32 and bf16-AMP. (Phi-3 and the MoE families do not fine-tune with LoRA here: refused
-    with one line, planner/finetune.py; their measured selective rows are in the section's text.)"""
+    """Qwen 3 (q/k norms in the block) with LoRA r8 (peft's default targets), then Phi-3 (fused qkv_proj) and the
+    MoE families with LoRA r8 on their attention (peft has no default for Phi-3, Qwen2-MoE and Qwen3-MoE; the
+    routers and experts are no nn.Linear), at the first grid shape with 4 blocks, every:2 and selective, fp32 and
+    bf16-AMP."""
     from ..arch import families
 
-    fam = families()["qwen3"]
-    label, cfg, b, s = fam.grid_configs()[0]
-    name = f"qwen3: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4"
-    return [(f"{name} b{b} s{s} {prec} LoRA r8", fam.with_layers(cfg, 4),
-             TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, lora_r=8))
-            for prec in ("fp32", "bf16-amp") for pol in ("every:2", "selective")]
+    fams = families()
+    rows = []
+    for fam_name, targets in (("qwen3", None), ("phi3", "qkv_proj,o_proj"), ("mixtral", None),
+                              ("qwen2_moe", "q_proj,v_proj"), ("qwen3_moe", "q_proj,v_proj")):
+        label, cfg, b, s = fams[fam_name].grid_configs()[0]
+        name = f"{fam_name}: {re.sub(r' b[0-9]+ s[0-9]+$', '', label)} L4"
+        on = f" on {targets}" if targets else ""
+        kw = {"lora_targets": targets} if targets else {}
+        rows += [(f"{name} b{b} s{s} {prec} LoRA r8{on}", fams[fam_name].with_layers(cfg, 4),
+                  TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol, lora_r=8, **kw))
+                 for prec in ("fp32", "bf16-amp") for pol in ("every:2", "selective")]
+    return rows
 
 
 def policy_qlora_grid() -> list[tuple[str, object, TrainSpec]]:
