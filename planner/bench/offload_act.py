@@ -61,8 +61,9 @@ def family_grid() -> list[tuple[str, object, int, int]]:
 
 
 # The long-sequence shape of every RMS decoder family (planner/arch/<family>.py grid_configs()[3]: V97 h32 a4 kv2
-# tied b2 s256, SDPA; Mistral with its 32-token window; Gemma 2 eager with soft-capping), where without checkpointing the forward is the peak at the
-# last block's MLP, RoPE on q or SDPA (planner/arch/decoder.py offload_forward_held / offload_attention_points)
+# tied b2 s256, SDPA; Mistral with its 32-token window; Gemma 2 eager with soft-capping), where without
+# checkpointing the forward is the peak at the last block's MLP, RoPE on q, SDPA or eager's scores
+# (planner/arch/decoder.py offload_forward_held / offload_attention_points / offload_forward_points)
 LONG_ROWS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "qwen2_moe", "qwen3_moe")
 
 
