@@ -185,3 +185,15 @@ def test_gpt2_book_checkpointed_recompute_softmax(drop, prec):
     sim, est = simulate_training(cfg, spec), estimate_training(cfg, spec)
     assert sim["peak_phase"] == est.peak_phase == "backward"
     assert abs(est.peak_bytes / sim["peak_bytes"] - 1) < 0.001, (est.peak_bytes, sim["peak_bytes"])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma"])
+def test_wide_mlp_backward_against_the_simulation(arch):
+    """A wide MLP (h64 f512 b2 s128, fp32, no checkpointing): the backward is the peak, at the gated product's
+    backward with the down projection's input grad and MulBackward's two grads alive (planner/arch/decoder.py
+    offload_backward_points; -9.8% / -6.4% / -4.7% before)."""
+    cfg, b, _ = family_shape(arch, 3, hidden_size=64, intermediate_size=512)
+    spec = TrainSpec(b, 128, "fp32", "sgd", offload_activations=True)
+    sim, est = simulate_training(cfg, spec), estimate_training(cfg, spec)
+    assert sim["peak_phase"] == est.peak_phase == "backward"
+    assert abs(est.peak_bytes - sim["peak_bytes"]) <= 64, (est.peak_bytes, sim["peak_bytes"])
