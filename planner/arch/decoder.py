@@ -270,7 +270,23 @@ class RMSDecoder(HFCausalLM):
         b, s, L = spec.batch_size, spec.seq_len, c.num_hidden_layers
         cache = 0 if spec.checkpointing else 2 * L * b * c.num_key_value_heads * s * c.head_dim * w.e_r
         rope = 2 * s * c.head_dim * w.e_r if spec.checkpointing else 0
-        return cache, rope, 3 * b * s * c.intermediate_size * w.e_m + 2 * b * s * c.hidden_size * w.e_r
+        mlp = 3 * b * s * c.intermediate_size * w.e_m + 2 * b * s * c.hidden_size * w.e_r
+        if w.amp and not spec.checkpointing:  # autocast's copies of down_proj's and lm_head's weights: not made yet
+            mlp -= c.hidden_size * (c.intermediate_size + c.vocab_size) * w.e_m
+        return cache, rope, mlp + self.offload_forward_held(c, spec, w)
+
+    def offload_forward_held(self, c, spec, w) -> int:
+        """Without checkpointing, what the model's forward still references beside the last block's MLP: the
+        embedding output (the model's `inputs_embeds`), the last block's input (the model's loop variable; the
+        embedding output itself when L = 1), RoPE's cos and sin ((1, s, d) each, e_r) and position_ids ((1, s)
+        int64). Under checkpointing offload_act.py counts cos, sin and position_ids as held and the checkpoint
+        measurement keeps the block inputs (measured: the forward phase's op timeline of Llama and Qwen 2 V97 h32
+        a4 kv2 b2 s256, fp32 and bf16-AMP, -149,504 B before = 2*b*s*h*4 + 2*s*d*4 + 8*s)."""
+        if spec.checkpointing:
+            return 0
+        b, s = spec.batch_size, spec.seq_len
+        n_res = 2 if c.num_hidden_layers > 1 else 1
+        return n_res * b * s * c.hidden_size * w.e_r + 2 * s * c.head_dim * w.e_r + 8 * s
 
     def offload_forward_points(self, c, spec, w) -> dict[str, int]:
         """--offload-activations' forward high points inside the last block beyond the persistent state, autocast's
@@ -282,18 +298,73 @@ class RMSDecoder(HFCausalLM):
         the scores and their scaled copy (e_m each), or at the softmax the masked scores (promoted to the mask's
         dtype), softmax's fp32 copy of a bf16 input and its fp32 output (measured: the op timeline of Gemma 2 V97 h32 b2 s256 fp32, 6,815,744 of
         6,817,800 B over the persistent state)."""
+        points = self.offload_attention_points(c, spec, w)
         if c.attention != "eager":
-            return {}
+            return points
         b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
         x = self.shape(c)
         bas2 = b * x.a * s * s
         kv_own = 2 * b * s * x.kv * x.d * w.e_r if spec.checkpointing else 0  # else in the KV cache already
         kv_rep = 2 * b * s * x.a * x.d * w.e_r if x.kv < x.a else 0
-        rope = 0 if spec.checkpointing else 2 * s * x.d * w.e_r  # under checkpointing: counted as held
+        # RoPE's cos and sin and position_ids (under checkpointing: counted as held)
+        rope = 0 if spec.checkpointing else 2 * s * x.d * w.e_r + 8 * s
+        # under autocast o_proj's, the MLP's and lm_head's weight copies are not made yet (measured: Gemma 2 V97 h32
+        # b2 s128 bf16-AMP eager, +25,656 B before = h*(a*d + 3*f + V)*2 - 8*s)
+        pending = c.hidden_size * (x.a * x.d + 3 * x.f + c.vocab_size) * w.e_m if w.amp else 0
         e_ms = max(w.e_m, w.e_r)  # the masked scores: the mask's dtype wins
         softmax = e_ms + 4 + (4 if e_ms < 4 else 0)  # softmax(dtype=float32) casts a bf16 input first (a copy)
-        return {"attention": (3 * b * s * h * w.e_r + rope + b * s * x.a * x.d * w.e_r + kv_own + kv_rep
+        return {**points, "attention": (3 * b * s * h * w.e_r + rope - pending + b * s * x.a * x.d * w.e_r + kv_own + kv_rep
                               + self.mask_count(c) * b * s * s * w.e_r + bas2 * max(2 * w.e_m, softmax))}
+
+    def offload_attention_points(self, c, spec, w) -> dict[str, int]:
+        """--offload-activations' high points in the last block's attention, beside the forward's held tensors
+        (offload_forward_held; the normed x, b*s*h*e_r, too), the KV cache of the blocks before (offload_alive
+        counts all L: the last block's is not made yet at RoPE) and, under autocast, the cached weight copies
+        made so far (o_proj's, the MLP's and lm_head's not yet: h*(a*d + 3*f + V)*e_m fewer):
+          rope  q's RoPE at q_embed = q * cos + rotate_half(q) * sin: q (offload_qk_width: the projection's
+                output), q * cos and rotate_half(q) * sin (promoted to e_r: cos and sin are e_r) and their sum (e_r;
+                rotate_half's cat is a host copy by then), with k (offload_qk_width) and v (e_m) beside them
+          sdpa  SDPA's output (e_m) and fp32 logsumexp beside q after RoPE (e_r), k and v (the cache's under no
+                checkpointing, else their own), repeat_kv's copies (e_r) when enable_gqa is off, with a mask the
+                model's (1, 1, s, s) bool mask (a checkpoint input under checkpointing: counted held) and SDPA's
+                b*s^2*e_m conversion, and under autocast SDPA's bf16 copies of q, k and v
+        (measured: the forward phase's op timelines of Llama / Qwen 2 / Qwen 3 / Mistral V97 h32 a4 kv2 b2 s256,
+        fp32 and bf16-AMP)."""
+        b, s, h, V, L = spec.batch_size, spec.seq_len, c.hidden_size, c.vocab_size, c.num_hidden_layers
+        x = self.shape(c)
+        q, kv = b * s * x.a * x.d, b * s * x.kv * x.d
+        held = self.offload_forward_held(c, spec, w) + b * s * h * w.e_r if not spec.checkpointing else (
+            (2 if L > 1 else 1) * b * s * h * w.e_r + b * s * h * w.e_r)
+        last_cache = 0 if spec.checkpointing else 2 * kv * w.e_r
+        pending = h * (x.a * x.d + 3 * x.f + V) * w.e_m if w.amp else 0
+        e_q = self.offload_qk_width(spec, w)
+        rope = held - last_cache - pending + q * e_q + 3 * q * w.e_r + kv * e_q + kv * w.e_m
+        points = {"rope": rope}
+        if c.attention == "sdpa":
+            masked = self.masked(c, spec)
+            gqa = x.kv == x.a or parts.sdpa_enable_gqa(x, masked)
+            own = 0 if not spec.checkpointing else kv * w.e_r + kv * w.e_m
+            rep = 0 if gqa else 2 * q * w.e_r
+            mask = (0 if spec.checkpointing else s * s) + b * s * s * w.e_m if masked else 0
+            casts = (q + 2 * (kv if gqa else q)) * w.e_m if w.amp else 0
+            points["sdpa"] = held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m + 4 * b * x.a * s
+        return points
+
+    def offload_backward_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
+        """--offload-activations without checkpointing (planner/estimate/offload_act.py runs the generic sweep with
+        empty saved sets at fp32 widths): at the gated product's backward the down projection's input grad and
+        MulBackward's two grads (d act, d up) are alive at once, 3*b*s*f*e_m in the step's own widths (bf16
+        under autocast), where the sweep's ffn point counts 2*b*s*f*4 beside the saved operands, which are host
+        copies here (measured: the backward's op timeline of Llama V97 h64 f512 b2 s128, fp32 -524,296 B and
+        bf16-AMP +262,136 B before)."""
+        if spec.checkpointing:
+            return points
+        bsf = spec.batch_size * spec.seq_len * c.intermediate_size
+        return {k: v + (3 * bsf * w.e_m - 2 * bsf * 4 if k.endswith(" ffn") else 0) for k, v in points.items()}
+
+    def offload_qk_width(self, spec, w) -> int:
+        """The width of q and k as RoPE gets them: the projections' outputs (e_m)."""
+        return w.e_m
 
     def offload_modelled(self, c) -> bool:
         """The configurations offload_copies is measured for (a family narrows it)."""

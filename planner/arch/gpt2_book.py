@@ -245,6 +245,27 @@ class BookGPT2(Family):
                                    - x.bsh * w.e_m  # the output projection's input copy, freed by its backward
                                    + (x.mlp_n + x.attn_n) * x.g + x.bsh * w.e_r
                                    + self._s2_bytes(c, w) * b * c.n_heads * s * s)
+        if spec.checkpointing and c.attention == "eager":
+            # the recompute's forward softmax (the block's first unpack starts it): the block's output grad
+            # (b*s*h*e_r) beside norm1's saved x (the stash), x - mean and norm_x (3*b*s*h*e_r) and std (b*s*e_r),
+            # the q/k/v input (3 autocast copies under AMP), the queries, keys and values and the bmm's q and k^T
+            # copies (5*b*s*h*e_m), the (ctx, ctx) bool mask, and the scores, their scaled copy and the softmax
+            # output (with dropout: the softmax output, the noise and the dropped copy beside the scores), b*a*s^2
+            # each (measured: the op timeline of the book's GPT-2 V97 h32 a4 ctx256 b2 s256 fp32 checkpointed,
+            # -93,188 B at the softmax backward point alone)
+            bas2 = b * c.n_heads * s * s
+            points["recompute attention"] = (x.bsh * w.e_r + 3 * x.bsh * w.e_r + b * s * w.e_r
+                                             + (3 if w.amp else 1) * x.bsh * w.e_m + 5 * x.bsh * w.e_m
+                                             + c.context_length ** 2 + (4 if c.drop_rate > 0 else 3) * bas2 * w.e_m)
+            if c.drop_rate > 0:  # the recompute runs on to the context (its high point there, measured: the same
+                # shape with drop_rate 0.1 fp32, -178,052 B before): v's bmm copy, the context and its copy (b*s*h*e_m
+                # each) beside the softmax output, the noise, the dropped copy and the scores
+                points["recompute attention"] += 3 * x.bsh * w.e_m
+            if w.amp:  # norm1's fp32 output (the copies' source), the output grad's bf16 cast for ff.layers.2's
+                # backward, and the recompute's own autocast copies of the q/k/v weights and biases (measured:
+                # the same shape in bf16-AMP, -104,648 B without them)
+                points["recompute attention"] += (x.bsh * w.e_r + x.bsh * w.e_m
+                                                  + 3 * (c.emb_dim + (1 if c.qkv_bias else 0)) * c.emb_dim * w.e_m)
         return points
 
     @staticmethod

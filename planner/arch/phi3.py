@@ -84,6 +84,10 @@ class Phi3(RMSDecoder):
         points = super().offload_forward_points(c, spec, w)
         if "attention" in points:
             points["attention"] += 2 * spec.batch_size * spec.seq_len * c.num_attention_heads * c.head_dim * w.e_m
+        if "sdpa" in points:  # q, k and v are views of qkv_proj's output: all of it alive at SDPA (measured: Phi-3
+            # V97 h32 a4 kv2 b2 s256 fp32 and bf16-AMP, -131,072 / -65,536 B before)
+            x = self.shape(c)
+            points["sdpa"] += spec.batch_size * spec.seq_len * (x.a + 2 * x.kv) * x.d * w.e_m
         return points
 
     def uncheckpointed_block_extra(self, c, spec, w) -> int:

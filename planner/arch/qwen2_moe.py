@@ -82,6 +82,20 @@ class Qwen2Moe(MoEDecoder):
     def shared_expert_size(self, c) -> int:
         return c.shared_expert_intermediate_size
 
+    def offload_forward_mask(self, spec) -> int:
+        """--offload-activations: Qwen2MoeModel.forward builds both masks whatever layer_types say, and with
+        use_sliding_window off (sliding_window 0) create_sliding_window_causal_mask still makes a (1, 1, s, s) bool
+        tensor, alive in the model's mask mapping through the forward (no layer takes it: not a checkpoint input;
+        measured on the forward's op timeline, Qwen2-MoE V97 h32 b2 s128 / s256 / s512: -s^2 B before)."""
+        return spec.seq_len * spec.seq_len
+
+    def offload_alive(self, c, spec, w) -> tuple[int, int, int]:
+        cache, rope, point = super().offload_alive(c, spec, w)
+        return cache, rope, point + self.offload_forward_mask(spec)
+
+    def offload_forward_points(self, c, spec, w) -> dict[str, int]:
+        return {k: v + self.offload_forward_mask(spec) for k, v in super().offload_forward_points(c, spec, w).items()}
+
     def presets(self) -> dict:
         # Qwen/Qwen1.5-MoE-A2.7B config.json; 14,315,784,192 parameters (transformers' model on the meta
         # device; the card says 14.3B in total, 2.7B activated).

@@ -77,6 +77,12 @@ class Qwen3(RMSDecoder):
         check_zero(data, ("attention_dropout",))
         return super().from_dict(data)
 
+    def offload_qk_width(self, spec, w) -> int:
+        """--offload-activations (planner/arch/decoder.py offload_attention_points): q and k reach RoPE as q_norm's /
+        k_norm's outputs, weight * normed.to(input dtype), so the parameters' dtype under autocast (the fp32 weight
+        promotes the bf16 product; measured: Qwen 3 V97 h32 a4 kv2 b2 s256 bf16-AMP, forward -12.9% with e_m)."""
+        return 2 if spec.precision == "bf16" else 4
+
     def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
         """Llama's points, and the last layer's q norm before its cache update: Qwen3RMSNorm (models/qwen3/
         modeling_qwen3.py) on q_proj's output (b, s, a, d) in the weights' dtype: `hidden_states.to(float32)`

@@ -61,6 +61,23 @@ def family_grid() -> list[tuple[str, object, int, int]]:
     return out + [book_row()]
 
 
+# The long-sequence shape of every RMS decoder family (planner/arch/<family>.py grid_configs()[3]: V97 h32 a4 kv2
+# tied b2 s256, SDPA; Mistral with its 32-token window; Gemma 2 eager with soft-capping), where without
+# checkpointing the forward is the peak at the last block's MLP, RoPE on q, SDPA or eager's scores
+# (planner/arch/decoder.py offload_forward_held / offload_attention_points / offload_forward_points)
+LONG_ROWS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "qwen2_moe", "qwen3_moe")
+
+
+def long_grid() -> list[tuple[str, object, int, int]]:
+    import importlib
+
+    out = []
+    for arch in LONG_ROWS:
+        label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[3]
+        out.append((f"{arch} {label.rsplit(' b', 1)[0]}", cfg, b, s))
+    return out
+
+
 def offload_row(label: str, cfg, spec: TrainSpec, plain: TrainSpec, host: str) -> tuple[dict, object, dict] | None:
     """One offloading run (activations or optimizer): estimated, measured and simulated, device peak and `host`
     bytes (the estimate's transient line `host`, the records' `host`_bytes), beside the plain run it replaces;
@@ -90,7 +107,7 @@ def rows(quick: bool = False) -> list[dict]:
     """One dict per run: estimate, measure and simulate, device and host."""
     out = []
     runs = [(row, ("adamw",) if quick else ("adamw", "sgd")) for row in grid(quick)]
-    runs += [] if quick else [(row, ("adamw",)) for row in family_grid()]
+    runs += [] if quick else [(row, ("adamw",)) for row in family_grid() + long_grid()]
     for (label, cfg, b, s), opts in runs:
         for opt in opts:
             for prec in ("fp32", "bf16-amp"):
@@ -301,11 +318,14 @@ def markdown(quick: bool = False) -> str:
               "(hf-gpt2-xl b1 s1024 bf16-AMP SGD checkpointed was -1.46% without it). The MoE families "
               "(planner/arch/moe.py): the sparse block's saved variables (router, top-k, dispatch permutations, "
               "grouped GEMMs, combine; Qwen2-MoE's shared expert) and its forward (the routing locals, the gate "
-              "product or the combine) and backward points (the grouped GEMMs' grads, the combine's). Not in "
-              "this grid: at V97 h32 b2 s256 without checkpointing the RMS decoders' generic points (the forward's "
-              "MLP point without inputs_embeds, the block's input, RoPE's cos and sin; Qwen 3's q/k-norm RoPE "
-              "backward) are under by up to ~20-37% (Llama, Qwen 2/3, Mistral, Phi-3, Gemma, and Qwen2-/Qwen3-MoE "
-              "through them); checkpointed they hold to 8 B. On CUDA the device figure also gets the "
+              "product or the combine) and backward points (the grouped GEMMs' grads, the combine's). The long "
+              "rows (V97 h32 b2 s256, one per RMS family): without checkpointing the forward is the peak, and the "
+              "model's forward keeps the embedding output, the last block's input, RoPE's cos and sin and "
+              "position_ids beside the last block's MLP, its RoPE on q (Qwen 3: q_norm's fp32 output) or its SDPA "
+              "(repeat_kv's copies and the converted mask under a sliding window; Phi-3's whole fused qkv output; "
+              "Qwen2-MoE's unused (s, s) bool mask): -4% to -37% before (planner/arch/decoder.py "
+              "offload_forward_held, offload_attention_points). Their backward phase is not the peak and is not "
+              "modelled point by point (the worst-phase column). On CUDA the device figure also gets the "
               "unpack hook's device copies in backward (one node's saved tensors at a time) and the pinned host "
               "copies are rounded up to powers of two (`host_pinned_rounded`): both for the CUDA check."]
     if not quick:
