@@ -65,6 +65,9 @@ class Family:
     # A family whose block is not the transformers decoder's (planner/arch/saved.py walks that one) walks its
     # own fine-tuning step: finetune_check / finetune_step below (the book's GPT-2).
     own_finetune_step: ClassVar[bool] = False
+    # --offload-activations with --grad-accum > 1, every:K / selective checkpointing or --offload-optimizer beside it
+    # (planner/estimate/offload_act.py): measured on the RMSNorm decoders (tests/test_offload_mix.py), which set it
+    offload_combinations: ClassVar[bool] = False
 
     def lora_module(self, module: str) -> bool:
         """Whether peft's LoRA can wrap this matmul weight's module (planner/finetune.py: what --lora-targets and

@@ -83,6 +83,9 @@ class RMSDecoder(HFCausalLM):
     # --offload-activations' host copies (offload_copies below) were first measured for the plain Llama-shaped
     # decoders (Llama, Mistral, Qwen 2 set it); every RMSDecoder family is now modelled (offload_modelled narrows)
     offload_plain: ClassVar[bool] = False
+    # --offload-activations with accumulation, a checkpointing policy or --offload-optimizer: measured on Llama,
+    # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families' own backward points are not (moe.py)
+    offload_combinations: ClassVar[bool] = True
     # SDPA's output, laid out (b, s, a, d) by the transpose back (a view), is o_proj's input: saved once
     # (Phi-3: False, planner/arch/phi3.py)
     sdpa_output_is_o_input: ClassVar[bool] = True

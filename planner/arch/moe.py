@@ -56,6 +56,10 @@ class MoEDecoder(RMSDecoder):
     """An RMSDecoder whose MLP is a sparse MoE block. The config has num_experts, num_experts_per_tok and
     expert_size (the experts' width); shared_expert_size (Qwen2-MoE) is 0 when there is none."""
 
+    # --offload-activations' sparse block (offload_backward_points below) is measured for one micro-batch under
+    # full checkpointing or none, without --offload-optimizer
+    offload_combinations: ClassVar[bool] = False
+
     router_name: ClassVar[str] = "mlp.gate"
     router_first: ClassVar[bool] = True       # registration order (named_parameters): Qwen3-MoE's experts come first
     renormalise_topk: ClassVar[bool] = True   # Mixtral always; Qwen: config norm_topk_prob

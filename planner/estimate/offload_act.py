@@ -70,10 +70,10 @@ def check_offload_activations(cfg, spec) -> None:
         raise ConfigError(f"--offload-activations is not modelled for {family.arch} with this configuration (measured "
                           "for the RMSNorm decoders with SiLU or an aten GELU, GPT-2, the book's GPT-2 and the MoE "
                           "families; see planner/arch/<family>.py offload_copies)")
-    if hasattr(family, "offload_backward_points") and (spec.grad_accum > 1 or policy_of(spec) != "full"
-                                                       or getattr(spec, "offload_optimizer", False)):
-        # (the family's own backward points are measured for one micro-batch under full checkpointing or none,
-        # without --offload-optimizer; the combinations are measured on the RMSNorm decoders)
+    if not family.offload_combinations and (spec.grad_accum > 1 or policy_of(spec) != "full"
+                                            or getattr(spec, "offload_optimizer", False)):
+        # (measured on the RMSNorm decoders; a family with its own backward points is measured for one
+        # micro-batch under full checkpointing or none, without --offload-optimizer: planner/arch/base.py)
         raise ConfigError(f"--offload-activations for {family.arch} is modelled with one micro-batch, full "
                           "checkpointing or none, and the optimizer on the device (not --grad-accum > 1, "
                           "every:K / selective or --offload-optimizer with it yet)")
@@ -163,6 +163,15 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     loss = base + amp_cache + fwd_alive + rope_held + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
+    def own(points: dict[str, int], ckpt: bool) -> dict[str, int]:
+        """The family's own backward points where the generic sweep does not hold (planner/arch/<family>.py
+        offload_backward_points), for the blocks checkpointed (ckpt) or not."""
+        if not hasattr(family, "offload_backward_points"):
+            return points
+        as_run = spec if ckpt == spec.checkpointing else dataclasses.replace(spec, checkpointing=ckpt,
+                                                                             checkpoint_policy="full")
+        return family.offload_backward_points(cfg, as_run, w, points)
+
     def sweep(grads_exist: bool, ckpt: bool = spec.checkpointing) -> dict[str, int]:
         """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
         already there (a later one of --grad-accum: new grads are transients added in place); ckpt: the blocks
@@ -178,8 +187,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
                 amp_head = autocast_weight_bytes(cfg, plain) - autocast_weight_bytes(cfg, plain, blocks_only=True)
                 got = backward_sweep(cfg, plain, w, blk, out, e_p, L * bsh * w.e_r + sum(t.bytes for t in out)
                                      + amp_head, amp_head, grads_exist=True)
-            return {k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0) * bsh * w.e_r
-                    for k, v in got.items()}
+            return own({k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
+                        * bsh * w.e_r for k, v in got.items()}, ckpt)
         # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
         fp = dataclasses.replace(plain, precision="fp32", checkpointing=False)
         wf = Widths.of(fp, loss_upcast=family.loss_upcast(cfg, fp))
@@ -188,7 +197,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         got = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0, grads_exist=grads_exist)
         # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
-        return {k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}
+        return own({k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}, ckpt)
 
     note = []
     cache = tail = g_blk = unkept = 0
@@ -241,9 +250,6 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         return out
 
     points = policy_points(False)
-    if hasattr(family, "offload_backward_points"):  # a family whose backward the generic sweep does not hold
-        # (measured for one micro-batch under full checkpointing or none: check_offload_activations refuses the rest)
-        points = family.offload_backward_points(cfg, spec, w, points)
     # the embedding's backward: every grad made and the first block's input gradient (b*s*h*e_r, measured)
     grads_end = est.grads_bytes + bsh * w.e_r + 2 * w.e_ce
     # a tied head: the head's V*h grad is held by the engine until the embedding's own V*h grad is added out of
