@@ -781,9 +781,14 @@ class RMSDecoder(HFCausalLM):
         their autograd node):
         ffn: the activation's backward, with the down projection's grad, the MLP output's grad (b*s*h*e_r)
              and two b*s*f gradients alive; autocast's MLP weight copies (2*f*h) already freed (a later
-             micro-batch: the down projection's backward, whose grad is added in place right after; under
-             autocast its bf16 weight grad is made before its input grad and both are alive: read off the op
-             timeline, llama V97 h64 b2 s64 bf16-AMP checkpointing accum 2, the backward 16,392 B low before).
+             micro-batch, whose down grad is added in place right after it is made: the higher of that
+             moment, with the two b*s*f grads and without down_proj's saved input, and of down_proj's
+             input-grad matmul, where its saved input and weight copy are still held and alive are dY (under
+             autocast with its bf16 cast, b*s*h*e_m), the new weight grad (under autocast the bf16 one, made
+             before the input grad) and the new input grad (b*s*f*e_m). Read off the op timeline of simulate's
+             event log, llama bf16-AMP checkpointing accum 2: V97 h64 f160 b2 s64, the matmul is the top
+             (20,480 B of weight grad, 16,392 B low without it); V97 h32 f64 tied b2 s256, the activation's
+             backward is (the matmul 24,576 B below it); h32 f64 s64, the two are equal).
         mlp_in: the last MLP input projection's backward (gate_proj's; Phi-3's one gate_up_proj), at its
              input-grad matmul: every MLP weight grad exists (gate's just made); alive are the MLP input
              it saved (b*s*h*e_m), the residual's grad (b*s*h*e_r), the grad of its output (b*s*f*e_m; fused:
@@ -814,11 +819,17 @@ class RMSDecoder(HFCausalLM):
         after_mlp = x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
         rope_gone = x.rope_bytes if x.first else 0
         points = {
-            # fresh grads: the down projection's grad stays; a later micro-batch adds it in place at once,
-            # so there the down projection's backward (its grad computed beside dY and d(product)) is the top
-            "ffn": x.current + x.bsh * w.e_r + b * s * f * w.e_m - (2 * f * h if w.amp else 0)
-            + (x.down_n * x.e_p + b * s * f * w.e_m if x.g
-               else x.down_n * w.e_m + b * s * f * w.e_m if w.amp else max(x.down_n * x.e_p, b * s * f * w.e_m)),
+            # fresh grads: the down projection's grad stays (the activation's backward is the top); a later
+            # micro-batch adds it in place at once, so the top is the higher of two moments (below)
+            "ffn": (x.current + x.bsh * w.e_r + 2 * b * s * f * w.e_m - (2 * f * h if w.amp else 0)
+                    + x.down_n * x.e_p) if x.g else x.current + x.bsh * w.e_r + max(
+                # the activation's backward: down_proj's saved input and (autocast) its weight copy freed,
+                # its input grad and MulBackward's two grads alive
+                2 * b * s * f * w.e_m - (2 * f * h if w.amp else 0),
+                # down_proj's input-grad matmul: its saved input and weight copy still held, dY (under
+                # autocast also its bf16 cast, b*s*h*e_m), the new weight grad before its in-place add (under
+                # autocast the bf16 one, made first) and the new input grad (b*s*f*e_m)
+                (x.bsh * w.e_m if w.amp else 0) + x.down_n * (w.e_m if w.amp else x.e_p) + b * s * f * w.e_m),
             "mlp_done": after_mlp + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m + self.mlp_done_extra(c, spec, w),
             "mlp_in": after_mlp + x.bsh * (w.e_r + 2 * w.e_m) + (0 if self.fused_gate_up else x.bsh * w.e_r)
             + (2 if self.fused_gate_up else 1) * b * s * f * w.e_m
