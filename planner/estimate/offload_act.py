@@ -163,6 +163,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     loss = base + amp_cache + fwd_alive + rope_held + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
+
     def own(points: dict[str, int], ckpt: bool) -> dict[str, int]:
         """The family's own backward points where the generic sweep does not hold (planner/arch/<family>.py
         offload_backward_points), for the blocks checkpointed (ckpt) or not."""
