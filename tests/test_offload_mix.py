@@ -91,3 +91,21 @@ def test_tied_head_at_full_size_simulated():
         est, sim = estimate_training(PRESETS["llama-3.2-1b"], spec), simulate_training(PRESETS["llama-3.2-1b"], spec)
         assert abs(est.peak_bytes / sim["peak_bytes"] - 1) < 0.001 and est.peak_phase == sim["peak_phase"] == "backward"
         assert est.transients["host_activation_offload"] == sim["host_activation_offload_bytes"]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt2_book", "mixtral"])
+@pytest.mark.parametrize("extra", [{"grad_accum": 2}, {"checkpointing": True, "checkpoint_policy": "every:2"},
+                                   {"offload_optimizer": True}])
+def test_combinations_refused_where_not_measured(arch, extra):
+    """GPT-2, the book's GPT-2 and the MoE families have their own offload backward points, measured for one
+    micro-batch under full checkpointing or none: the combinations are refused with one line (exit 2 in the CLI)."""
+    from planner.validation import ConfigError
+
+    from planner.arch.gpt2_book import GPT2Config
+
+    cfg, b, s = (family_shape(arch) if arch != "gpt2_book" else
+                 (GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.0,
+                             qkv_bias=False), 2, 32))
+    spec = TrainSpec(b, s, "fp32", "adamw", offload_activations=True, **extra)
+    with pytest.raises(ConfigError, match="one micro-batch"):
+        estimate_training(cfg, spec)
