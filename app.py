@@ -612,11 +612,11 @@ offload_opt = st.toggle("Optimizer on the host", False, key="offload_opt", bind=
                              "on a GPU); on cpu: its plain-torch equivalent, the mechanism measured here "
                              "(planner/routines/offload_optim.py; docs/accuracy.md, Optimizer offloading)")
 offload_act = st.toggle("Activations on the host", False, key="offload_act", bind="query-params",
-                        disabled=device != "cuda",
                         help="--offload-activations: torch.autograd.graph.save_on_cpu(pin_memory=True) copies every "
                              "saved tensor to the host in forward (weights the matmuls save included) and back in "
-                             "backward; the host's bytes are their own line. Device figure measured on the CPU "
-                             "mechanism, for the CUDA check")
+                             "backward; the host's bytes are their own line. On cpu: the mechanism measured here "
+                             "(docs/accuracy.md, Activation offloading); on cuda: the same device figure, for the "
+                             "CUDA check")
 tuning = tune_fields(tune, last_n=int(last_n), lora_r=int(lora_r), lora_targets=targets[target], quantize=quant,
                      double_quant=bool(double_quant))
 par = None if layout == LAYOUTS[0] else {
@@ -630,7 +630,7 @@ run_fields = {"precision": precision, "optimizer": optimizer, "checkpointing": b
               "optimizer_impl": impl, "device": device, "loss": loss,
               "checkpoint_policy": ckpt_policy if ckpt else "full",
               "offload_optimizer": bool(offload_opt),  # cuda (torchao) and cpu (its equivalent): offload.py
-              "offload_activations": bool(offload_act) and device == "cuda", **tuning}
+              "offload_activations": bool(offload_act), **tuning}  # cpu (measured) and cuda: offload_act.py
 if is_fitted(cfg):  # issue #20: no formula family reads this model_type: a fit of simulations answers
     fitted_planner(cfg, run_fields, attention, par)
 else:

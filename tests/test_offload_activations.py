@@ -98,7 +98,7 @@ def test_cli_flag_and_one_line_refusals():
 
 @pytest.mark.usefixtures("data_dir")
 def test_planner_page_toggle():
-    """The page's toggle (on cuda) drives the figures; the host bytes are their own line; a family the estimate does
+    """The page's toggle (on cpu and on cuda) drives the figures; the host bytes are their own line; a family the estimate does
     not model gets the planner's one line, not an exception."""
     from streamlit.testing.v1 import AppTest
 
@@ -108,6 +108,14 @@ def test_planner_page_toggle():
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
     at.selectbox(key="preset").set_value("llama-3.2-1b").run()
+    # on the cpu device the toggle is offered too: the mechanism measured here (docs/accuracy.md)
+    at.toggle(key="offload_act").set_value(True).run()
+    assert not at.exception and not at.error
+    spec = TrainSpec(batch_size=at.slider(key="batch").value, seq_len=at.slider(key="seq").value, device="cpu",
+                     offload_activations=True)
+    est = estimate_training(prepare(PRESETS["llama-3.2-1b"], spec, at.selectbox(key="attention").value), spec)
+    assert next(m.value for m in at.metric if m.label == "Estimated peak") == fmt_bytes(est.peak_bytes)
+    at.toggle(key="offload_act").set_value(False).run()
     at.selectbox(key="device").set_value("cuda").run()
     at.slider(key="seq").set_value(2048).run()  # activations above the optimizer's step
     before = next(m.value for m in at.metric if m.label == "Estimated peak")
