@@ -251,15 +251,14 @@ class RMSDecoder(HFCausalLM):
                      f"{n_mlp}*b*s*h*e_m + 4*b*s*f*e_m + 3*h*f*e_m",
                      n_mlp * b * s * h * w.e_m + 4 * b * s * x.f * w.e_m + 3 * h * x.f * w.e_m, True, "mlp")]
         if spec.checkpointing:  # the checkpointed block: only its input reaches save_on_cpu's hook
-            blk = [Term("host: checkpointed block input", "b*s*h*e_r", b * s * h * w.e_r, True)]
+            blk = [parts.offload_checkpointed_input(b, s, h, w)]
         out = ([Term("host: embedding ids (int64)", "8*b*s", 8 * b * s, where="embed")]
                + self.offload_embed_extra(c, spec, w, e_p)
                + [self.offload_norm("final norm", b, s, h, w, w.e_r, e_p, per_layer=False, where="head"),
                   Term("host: lm_head input and weight", "b*s*h*e_m + V*h*e_m", b * s * h * w.e_m + V * h * w.e_m,
                        where="head")]
                + self.offload_head_extra(c, spec, w)
-               + [Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
-                       2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")])
+               + [parts.offload_loss_copies(b, s, V, w)])
         return blk + out  # per_layer terms are one block's: the model holds L of them
 
     def offload_alive(self, c, spec, w) -> tuple[int, int, int]:

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..validation import ACTIVATION_SAVED, ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
+from . import parts
 from .terms import TensorSpec, Term
 from .base import HFCausalLM, linear
 
@@ -361,15 +362,14 @@ class HFGPT2(HFCausalLM):
                             "mlp"))
         blk += mlp
         if spec.checkpointing:
-            blk = [Term("host: checkpointed block input", "b*s*h*e_r", bsh * w.e_r, True)]
+            blk = [parts.offload_checkpointed_input(b, s, h, w)]
         out = [Term("host: token ids and position ids (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
         if c.embd_pdrop > 0:
             out.append(Term("host: embedding dropout noise", "b*s*h*e_r", bsh * w.e_r, where="embed"))
         out += [ln("ln_f", per_layer=False, where="head"),
                 Term("host: lm_head input and weight (tied wte)", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
                      where="head"),
-                Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
-                     2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
+                parts.offload_loss_copies(b, s, V, w)]
         return blk + out
 
     def offload_why_not(self, c: HFGPT2Config, spec) -> str | None:

@@ -328,15 +328,14 @@ class BookGPT2(Family):
             blk.append(Term("host: residual dropout noise (attention and feed-forward)", "2*b*s*h*e_m",
                             2 * bsh * w.e_m, True, "mlp"))
         if spec.checkpointing:
-            blk = [Term("host: checkpointed block input", "b*s*h*e_r", bsh * w.e_r, True)]
+            blk = [parts.offload_checkpointed_input(b, s, h, w)]
         out = [Term("host: token ids and positions (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
         if p:
             out.append(Term("host: embedding dropout noise", "b*s*h*e_r", bsh * w.e_r, where="embed"))
         out += [ln("final_norm", per_layer=False, where="head"),
                 Term("host: out_head input and weight", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
                      where="head"),
-                Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
-                     2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")]
+                parts.offload_loss_copies(b, s, V, w)]
         return blk + out
 
     def offload_alive(self, c: GPT2Config, spec, w) -> tuple[int, int, int]:

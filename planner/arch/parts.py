@@ -157,3 +157,16 @@ def lora_adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: b
         terms.append(Term(f"{label} LoRA input x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
     terms.append(Term(f"{label} lora_A output", "b*s*r*4", b * s * r * ADAPTER_BYTES, True, where, part))
     return terms
+
+
+def offload_checkpointed_input(b: int, s: int, h: int, w) -> Term:
+    """--offload-activations under checkpointing: a checkpointed block's own saves go to checkpoint's hooks
+    (innermost), so its input is the one tensor save_on_cpu copies (measured, every family with offload_copies)."""
+    return Term("host: checkpointed block input", "b*s*h*e_r", b * s * h * w.e_r, True)
+
+
+def offload_loss_copies(b: int, s: int, V: int, w) -> Term:
+    """--offload-activations: the loss's host copies: log_softmax's output saved by itself and by nll_loss (two
+    copies of b*s*V*e_ce), its int64 target and the 0-d total_weight (measured, every family with offload_copies)."""
+    return Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
+                2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")

@@ -175,11 +175,17 @@ def mix_rows() -> list[dict]:
     return out
 
 
-def mix_lines() -> list[str]:
-    rs = mix_rows()
+def summary(rs: list[dict]) -> tuple[float, float, bool]:
+    """An offload table's figures over its rows (offload_row's): the worst device-peak and host errors against the
+    measurement, and whether the simulation equals it to the byte on both."""
     worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
     worst_host = max(abs(r["est_host"] / r["meas_host"] - 1) for r in rs)
-    sim_equal = all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
+    return worst, worst_host, all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
+
+
+def mix_lines() -> list[str]:
+    rs = mix_rows()
+    worst, worst_host, sim_equal = summary(rs)
     opt = [r for r in rs if r["est_opt_host"] is not None]
     opt_exact = all(r["est_opt_host"] == r["meas_opt_host"] and r["meas_host_peak"] == r["meas_host"]
                     + r["meas_opt_host"] for r in opt)
@@ -264,9 +270,7 @@ def markdown(quick: bool = False) -> str:
     from ..estimate.offload_act import PCIE_GEN4_X16_BYTES_PER_S
 
     rs = rows(quick)
-    worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
-    worst_host = max(abs(r["est_host"] / r["meas_host"] - 1) for r in rs)
-    sim_equal = all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
+    worst, worst_host, sim_equal = summary(rs)
     lines = [HEADING, "",
              "`--offload-activations` runs the forward and loss under `torch.autograd.graph.save_on_cpu(pin_memory=True)`, "
              "as users write it. Its pack hook makes a fresh host tensor and copies every saved tensor into it, one copy "

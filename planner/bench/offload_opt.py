@@ -48,9 +48,9 @@ def rows() -> list[dict]:
 
 def measured_lines() -> list[str]:
     rs = rows()
-    worst = max(abs(r["est_peak"] / r["meas_peak"] - 1) for r in rs)
-    worst_host = max(abs(r["est_host"] / r["meas_host"] - 1) for r in rs)
-    sim_equal = all(r["sim_peak"] == r["meas_peak"] and r["sim_host"] == r["meas_host"] for r in rs)
+    from .offload_act import summary
+
+    worst, worst_host, sim_equal = summary(rs)
     lines = ["## The mechanism measured on the CPU (a plain-torch equivalent)", "",
              "torchao cannot run on this CPU-only build, so `measure` / `simulate train --offload-optimizer --device "
              "cpu` run its plain-torch equivalent (planner/routines/offload_optim.py): the same tensors in the same "
