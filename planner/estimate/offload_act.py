@@ -120,7 +120,7 @@ def copy_seconds(host: int, bytes_per_s: float = PCIE_GEN4_X16_BYTES_PER_S) -> f
 
 
 def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, autocast_weight_bytes,
-                                 autocast_bias_bytes):
+                                 autocast_bias_bytes, later_sweep_points):
     """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
     check_offload_activations(cfg, spec)
     policy = policy_of(spec)
@@ -182,12 +182,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
             # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
             # measured: the recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back:
             # for the CUDA check)
-            got = est.backward_points
-            if grads_exist:  # the plain sweep's arguments under checkpointing (training.py estimate_training)
-                blk, out = family.block_terms(cfg, plain, w), family.outside_terms(cfg, plain, w)
-                amp_head = autocast_weight_bytes(cfg, plain) - autocast_weight_bytes(cfg, plain, blocks_only=True)
-                got = backward_sweep(cfg, plain, w, blk, out, e_p, L * bsh * w.e_r + sum(t.bytes for t in out)
-                                     + amp_head, amp_head, grads_exist=True)
+            got = later_sweep_points(cfg, plain) if grads_exist else est.backward_points
             return own({k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
                         * bsh * w.e_r for k, v in got.items()}, ckpt)
         # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths

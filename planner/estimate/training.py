@@ -309,7 +309,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         from .offload_act import estimate_offload_activations
 
         return estimate_offload_activations(cfg, spec, estimate_training, _backward_sweep, autocast_weight_bytes,
-                                            autocast_bias_bytes)
+                                            autocast_bias_bytes, later_sweep_points)
     policy = getattr(spec, "checkpoint_policy", "full")
     if spec.checkpointing and policy != "full" and not spec.finetuning:  # every:K, selective: ckpt_policy.py
         # (with fine-tuning: planner/estimate/finetune.py, the policy's kept tensors in the fine-tuning step)
