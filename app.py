@@ -171,9 +171,15 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         st.dataframe(pd.DataFrame([{"layout": c["layout"], "fewest devices": c["devices"] or "none",
                                     "why": c["reason"]} for c in choice["candidates"]]), hide_index=True, width="stretch")
     elif options:
+        hosted = any(o.host_bytes for o in p.advice)  # an offload: its host RAM is a budget of its own, beside
         st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes),
+                                    **({"host RAM": fmt_bytes(o.host_bytes) if o.host_bytes else ""} if hosted else {}),
                                     "fits": "yes" if o.fits else "no", "cost": o.cost} for o in p.advice]),
                      hide_index=True, width="stretch")
+        if hosted:
+            st.caption(f"Peak: the device's. Host RAM: what the offloads hold on the host, a budget of its own; this "
+                       f"machine has {fmt_bytes(psutil.virtual_memory().total)} of RAM (psutil), the training "
+                       "machine's host is what counts.")
         choice = st.selectbox("Option", list(options), key="advice_choice")
         b1, b2 = st.columns(2)
         if b1.button("Apply to the settings", key="apply"):
@@ -185,6 +191,8 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
             st.switch_page("pages/1_training.py", query_params={"model": model})  # the bound settings stay here
     else:
         st.caption("No single change or combination lowers this estimated peak.")
+    for u in p.unranked:  # a CPU run: the offloads move nothing out of the one RAM (planner.fit.unranked)
+        st.caption(f"{md_escape(u['label'])}: {md_escape(u['why'])}.")
 
     published = UNSLOTH_LLAMA31_8B
     if model == published.model and spec.lora_r:

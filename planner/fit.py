@@ -5,6 +5,14 @@ evaluates each single change and the combinations of the cheap ones, keeps those
 change in a combination doing its part), labels each with its full change, and ranks those that fit by cost.
 default_budget is stable (the GPU's total, else the total RAM); on cuda tensor_budget takes the CUDA context
 off whatever budget is given.
+
+The offloads (optimizer, activations) are offered on every device the estimate models them on. On a GPU each is
+ranked by the device peak it leaves, its host RAM beside it (Option.host_bytes, a budget of its own). On the CPU the
+"device" and the host are the same RAM: an offload's host copies add to the one memory that matters, so it is
+ranked only if device + host falls below the run's peak (none did over every preset at fp32 / bf16-AMP / bf16,
+with and without checkpointing, batch 1 and 8, seq 128 and 1,024: 1,056 offload runs; the activations' copies
+include the weights the matmuls save, the optimizer's the parameters and grads); unranked() states the others
+beside the advice, with their device figure (measured here, the CUDA check's) and host bytes.
 """
 from __future__ import annotations
 
@@ -82,6 +90,7 @@ class Option:
     fits: bool
     cost_rank: int
     cost: str
+    host_bytes: int = 0  # host RAM the option's offloads hold beside peak_bytes (the device's): a budget of its own
 
 
 @dataclass(frozen=True)
@@ -181,24 +190,49 @@ def _singles(cfg: ModelConfig, spec: TrainSpec, budget: int) -> list[_Change]:
     if spec.optimizer == "adamw" and "adamw-8bit" in OPTIMIZERS:
         new = dataclasses.replace(spec, optimizer="adamw-8bit", optimizer_impl="default")
         out.append(_Change("adamw-8bit", "AdamW8bit optimizer", new, att))
-    if spec.optimizer in ("adam", "adamw") and spec.device_type == "cuda" and not spec.finetuning \
-            and not spec.offload_optimizer:
-        out.append(_Change("offload-optimizer", "optimizer on the host (--offload-optimizer)",
-                           dataclasses.replace(spec, offload_optimizer=True), att))
-    if spec.device_type == "cuda" and not getattr(spec, "offload_activations", False):
-        from .estimate.offload_act import check_offload_activations
-
-        try:  # offered where it is modelled (planner/estimate/offload_act.py): the host is a budget of its own
-            new = dataclasses.replace(spec, offload_activations=True)
-            check_offload_activations(cfg, new)
-            out.append(_Change("offload-activations", "activations on the host (--offload-activations)", new, att))
-        except ConfigError:
-            pass
+    out += _offload_changes(cfg, spec)
     out += _finetune_changes(cfg, spec)
     s, _ = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), budget)
     if 0 < s < spec.seq_len:
         out.append(_Change("shorter-seq", f"seq {s} instead of {spec.seq_len}", dataclasses.replace(spec, seq_len=s), att))
     return out
+
+
+HOST_KEYS = {"offload-optimizer": "host_optimizer_offload", "offload-activations": "host_activation_offload"}
+
+
+def _offload_changes(cfg: ModelConfig, spec: TrainSpec) -> list[_Change]:
+    """The optimizer's and the activations' offload, on every device where the estimate models them (its own
+    checks decide: planner/estimate/offload.py, offload_act.py). Their host bytes are a budget of their own;
+    on the CPU the host is the same RAM, and advice() counts the two together there (one_memory)."""
+    from .estimate.offload import check_offload_optimizer
+    from .estimate.offload_act import check_offload_activations
+
+    out, att = [], cfg.attention
+    for key, flag, label, check in (
+            ("offload-optimizer", "offload_optimizer", "optimizer on the host (--offload-optimizer)",
+             check_offload_optimizer),
+            ("offload-activations", "offload_activations", "activations on the host (--offload-activations)",
+             lambda new: check_offload_activations(cfg, new))):
+        if getattr(spec, flag, False):
+            continue
+        new = dataclasses.replace(spec, **{flag: True})
+        try:
+            check(new)
+        except ConfigError:
+            continue  # not modelled for this run: not offered
+        out.append(_Change(key, label, new, att))
+    return out
+
+
+def host_bytes_of(est) -> int:
+    """The host RAM an estimate's offloads hold beside its (device) peak: the offloads' own lines."""
+    return sum(est.transients.get(k, 0) for k in HOST_KEYS.values())
+
+
+def one_memory(spec: TrainSpec) -> bool:
+    """True where the device and the host are the same RAM (a CPU run): offloading moves nothing out of it."""
+    return spec.device_type == "cpu"
 
 
 def _finetune_changes(cfg: ModelConfig, spec: TrainSpec) -> list[_Change]:
@@ -247,6 +281,7 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
     if "checkpointing" in costs and "grad-accum" in costs and costs["checkpointing"] < costs["grad-accum"]:
         rank["checkpointing"], rank["grad-accum"] = rank["grad-accum"], rank["checkpointing"]
     known: dict = {}
+    hosts: dict = {}  # the host RAM each estimated run's offloads hold beside its device peak
 
     def peak_of(s: TrainSpec, att: str) -> int | None:
         """The option's estimated peak; None for a run this model refuses or the estimate does not model
@@ -255,7 +290,9 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
             try:
                 run_cfg = with_attention(cfg, att)
                 check_fits_model(run_cfg, s)
-                known[(s, att)] = _peak(run_cfg, s)
+                est = estimate_training(run_cfg, s)
+                known[(s, att)] = est.peak_bytes
+                hosts[(s, att)] = host_bytes_of(est)
             except ConfigError:
                 known[(s, att)] = None
         return known[(s, att)]
@@ -273,8 +310,13 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
     options = []
     for combo, new_spec, attention in candidates:
         keys = frozenset(c.key for c in combo)
+        host = hosts.get((new_spec, attention), 0)
         if len(combo) == 1:
             peak, before = peak_of(new_spec, attention), now
+            if one_memory(spec) and combo[0].key in HOST_KEYS:
+                # the device and the host are the same RAM here: the one memory holds both (each at its own peak),
+                # so it is ranked only if their sum falls below the run's; unranked() states the others
+                peak += host - hosts.get((spec, cfg.attention), 0)
         else:  # each change must lower the peak of the others alone
             others = [peaks[keys - {k}] for k in keys]
             peak, before = peaks[keys], min((p for p in others if p is not None), default=now)
@@ -292,13 +334,13 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
             if c.key == "offload-optimizer" and len(combo) == 1:
                 from .estimate.offload import host_bytes
 
-                text = (f"lowers the device peak by {fmt_bytes(now - peak)} and needs "
+                text = (f"lowers the device peak by {fmt_bytes(now - peak_of(c.spec, c.attention))} and needs "
                         f"{fmt_bytes(sum(host_bytes(cfg, c.spec).values()))} of host RAM; " + text)
             if c.key == "offload-activations" and len(combo) == 1:
                 from .estimate.offload_act import copy_seconds, host_terms
 
                 host = sum(t.bytes for t in host_terms(cfg, c.spec))
-                text = (f"lowers the device peak by {fmt_bytes(now - peak)} and needs {fmt_bytes(host)} of host RAM; "
+                text = (f"lowers the device peak by {fmt_bytes(now - peak_of(c.spec, c.attention))} and needs {fmt_bytes(host)} of host RAM; "
                         f"~{copy_seconds(host) * 1e3:.0f} ms of PCIe copies per step at 32 GB/s (PCIe Gen4 x16, "
                         "NVIDIA's published figure); " + text)
             if c.key in ("selective-checkpointing", "every-k-checkpointing") and len(combo) == 1:
@@ -311,9 +353,47 @@ def advice(cfg: ModelConfig, spec: TrainSpec, budget: int, costs: dict[str, floa
         options.append(Option(changes=[c.key for c in combo], label=" + ".join(c.label for c in combo),
                               spec=dataclasses.asdict(new_spec), attention=attention, peak_bytes=peak,
                               fits=peak <= budget, cost_rank=sum(rank[c.key] + 1 for c in combo),
-                              cost="; ".join(words)))
+                              cost="; ".join(words), host_bytes=host))
     options.sort(key=lambda o: (not o.fits, o.cost_rank, o.peak_bytes))
     return options
+
+
+def unranked(cfg: ModelConfig, spec: TrainSpec) -> list[dict]:
+    """The offloads on a run whose device and host are the same RAM (a CPU run), which advice() does not rank:
+    each with its device figure, its host bytes and what the two add up to, in plain words. The mechanism is
+    measured here (docs/accuracy.md, Optimizer and Activation offloading), so its device figure is the one the
+    CUDA check compares; but on a CPU-only machine the host copies are in the same RAM as the "device" tensors,
+    so it moves nothing out of the budget: advice() counts the device figure and the host copies together there
+    and ranks an offload only if their sum is below the run's; those it does not rank are listed here. Empty on a
+    device with a host of its own (there advice() ranks them by the device peak, their host bytes beside)."""
+    if not one_memory(spec):
+        return []
+    try:
+        check_fits_model(cfg, spec)
+        now = estimate_training(cfg, spec)
+    except ConfigError:
+        return []
+    now_ram = now.peak_bytes + host_bytes_of(now)  # the run's own offloads, if any, in the same RAM
+    out = []
+    for c in _offload_changes(cfg, spec):
+        try:
+            est = estimate_training(cfg, c.spec)
+        except ConfigError:
+            continue
+        host = host_bytes_of(est)
+        ram = est.peak_bytes + host  # each at its own peak: at most this much of the one RAM at once
+        if ram < now_ram:
+            continue  # it lowers the one RAM after all: advice() ranks it
+        out.append({"changes": [c.key], "label": c.label, "spec": dataclasses.asdict(c.spec),
+                    "device_peak_bytes": est.peak_bytes, "host_bytes": host, "ram_bytes": ram,
+                    "why": (f"not ranked on a CPU device: the \"device\" and the host are this machine's same RAM, so "
+                            f"it moves {fmt_bytes(max(now.peak_bytes - est.peak_bytes, 0))} of tensors out of the device "
+                            f"figure ({fmt_bytes(now.peak_bytes)} -> {fmt_bytes(est.peak_bytes)}) into "
+                            f"{fmt_bytes(host)} of host copies: up to {fmt_bytes(ram)} of RAM in all (each at its own "
+                            f"peak), {'more than' if ram > now_ram else 'as much as'} the run's {fmt_bytes(now_ram)} now. The "
+                            "mechanism is measured here, the device figure and the host bytes apart; on a GPU the "
+                            "host is a budget of its own and the device figure is the one that drops")})
+    return out
 
 
 def default_budget(device: str) -> tuple[int, str]:
@@ -409,6 +489,8 @@ def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = N
     # Advice is for a run that does not fit, or one the user chose (with no batch given, nothing to change).
     rec["advice"] = ([] if rec["fits"] and not batch_given else
                      [dataclasses.asdict(o) for o in advice(cfg, target, budget, costs)])
+    # On a CPU the offloads are not remedies (one RAM): shown beside the advice, unranked, with their figures.
+    rec["unranked"] = unranked(cfg, target) if rec["advice"] or batch_given else []
     if costs:
         rec["measured_costs"] = costs
     return rec

@@ -15,7 +15,7 @@ from .accounting import per_config
 from .config import ModelConfig
 from .estimate.training import TrainEstimate, estimate_training
 from .fit import (Option, advice, cuda_context_bytes, fewest_ranks, max_batch_per_rank, max_batch_size, max_seq_len,
-                  max_seq_per_rank, tensor_budget)
+                  max_seq_per_rank, tensor_budget, unranked)
 from .spec import TrainSpec
 
 CURVE_POINTS = 25
@@ -45,6 +45,7 @@ class Plan:
     batch_curve: list[dict]    # batch, peak_bytes
     seq_curve: list[dict]      # seq, peak_bytes
     rank: RankPlan | None = None  # data parallel: the per-rank figures (then max_batch etc. are per rank)
+    unranked: list[dict] = dataclasses.field(default_factory=list)  # a CPU run's offloads (fit.unranked): one RAM
 
     @property
     def peak_bytes(self) -> int:
@@ -138,6 +139,7 @@ def plan(cfg: ModelConfig, spec: TrainSpec, budget: int, pspec=None) -> Plan:
         best_batch, batch_reason = max_batch_size(cfg, any_batch, usable)
         best_seq, seq_reason = max_seq_len(cfg, any_seq, usable)
         bars, options = breakdown(est, spec.grad_accum), advice(cfg, spec, usable)
+        info = unranked(cfg, spec)
     else:
         from .estimate.distributed import estimate_distributed
 
@@ -145,14 +147,14 @@ def plan(cfg: ModelConfig, spec: TrainSpec, budget: int, pspec=None) -> Plan:
         rank = RankPlan(dist, *fewest_ranks(cfg, spec, pspec, usable))
         best_batch, batch_reason = max_batch_per_rank(cfg, any_batch, pspec, usable)
         best_seq, seq_reason = max_seq_per_rank(cfg, any_seq, pspec, usable)
-        bars, options = rank_breakdown(dist), []
+        bars, options, info = rank_breakdown(dist), [], []
     batch_end = curve_end(best_batch, spec.batch_size, BATCH_LIMIT)
     seq_end = curve_end(best_seq, spec.seq_len, cfg.max_seq_len)
     return Plan(estimate=est, budget_bytes=budget, cuda_context_bytes=cuda_context_bytes(spec.device),
                 tensor_budget_bytes=usable, breakdown=bars,
                 max_batch=best_batch, max_batch_reason=batch_reason, max_seq=best_seq, max_seq_reason=seq_reason,
                 advice=options, batch_curve=_sweep(cfg, any_batch, "batch_size", batch_end, pspec),
-                seq_curve=_sweep(cfg, any_seq, "seq_len", seq_end, pspec), rank=rank)
+                seq_curve=_sweep(cfg, any_seq, "seq_len", seq_end, pspec), rank=rank, unranked=info)
 
 
 # ---------------------------------------------------------------- a user's own module (no formula family)

@@ -126,6 +126,32 @@ def test_each_advice_option_applies_exactly_its_own_settings():
             assert label == f"grad-accum {at.number_input(key='accum').value} x batch {at.slider(key='batch').value}"
 
 
+def test_offload_advice_shows_the_host_beside_on_a_gpu_and_is_stated_not_ranked_on_the_cpu():
+    """Issue #24: on cuda the offloads are ranked by the device peak with a host RAM column beside (this machine's RAM
+    named); on the cpu device they are captions saying the host is the same RAM, not options."""
+    at = app()
+    at.slider(key="batch").set_value(64).run()
+    at.selectbox(key="device").set_value("cuda").run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("option")
+    hosted = [label for label in table.index if "on the host (--offload-" in label]
+    assert len(hosted) == 2 and all(table.loc[label, "host RAM"] for label in hosted)
+    spec, attention = shown(at)
+    for label in hosted:
+        flag, line = (("offload_optimizer", "host_optimizer_offload") if "optimizer" in label
+                      else ("offload_activations", "host_activation_offload"))
+        est = estimate_training(prepare(PRESETS["gpt2-small"], spec, attention), dataclasses.replace(spec, **{flag: True}))
+        assert table.loc[label, "host RAM"] == fmt_bytes(est.transients[line])
+        assert table.loc[label, "peak"] == fmt_bytes(est.peak_bytes)
+    captions = " ".join(c.value for c in at.caption)
+    assert f"this machine has {fmt_bytes(psutil.virtual_memory().total)} of RAM" in captions
+    at.selectbox(key="device").set_value("cpu").run()
+    assert not at.exception and not [o for o in at.selectbox(key="advice_choice").options if "--offload-" in o]
+    assert "host RAM" not in at.dataframe[0].value.columns
+    stated = [c.value for c in at.caption if "not ranked on a CPU device" in c.value]
+    assert len(stated) == 2 and all("same RAM" in c for c in stated)
+
+
 def test_a_model_change_takes_the_models_own_attention_as_the_cli_does(capsys):
     """llama-3.2-1b b4 s512 fp32 was 25.30 GiB in the app (eager kept from gpt2), 23.30 GiB from the CLI."""
     from planner.cli.main import main

@@ -13,7 +13,8 @@ from planner.estimate.training import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
 from planner.fit import advice, default_budget, fit_report, max_batch_size, max_seq_len
 from planner.measure.training import measure_training
 from planner.spec import TrainSpec
-from planner.units import parse_size
+from planner.plan import plan
+from planner.units import fmt_bytes, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = GPT2Config(vocab_size=1000, context_length=128, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.1)
@@ -98,6 +99,47 @@ def test_fused_is_advised_when_the_peak_is_in_the_optimizer_step():
     assert fused_est.transients["optimizer_temporaries"] == 0 and fused_est.peak_bytes == fused.peak_bytes < est.peak_bytes
     # checkpointing and sdpa do not touch this peak, so they are not offered
     assert not any(set(o.changes) & {"checkpointing", "sdpa", "fp16-amp"} for o in options.values())
+
+
+OFFLOADS = {"offload-optimizer": "host_optimizer_offload", "offload-activations": "host_activation_offload"}
+
+
+def test_offloads_are_ranked_on_a_gpu_by_the_device_peak_with_their_host_bytes_beside():
+    """Issue #24: on cuda the host is a budget of its own: each offload is ranked by the device peak it leaves,
+    its host bytes (the estimate's own line) beside it, not in it."""
+    spec = TrainSpec(16, 128, "bf16-amp", "adamw", device="cuda")
+    now = estimate_training(LLAMA, spec).peak_bytes
+    options = {o.changes[0]: o for o in advice(LLAMA, spec, now - 1) if set(o.changes) & set(OFFLOADS)}
+    assert set(options) == set(OFFLOADS)
+    for key, o in options.items():
+        est = estimate_training(LLAMA, TrainSpec(**o.spec))
+        assert o.changes == [key] and o.peak_bytes == est.peak_bytes < now
+        assert o.host_bytes == est.transients[OFFLOADS[key]] > 0 and f"{fmt_bytes(o.host_bytes)} of host RAM" in o.cost
+    assert all(o.host_bytes == 0 for o in advice(LLAMA, spec, now - 1) if not set(o.changes) & set(OFFLOADS))
+    assert fit_report(LLAMA, spec, now, batch_given=True)["unranked"] == []  # nothing held back on a GPU
+
+
+def test_on_the_cpu_offloads_are_stated_not_ranked():
+    """Issue #24: on a CPU the "device" and the host are the same RAM, so an offload adds its host copies to the
+    one memory that matters: not a remedy there. It is stated beside the advice with its figures, not ranked."""
+    spec = TrainSpec(16, 128, "bf16-amp", "adamw", device="cpu")
+    now = estimate_training(LLAMA, spec).peak_bytes
+    assert not [o for o in advice(LLAMA, spec, now - 1) if set(o.changes) & set(OFFLOADS)]
+    rec = fit_report(LLAMA, spec, now - 1, batch_given=True)
+    assert rec["advice"] and {u["changes"][0] for u in rec["unranked"]} == set(OFFLOADS)
+    for u in rec["unranked"]:
+        est = estimate_training(LLAMA, TrainSpec(**u["spec"]))  # the CPU mechanism, measured here
+        host = est.transients[OFFLOADS[u["changes"][0]]]
+        assert u["device_peak_bytes"] == est.peak_bytes < now  # the device figure drops ...
+        assert u["host_bytes"] == host and u["ram_bytes"] == est.peak_bytes + host > now  # ... the one RAM does not
+        assert "same RAM" in u["why"] and f"up to {fmt_bytes(u['ram_bytes'])} of RAM" in u["why"]
+        assert f"more than the run's {fmt_bytes(now)} now" in u["why"]
+    assert plan(LLAMA, spec, now - 1).unranked == rec["unranked"]  # the page shows the same
+    r = subprocess.run([sys.executable, "-m", "planner", "fit", "--model", "llama-3.2-1b", "--batch-size", "2",
+                        "--seq-len", "2048", "--budget", "16GiB", "--device", "cpu"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stdout.splitlines() if "not ranked on a CPU device" in line and "--offload-" in line]
 
 
 def test_default_budget_is_stable_and_says_where_it_came_from(monkeypatch):

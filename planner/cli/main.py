@@ -478,7 +478,10 @@ def cmd_fit(args) -> int:
     if not rec["fits"]:
         print(f"options for batch {r['batch_size']} x seq {r['seq_len']}, those that fit first, cheapest first:")
         for o in rec["advice"][:10]:
-            print(f"  {'FITS ' if o['fits'] else 'no   '} {fmt_bytes(o['peak_bytes']):>11}  {o['cost']}")
+            host = f" + host {fmt_bytes(o['host_bytes'])}" if o.get("host_bytes") else ""  # a budget of its own
+            print(f"  {'FITS ' if o['fits'] else 'no   '} {fmt_bytes(o['peak_bytes']):>11}{host}  {o['cost']}")
+        for u in rec.get("unranked", []):  # a CPU run's offloads: the device and the host are the same RAM
+            print(f"  {u['label']}: {u['why']}")
     return 0
 
 
