@@ -175,6 +175,57 @@ def mix_rows() -> list[dict]:
     return out
 
 
+def table(columns: list[tuple[str, str, object]], rs: list[dict]) -> list[str]:
+    """One markdown table, every section's: columns are (header, alignment "---" or "---:", cell(row) -> text)."""
+    return (["| " + " | ".join(head for head, _, _ in columns) + " |", "|" + "|".join(a for _, a, _ in columns) + "|"]
+            + ["| " + " | ".join(cell(r) for _, _, cell in columns) + " |" for r in rs])
+
+
+def _worst_phase(r: dict) -> str:
+    k = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
+    return f"{k} {r['phase_err'][k]:+.1%}"
+
+
+def measured_columns(host: str) -> list[tuple[str, str, object]]:
+    """The columns of an offload_row row (measured, simulated and estimated, device and host), `host` naming the
+    host bytes: the main table's and the combinations'."""
+    return [("peak without offload (measured)", "---:", lambda r: f"{r['plain_peak']:,}"),
+            ("device peak: estimate", "---:", lambda r: f"{r['est_peak']:,}"),
+            ("measured", "---:", lambda r: f"{r['meas_peak']:,}"),
+            ("simulated", "---:", lambda r: f"{r['sim_peak']:,}"),
+            ("error", "---:", lambda r: f"{r['est_peak'] / r['meas_peak'] - 1:+.2%}"),
+            ("phase (est / meas)", "---", lambda r: f"{r['est_phase']} / {r['meas_phase']}"),
+            (f"{host}: estimate", "---:", lambda r: f"{r['est_host']:,}"),
+            ("measured", "---:", lambda r: f"{r['meas_host']:,}"),
+            ("simulated", "---:", lambda r: f"{r['sim_host']:,}"),
+            ("host error", "---:", lambda r: f"{r['est_host'] / r['meas_host'] - 1:+.2%}")]
+
+
+WORST_PHASE = ("worst phase error", "---", _worst_phase)
+
+
+def simulated_row(preset: str, spec: TrainSpec) -> dict:
+    """A full-size row: the formula against the simulation (fake tensors, the same hooks), device and host."""
+    from ..config import PRESETS
+    from ..estimate.training import estimate_training
+    from ..measure.simulate import simulate_training
+
+    est, sim = estimate_training(PRESETS[preset], spec), simulate_training(PRESETS[preset], spec)
+    return {"preset": preset, "est_peak": est.peak_bytes, "sim_peak": sim["peak_bytes"],
+            "est_host": est.transients["host_activation_offload"], "sim_host": sim["host_activation_offload_bytes"],
+            "est_opt_host": est.transients.get("host_optimizer_offload"),
+            "sim_opt_host": sim.get("host_optimizer_offload_bytes")}
+
+
+def simulated_columns(host: str) -> list[tuple[str, str, object]]:
+    """The columns of a simulated_row row after its preset and setting columns."""
+    return [("device peak: estimate", "---:", lambda r: f"{r['est_peak']:,}"),
+            ("simulated", "---:", lambda r: f"{r['sim_peak']:,}"),
+            ("error", "---:", lambda r: f"{r['est_peak'] / r['sim_peak'] - 1:+.3%}"),
+            (f"{host}: estimate", "---:", lambda r: f"{r['est_host']:,}"),
+            ("simulated", "---:", lambda r: f"{r['sim_host']:,}")]
+
+
 def summary(rs: list[dict]) -> tuple[float, float, bool]:
     """An offload table's figures over its rows (offload_row's): the worst device-peak and host errors against the
     measurement, and whether the simulation equals it to the byte on both."""
@@ -216,20 +267,12 @@ def mix_lines() -> list[str]:
              f"optimizer host bytes exact and host peak = activation copies + optimizer host: "
              f"{'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "
              f"{'yes' if sim_equal else 'NO'}. Bar: 1%. \"without offload\" is the same run without "
-             "--offload-activations (an optimizer-offload row keeps its optimizer on the host).", "",
-             "| model | combination | run | peak without offload (measured) | device peak: estimate | measured | "
-             "simulated | error | phase (est / meas) | host (activation copies): estimate | measured | simulated | "
-             "host error | host (optimizer): estimate / measured | worst phase error |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in rs:
-        worst_phase = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
-        lines.append(
-            f"| {r['model']} | {r['kind']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | "
-            f"{r['meas_peak']:,} | {r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.2%} | "
-            f"{r['est_phase']} / {r['meas_phase']} | {r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | "
-            f"{r['est_host'] / r['meas_host'] - 1:+.2%} | "
-            + (f"{r['est_opt_host']:,} / {r['meas_opt_host']:,}" if r["est_opt_host"] is not None else "-")
-            + f" | {worst_phase} {r['phase_err'][worst_phase]:+.1%} |")
+             "--offload-activations (an optimizer-offload row keeps its optimizer on the host).", ""]
+    opt_column = ("host (optimizer): estimate / measured", "---:", lambda r: f"{r['est_opt_host']:,} / "
+                  f"{r['meas_opt_host']:,}" if r["est_opt_host"] is not None else "-")
+    lines += table([("model", "---", lambda r: r["model"]), ("combination", "---", lambda r: r["kind"]),
+                    ("run", "---", lambda r: r["run"])] + measured_columns("host (activation copies)")
+                   + [opt_column, WORST_PHASE], rs)
     return lines
 
 
@@ -243,27 +286,23 @@ MIX_FULL_SIZE = (("llama-3.2-1b", dict(checkpointing=True, grad_accum=2)),
 
 
 def mix_full_size() -> list[str]:
-    from ..config import PRESETS
-    from ..estimate.training import estimate_training
-    from ..measure.simulate import simulate_training
-
     lines = ["", "Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device; llama-3.2-1b and "
              "qwen3-0.6b tie their head: the tied weight's grad is summed out of place at the embedding's backward, "
-             "one more V*h tensor in a later micro-batch, planner/estimate/offload_act.py):", "",
-             "| preset | combination | device peak: estimate | simulated | error | host (activation copies): "
-             "estimate | simulated | host (optimizer): estimate | simulated |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "one more V*h tensor in a later micro-batch, planner/estimate/offload_act.py):", ""]
+    rs = []
     for name, kw in MIX_FULL_SIZE:
         spec = TrainSpec(1, 256, "bf16-amp", "adamw", offload_activations=True, device="cpu", **kw)
-        est, sim = estimate_training(PRESETS[name], spec), simulate_training(PRESETS[name], spec)
         what = ", ".join(("checkpointing " + kw.get("checkpoint_policy", "full")) if k == "checkpointing" else
                          f"grad-accum {v}" if k == "grad_accum" else "offload-optimizer"
                          for k, v in kw.items() if k != "checkpoint_policy")
-        opt = est.transients.get("host_optimizer_offload")
-        lines.append(f"| {name} | {what} | {est.peak_bytes:,} | {sim['peak_bytes']:,} | "
-                     f"{est.peak_bytes / sim['peak_bytes'] - 1:+.3%} | {est.transients['host_activation_offload']:,} | "
-                     f"{sim['host_activation_offload_bytes']:,} | "
-                     + (f"{opt:,} | {sim['host_optimizer_offload_bytes']:,} |" if opt is not None else "- | - |"))
-    return lines
+        rs.append({**simulated_row(name, spec), "what": what})
+    def opt(key):  # --offload-optimizer's host bytes, "-" in a row without it
+        return lambda r: f"{r[key]:,}" if r["est_opt_host"] is not None else "-"
+
+    return lines + table([("preset", "---", lambda r: r["preset"]), ("combination", "---", lambda r: r["what"])]
+                         + simulated_columns("host (activation copies)")
+                         + [("host (optimizer): estimate", "---:", opt("est_opt_host")),
+                            ("simulated", "---:", opt("sim_opt_host"))], rs)
 
 
 def markdown(quick: bool = False) -> str:
@@ -289,19 +328,11 @@ def markdown(quick: bool = False) -> str:
              "Regenerate: "
              "`python -m planner bench offload-activations --out docs/accuracy.md`.", "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
-             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
-             "| model | run | peak without offload (measured) | device peak: estimate | measured | simulated | error "
-             "| phase (est / meas) | host: estimate | measured | simulated | host error | PCIe copy time / step "
-             "(Gen4 x16) | worst phase error |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in rs:
-        worst_phase = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
-        lines.append(
-            f"| {r['model']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | {r['meas_peak']:,} | "
-            f"{r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.2%} | {r['est_phase']} / {r['meas_phase']} | "
-            f"{r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | {r['est_host'] / r['meas_host'] - 1:+.2%} | "
-            f"{2 * r['est_host'] / PCIE_GEN4_X16_BYTES_PER_S * 1e6:.1f} us | {worst_phase} "
-            f"{r['phase_err'][worst_phase]:+.1%} |")
+             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", ""]
+    lines += table([("model", "---", lambda r: r["model"]), ("run", "---", lambda r: r["run"])]
+                   + measured_columns("host")
+                   + [("PCIe copy time / step (Gen4 x16)", "---:",
+                       lambda r: f"{2 * r['est_host'] / PCIE_GEN4_X16_BYTES_PER_S * 1e6:.1f} us"), WORST_PHASE], rs)
     lines += ["", "The forward phase's estimate takes the logits made, the last block's gated product and, with eager "
               "attention, the last block's s x s scores (planner/arch/decoder.py offload_forward_points; the step's "
               "peak at long sequences: Gemma 2 / Llama eager h32 s256 within 0.1%, tests/test_offload_families.py); "
@@ -345,22 +376,14 @@ FULL_SIZE = (("llama-3.2-1b", False), ("tinyllama-1.1b", True), ("qwen2.5-0.5b",
 
 def full_size() -> list[str]:
     """The formula against the simulation (fake tensors, the same hooks) at full size, one preset per family."""
-    from ..config import PRESETS
-    from ..estimate.training import estimate_training
-    from ..measure.simulate import simulate_training
-
     lines = ["", "Full size, formula against the simulation (b1 s512 bf16-AMP AdamW, CPU device: the mechanism "
-             "above on fake tensors):", "",
-             "| preset | checkpointing | device peak: estimate | simulated | error | host: estimate | simulated | "
-             "host error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for name, ckpt in FULL_SIZE:
-        spec = TrainSpec(1, 512, "bf16-amp", "adamw", checkpointing=ckpt, offload_activations=True)
-        est, sim = estimate_training(PRESETS[name], spec), simulate_training(PRESETS[name], spec)
-        host, sim_host = est.transients["host_activation_offload"], sim["host_activation_offload_bytes"]
-        lines.append(f"| {name} | {'full' if ckpt else 'none'} | {est.peak_bytes:,} | {sim['peak_bytes']:,} | "
-                     f"{est.peak_bytes / sim['peak_bytes'] - 1:+.3%} | {host:,} | {sim_host:,} | "
-                     f"{host / sim_host - 1:+.3%} |")
-    return lines
+             "above on fake tensors):", ""]
+    rs = [{**simulated_row(name, TrainSpec(1, 512, "bf16-amp", "adamw", checkpointing=ckpt, offload_activations=True)),
+           "ckpt": ckpt} for name, ckpt in FULL_SIZE]
+    return lines + table([("preset", "---", lambda r: r["preset"]),
+                          ("checkpointing", "---", lambda r: "full" if r["ckpt"] else "none")]
+                         + simulated_columns("host")
+                         + [("host error", "---:", lambda r: f"{r['est_host'] / r['sim_host'] - 1:+.3%}")], rs)
 
 
 def main(quick: bool = False, out: str | None = None) -> int:
