@@ -3,21 +3,19 @@ types beyond dynamic and static (issue #21): `sliding` (the configs' own windows
 `quantized` (QuantizedCache, fp8 backend), every family that can use the cache x its tiny grid configs x
 precision x eager/sdpa; estimated (planner/estimate/inference.py) against measured (live bytes) and simulated (fake
 tensors). `offloaded` needs CUDA (planner/estimate/infer_caches.py): its device and host figures are shown for
-full-size presets, estimated only, for the CUDA check. The rows run in one child process (this one imports no
-torch); each row builds its own model, so rows do not share tensors.
+full-size presets, estimated only, for the CUDA check. The rows run in one child process, the inference grid's
+(planner/bench/inference.py grid_records; this one imports no torch); each row builds its own model, so rows do
+not share tensors.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import itertools
-import json
 import platform
-import subprocess
-import sys
 
 from .common import _torch_version, _version, write_section
-from ..config import PRESETS, config_to_dict
+from ..config import PRESETS
 from ..infer_spec import InferSpec, check_infer
 
 BAR_PCT = 1.0
@@ -56,37 +54,27 @@ def grid_rows(quick: bool):
                     yield name, label, c, ispec
 
 
-def _run_rows(rows: list[dict]) -> None:
-    """The child: measure and simulate each row (torch), one JSON line per row on stdout."""
-    from ..config import config_from_dict
-    from ..measure.inference import measure_inference
-    from ..measure.simulate_infer import simulate_inference
-
-    for row in rows:
-        cfg, ispec = config_from_dict(row["config"]), InferSpec(**row["spec"])
-        out = {}
-        for kind, fn in (("measured", measure_inference), ("simulated", simulate_inference)):
-            try:
-                r = fn(cfg, ispec)
-                out[kind], out[kind + "_phases"] = r["peak_bytes"], r["phase_peak_bytes"]
-                out.setdefault("phase", r["peak_phase"])
-            except Exception as exc:  # noqa: BLE001
-                out["error"] = f"{kind}: {type(exc).__name__}: {str(exc)[:200]}"
-        print(json.dumps(out), flush=True)
+def _record(m: dict, s: dict) -> dict:
+    """A row's measured and simulated figures from the shared child's records (planner/bench/inference.py
+    _run_rows): the peak and phase peaks of each, the measured phase (else the simulated one), the last error."""
+    out = {}
+    for kind, r in (("measured", m), ("simulated", s)):
+        if "error" in r:
+            out["error"] = f"{kind}: {r['error']}"
+        else:
+            out[kind], out[kind + "_phases"] = r["peak_bytes"], r["phase_peak_bytes"]
+            out.setdefault("phase", r["peak_phase"])
+    return out
 
 
 def run_grid(quick: bool, progress=print) -> list[dict]:
     from ..estimate.inference import estimate_inference
+    from .inference import grid_records
 
     rows = list(grid_rows(quick))
-    payload = [{"config": config_to_dict(c), "spec": i.to_dict()} for _, _, c, i in rows]
-    proc = subprocess.Popen([sys.executable, "-m", "planner.bench.infer_caches"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    proc.stdin.write(json.dumps(payload))
-    proc.stdin.close()
     out = []
-    for (name, label, cfg, ispec), line in zip(rows, proc.stdout):
-        r = json.loads(line)
+    for (name, label, cfg, ispec), (m, s) in zip(rows, grid_records(rows)):
+        r = _record(m, s)
         est = estimate_inference(cfg, ispec)
         row = {"family": name, "label": label, "attention": cfg.attention, "precision": ispec.precision,
                "cache": ispec.cache, "prompt": ispec.prompt_len, "new": ispec.new_tokens,
@@ -98,7 +86,6 @@ def run_grid(quick: bool, progress=print) -> list[dict]:
             row["err_pct"] = 100.0 * (row["estimated"] - row["measured"]) / row["measured"]
         progress(f"{name} {label} {row['attention']} {ispec.precision} {ispec.cache}: {row.get('err_pct')}")
         out.append(row)
-    proc.wait()
     return out
 
 
@@ -172,7 +159,3 @@ def main(quick: bool = False, out: str | None = None, progress=print) -> int:
     if out:
         write_section(out, text)
     return 0
-
-
-if __name__ == "__main__":  # the child of run_grid: rows as JSON on stdin
-    _run_rows(json.loads(sys.stdin.read()))

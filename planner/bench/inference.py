@@ -86,9 +86,10 @@ def _estimate(cfg, ispec):
 
 
 def _run_rows(rows: list[dict]) -> None:
-    """The grid's child: measure and simulate each row (torch), one JSON line per row on stdout. Each row builds
-    its own model and measures after a warm-up call (planner.measure.inference), so rows share no tensors; one
-    child saves the grid a torch / transformers import per row (planner/bench/infer_caches.py does the same)."""
+    """The inference grids' child (this grid's and planner/bench/infer_caches.py's): measure and simulate each row
+    (torch), one JSON line per row on stdout. Each row builds its own model and measures after a warm-up call
+    (planner.measure.inference), so rows share no tensors; one child saves the grid a torch / transformers import
+    per row."""
     from ..config import config_from_dict
     from ..measure.inference import measure_inference
     from ..measure.simulate_infer import simulate_inference
@@ -105,8 +106,9 @@ def _run_rows(rows: list[dict]) -> None:
         print(json.dumps(out), flush=True)
 
 
-def _grid_records(rows):
-    """(measure record, simulate record) per row, from one child process (_run_rows)."""
+def grid_records(rows):
+    """(measure record, simulate record) per (family, label, config, InferSpec) row, from one child process
+    (_run_rows); each record is {"peak_bytes", "peak_phase", "phase_peak_bytes"} or {"error": "<type>: <text>"}."""
     payload = [{"config": config_to_dict(c), "spec": i.to_dict()} for _, _, c, i in rows]
     proc = subprocess.Popen([sys.executable, "-m", "planner.bench.inference"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
@@ -121,7 +123,7 @@ def _grid_records(rows):
 def run_grid(quick: bool, progress=print, family: str | None = None) -> list[dict]:
     rows = []
     grid = list(grid_rows(quick, family))
-    for (name, label, cfg, ispec), (m, s) in zip(grid, _grid_records(grid)):
+    for (name, label, cfg, ispec), (m, s) in zip(grid, grid_records(grid)):
         est = _estimate(cfg, ispec)
         row = {"family": name, "label": label, "attention": getattr(cfg, "attention", "eager"),
                "precision": ispec.precision, "cache": ispec.cache, "measured": m.get("peak_bytes"),
