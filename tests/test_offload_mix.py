@@ -93,12 +93,12 @@ def test_tied_head_at_full_size_simulated():
         assert est.transients["host_activation_offload"] == sim["host_activation_offload_bytes"]
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "gpt2_book", "mixtral"])
+@pytest.mark.parametrize("arch", ["gpt2_book", "mixtral"])
 @pytest.mark.parametrize("extra", [{"grad_accum": 2}, {"checkpointing": True, "checkpoint_policy": "every:2"},
                                    {"offload_optimizer": True}])
 def test_combinations_refused_where_not_measured(arch, extra):
-    """GPT-2, the book's GPT-2 and the MoE families have their own offload backward points, measured for one
-    micro-batch under full checkpointing or none: the combinations are refused with one line (exit 2 in the CLI)."""
+    """The book's GPT-2 and the MoE families have their own offload backward points, measured for one micro-batch
+    under full checkpointing or none: the combinations are refused with one line (exit 2 in the CLI)."""
     from planner.validation import ConfigError
 
     from planner.arch.gpt2_book import GPT2Config
