@@ -84,7 +84,7 @@ class RMSDecoder(HFCausalLM):
     # decoders (Llama, Mistral, Qwen 2 set it); every RMSDecoder family is now modelled (offload_modelled narrows)
     offload_plain: ClassVar[bool] = False
     # --offload-activations with accumulation, a checkpointing policy or --offload-optimizer: measured on Llama,
-    # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families' own backward points are not (moe.py)
+    # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families with their own backward points (moe.py)
     offload_combinations: ClassVar[bool] = True
     # SDPA's output, laid out (b, s, a, d) by the transpose back (a view), is o_proj's input: saved once
     # (Phi-3: False, planner/arch/phi3.py)
