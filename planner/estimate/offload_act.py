@@ -269,7 +269,15 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # embedding's part and their sum (tied's two V*h tensors and one more; measured: llama-3.2-1b b1 s256
         # accum2 checkpointed, simulated, backward 22,925,054,800 B, one V*h*e_p above tied's)
         tied_later = tied + V * h * e_p if tied else 0
-        backward = max(backward, base + accum_grads + max(ce_start, max(later.values())), base + tied_later)
+        # an untied head under autocast in a later micro-batch: lm_head's new bf16 weight grad and its fp32 copy
+        # (autocast's cast backward) before the copy is added in place, beside the head's input grad cast to fp32 (the
+        # final norm's output) and what ce_start holds but the b*s*V grads, freed by then (measured: qwen1.5-moe-a2.7b
+        # L2 b1 s256 bf16-AMP checkpointed accum 2, simulated, 1,869,350,920 B above the grads and the persistent
+        # state, to the byte; -320 MB at full size before)
+        untied_cast = (V * h * (w.e_m + e_p) + bsh * w.e_r + 2 * w.e_ce + rope_held
+                       if w.amp and not family.tied(cfg) else 0)
+        backward = max(backward, base + accum_grads + max(ce_start, untied_cast, max(later.values())),
+                       base + tied_later)
     # the optimizer and zero_grad phases are the plain step's (nothing is saved for backward after it ends)
     opt_phase, zero_grad = est.phase_peak_bytes["optimizer"], est.phase_peak_bytes["zero_grad"]
     phase = step.phases(step.Step(base=base, grads=zero_grad - cuda - base, forward=forward - base,
