@@ -258,8 +258,8 @@ def mix_full_size() -> list[str]:
     from ..estimate.training import estimate_training
     from ..measure.simulate import simulate_training
 
-    lines = ["", "Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device; llama-3.2-1b, "
-             "qwen3-0.6b and hf-gpt2-xl tie their head: the tied weight's grad is summed out of place at the embedding's backward, "
+    lines = ["", "Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device; llama-3.2-1b and "
+             "qwen3-0.6b tie their head: the tied weight's grad is summed out of place at the embedding's backward, "
              "one more V*h tensor in a later micro-batch, planner/estimate/offload_act.py):", "",
              "| preset | combination | device peak: estimate | simulated | error | host (activation copies): "
              "estimate | simulated | host (optimizer): estimate | simulated |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
