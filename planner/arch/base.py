@@ -66,7 +66,9 @@ class Family:
     # own fine-tuning step: finetune_check / finetune_step below (the book's GPT-2).
     own_finetune_step: ClassVar[bool] = False
     # --offload-activations with --grad-accum > 1, every:K / selective checkpointing or --offload-optimizer beside it
-    # (planner/estimate/offload_act.py): measured on the RMSNorm decoders (tests/test_offload_mix.py), which set it
+    # (planner/estimate/offload_act.py): measured on the RMSNorm decoders, transformers' GPT-2 and the MoE families
+    # (tests/test_offload_mix.py), which set it; a family with its own backward points (offload_backward_points)
+    # takes grads_exist=True for a later micro-batch once it sets it
     offload_combinations: ClassVar[bool] = False
 
     def lora_module(self, module: str) -> bool:

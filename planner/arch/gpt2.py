@@ -80,6 +80,10 @@ class HFGPT2(HFCausalLM):
     config_cls = HFGPT2Config
     required = ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions")
     description = "transformers GPT2LMHeadModel"
+    # --offload-activations with --grad-accum > 1, every:K / selective or --offload-optimizer: its own backward
+    # points in a later micro-batch (offload_backward_points' grads_exist) and the tied wte's later accumulation
+    # (planner/estimate/offload_act.py tied_later), measured on the four grid shapes (tests/test_offload_mix.py)
+    offload_combinations = True
 
     def presets(self) -> dict:
         # tests/data/gpt2.config.json and gpt2-xl.config.json, as Hugging Face ships them (tied head):
@@ -439,7 +443,8 @@ class HFGPT2(HFCausalLM):
     # fp32 and bf16-AMP)
     OFFLOAD_ACT_BACKWARD_LIVE = {"gelu_new": 6}
 
-    def offload_backward_points(self, c: HFGPT2Config, spec, w, points: dict[str, int]) -> dict[str, int]:
+    def offload_backward_points(self, c: HFGPT2Config, spec, w, points: dict[str, int],
+                                grads_exist: bool = False) -> dict[str, int]:
         """--offload-activations' backward high points beyond the persistent state (planner/estimate/offload_act.py).
         Checkpointed: the generic sweep's points (the recomputed block on the device, the stashed inputs on the
         host) without the saved tensors outside the blocks, which are host copies now: wpe's position_ids (8*s)
@@ -462,7 +467,13 @@ class HFGPT2(HFCausalLM):
           c_attn:     the q, k, v grads concatenated (3*b*s*h*e_m) and c_attn's input grad (b*s*h*e_m), its weight
                       and bias grads; under autocast the input grad's fp32 copy and the weight grad's
         The tied wte's accumulation at the end (every grad and two V*h, the step's backward peak at full size:
-        hf-gpt2-xl b1 s1024 bf16-AMP SGD checkpointed was -1.51% without it) is planner/estimate/offload_act.py's."""
+        hf-gpt2-xl b1 s1024 bf16-AMP SGD checkpointed was -1.51% without it) is planner/estimate/offload_act.py's.
+        grads_exist (a later micro-batch of --grad-accum; every .grad there, counted by the caller): a new grad is
+        added in place to its .grad (AccumulateGrad, grad mode off) and freed, so the grads "made before" are none
+        but the tied wte's head part (V*h*e_p, held by the engine until the embedding's backward: planner/estimate/
+        training.py _backward_sweep's tied_pending), and a node's own weight grads (and their fp32 copies under
+        autocast) are the transients they were (measured on the op timeline: V1000 h64 a4 p0.1 b2 s64 accum 2, fp32
+        and bf16-AMP, each point to the byte). Checkpointed: the generic sweep's later points already are."""
         b, s, h, f, V, L, a = spec.batch_size, spec.seq_len, c.n_embd, c.inner, c.vocab_size, c.n_layer, c.n_head
         bsh, bsf, bsV = b * s * h, b * s * f, b * s * V
         e_p = 2 if spec.precision == "bf16" else 4
@@ -479,20 +490,23 @@ class HFGPT2(HFCausalLM):
                            V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail}
         drop = bsh * w.e_m if c.resid_pdrop > 0 else 0
         n_act = self.OFFLOAD_ACT_BACKWARD_LIVE[c.activation_function]
+        made = 0 if grads_exist else e_p  # bytes per parameter of the grads made before a point (kept apart)
         for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
-            G = g0 * e_p + bsh * w.e_r + tail  # the grads made before the block and the residual stream's grad
+            # the grads made before the block (a later micro-batch: the tied wte's head part only) and the residual
+            # stream's grad
+            G = (V * h * e_p if grads_exist else g0 * e_p) + bsh * w.e_r + tail
             pts = {"c_proj": G + drop + bsf * w.e_m + mlp_proj * e_w,
-                   "ffn": G + mlp_proj * e_p + n_act * bsf * w.e_m,
-                   "c_fc": G + mlp_proj * e_p + bsh * w.e_m + bsf * w.e_m + c_fc * e_w,
-                   "c_attn": G + (ln + c_fc + mlp_proj + attn_proj) * e_p + 4 * bsh * w.e_m
+                   "ffn": G + mlp_proj * made + n_act * bsf * w.e_m,
+                   "c_fc": G + mlp_proj * made + bsh * w.e_m + bsf * w.e_m + c_fc * e_w,
+                   "c_attn": G + (ln + c_fc + mlp_proj + attn_proj) * made + 4 * bsh * w.e_m
                    + c_attn * e_w}
             if amp:
-                pts["c_proj cast"] = G + h * e_p + bsf * w.e_m + f * h * (e_w + e_p)
-                pts["c_fc cast"] = G + (mlp_proj + f) * e_p + bsh * w.e_r + h * f * (e_w + e_p)
-                pts["c_attn cast"] = (G + (ln + c_fc + mlp_proj + attn_proj + 3 * h) * e_p + bsh * w.e_r
+                pts["c_proj cast"] = G + h * made + bsf * w.e_m + f * h * (e_w + e_p)
+                pts["c_fc cast"] = G + (mlp_proj + f) * made + bsh * w.e_r + h * f * (e_w + e_p)
+                pts["c_attn cast"] = (G + (ln + c_fc + mlp_proj + attn_proj + 3 * h) * made + bsh * w.e_r
                                       + 3 * h * h * (e_w + e_p))
             if not self._flash(c, spec):
-                pts["attention"] = G + (ln + c_fc + mlp_proj + attn_proj) * e_p + bsh * 4 + 2 * b * a * s * s * 4
+                pts["attention"] = G + (ln + c_fc + mlp_proj + attn_proj) * made + bsh * 4 + 2 * b * a * s * s * 4
             out.update({f"{where} {k}": v for k, v in pts.items()})
         return out
 

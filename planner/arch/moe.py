@@ -56,9 +56,10 @@ class MoEDecoder(RMSDecoder):
     """An RMSDecoder whose MLP is a sparse MoE block. The config has num_experts, num_experts_per_tok and
     expert_size (the experts' width); shared_expert_size (Qwen2-MoE) is 0 when there is none."""
 
-    # --offload-activations' sparse block (offload_backward_points below) is measured for one micro-batch under
-    # full checkpointing or none, without --offload-optimizer
-    offload_combinations: ClassVar[bool] = False
+    # --offload-activations with --grad-accum > 1, every:K / selective or --offload-optimizer: the sparse block's
+    # own backward points in a later micro-batch and under checkpointing (offload_backward_points below), measured on
+    # Mixtral, Qwen2-MoE and Qwen3-MoE's four grid shapes (tests/test_offload_mix.py)
+    offload_combinations: ClassVar[bool] = True
 
     router_name: ClassVar[str] = "mlp.gate"
     router_first: ClassVar[bool] = True       # registration order (named_parameters): Qwen3-MoE's experts come first
@@ -269,7 +270,7 @@ class MoEDecoder(RMSDecoder):
                            shared + routing + max(4 * N * k * f * e_x, 3 * N * k * h * e_w + 8 * N * k))
         return cache, rope, point
 
-    def offload_backward_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
+    def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
         """--offload-activations without checkpointing (planner/estimate/offload_act.py): the attention side's
         points are the RMS decoder's (the generic sweep with empty saved sets); the sparse block's are its own,
         with nothing saved on the device (every saved tensor a host copy): the grads made before the block (G),
@@ -283,31 +284,55 @@ class MoEDecoder(RMSDecoder):
                        (3*N*k*f*e_x) beside the down weight's grad and the routing weights'
           cat:         SplitBackward's cat of the gate and up grads (N*k*2f*e_x) while both are alive
           experts:     the gate_up grouped GEMM's weight grad (E*2f*h) and input grad (N*k*h*e_x) beside the cat
-        Checkpointed: the generic sweep's points (the recomputed block on the device)."""
-        if spec.checkpointing:
-            return points
+        Checkpointed: the generic sweep's points (the recomputed block on the device) and the down grouped GEMM's
+        backward, which block_points leaves out (below experts_act in a first micro-batch of the grid's shapes):
+        its input grad (N*k*f*e_x) and weight grad (E*h*f) made while the recomputed product (its saved input) and
+        the grad of its output (N*k*h*e_x, MulBackward's) are alive, the combine's saved tensors freed, where
+        experts_act has the product's two grads (2*N*k*f*e_x) instead and the down weight's grad added to .grad:
+        down = experts_act + N*k*(h - f)*e_x + E*h*f*(e_p - made) (measured on the op timeline of Mixtral V1000
+        h64 E4 k2 b2 s64 fp32 accum 2, the later micro-batch's last block: 65,536 B above experts_act, the step's
+        backward peak).
+        grads_exist (a later micro-batch of --grad-accum; every .grad there, counted by the caller): a new grad is
+        added in place to its .grad and freed, so G holds no grads made but a tied head's (the embedding's V*h*e_p,
+        held by the engine until the embedding's backward: planner/estimate/training.py tied_pending), and each
+        grouped GEMM's weight grad is a transient of its own point only (measured on the op timelines of Mixtral
+        V1000 h64 b2 s64 and V2000 h48 b2 s48 tied, fp32 and bf16-AMP, accum 2)."""
         moe = self.moe_specs(c, 0)
-        inv = [t for t in self.inventory(c) if t.kind == "param" and t.trainable]
-        head = sum(t.numel for t in inv if t.role in ("head", "norm.final"))
-        if self.tied(c):
-            head += sum(t.numel for t in inv if t.role == "embed")
-        block = sum(t.numel for t in inv if t.block == 0)
         down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
         gate_up_n = sum(t.numel for t in moe if t.name.endswith("experts.gate_up_proj"))
         N, h, k, f, L = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts_per_tok, c.expert_size,
                          c.num_hidden_layers)
         e_p = 2 if spec.precision == "bf16" else 4
+        made = 0 if grads_exist else e_p  # bytes per parameter of a grad made earlier and still kept apart
         e_x = 4 if w.amp else w.e_m
+        if spec.checkpointing:
+            return {**points, **{k_[:-len("experts_act")] + "down": v + N * k * (h - f) * e_x + down_n * (e_p - made)
+                                 for k_, v in points.items() if k_.endswith(" experts_act")}}
+        inv = [t for t in self.inventory(c) if t.kind == "param" and t.trainable]
+        head = sum(t.numel for t in inv if t.role in ("head", "norm.final"))
+        embed = sum(t.numel for t in inv if t.role == "embed")
+        if self.tied(c):
+            head += embed
+        block = sum(t.numel for t in inv if t.block == 0)
         e_rw = 4 if self.fp32_routing_weights else w.e_m
         e_w = max(e_x, e_rw)
+        # Qwen2-MoE: the shared branch's gate runs its backward first (block_points' `shared`): its weight grad (made
+        # and kept apart in a first micro-batch), the grad of the shared expert's output (N*h*e_m) and the gate's
+        # input grad (N*h*e_r) alive through the routed experts' backward (measured on the op timelines of Qwen2-MoE
+        # V97 h96 b4 s8 and V97 h32 b2 s256, fp32 and bf16-AMP, one micro-batch and accum 2: the backward phase
+        # -131,200 B before, the long row's, now to the byte)
+        gate_n = sum(t.numel for t in moe if t.name.endswith("shared_expert_gate.weight"))
+        shared = gate_n * made + N * h * (w.e_m + w.e_r) if self.shared_expert_size(c) else 0
         out = {k_: v for k_, v in points.items() if not k_.endswith(("experts_act", "combine", "experts"))}
         for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
-            G = g0 * e_p + N * h * w.e_r + 2 * w.e_ce
+            held = (embed * e_p if self.tied(c) else 0) if grads_exist else g0 * e_p
+            G = held + N * h * w.e_r + 2 * w.e_ce + shared
             pts = {"combine": G + 3 * N * k * h * e_w,
                    "down": G + N * k * h * e_w + N * k * e_rw + N * k * f * e_x + down_n * e_p,
-                   "experts_act": G + down_n * e_p + N * k * e_rw + 3 * N * k * f * e_x,
-                   "cat": G + down_n * e_p + N * k * e_rw + 4 * N * k * f * e_x,
-                   "experts": G + (down_n + gate_up_n) * e_p + N * k * e_rw + 2 * N * k * f * e_x + N * k * h * e_x}
+                   "experts_act": G + down_n * made + N * k * e_rw + 3 * N * k * f * e_x,
+                   "cat": G + down_n * made + N * k * e_rw + 4 * N * k * f * e_x,
+                   "experts": G + down_n * made + gate_up_n * e_p + N * k * e_rw + 2 * N * k * f * e_x
+                   + N * k * h * e_x}
             out.update({f"{where} {k_}": v for k_, v in pts.items()})
         return out
 

@@ -164,14 +164,18 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
 
-    def own(points: dict[str, int], ckpt: bool) -> dict[str, int]:
+    def own(points: dict[str, int], ckpt: bool, grads_exist: bool = False) -> dict[str, int]:
         """The family's own backward points where the generic sweep does not hold (planner/arch/<family>.py
-        offload_backward_points), for the blocks checkpointed (ckpt) or not."""
+        offload_backward_points), for the blocks checkpointed (ckpt) or not; grads_exist: a later micro-batch
+        (every .grad there, counted by the caller: the family's points count only the grads it holds apart and
+        the new ones not yet added in place; passed only then, so a family measured for one micro-batch keeps
+        its signature)."""
         if not hasattr(family, "offload_backward_points"):
             return points
         as_run = spec if ckpt == spec.checkpointing else dataclasses.replace(spec, checkpointing=ckpt,
                                                                              checkpoint_policy="full")
-        return family.offload_backward_points(cfg, as_run, w, points)
+        later = {"grads_exist": True} if grads_exist else {}
+        return family.offload_backward_points(cfg, as_run, w, points, **later)
 
     def sweep(grads_exist: bool, ckpt: bool = spec.checkpointing) -> dict[str, int]:
         """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
@@ -184,7 +188,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
             # for the CUDA check)
             got = later_sweep_points(cfg, plain) if grads_exist else est.backward_points
             return own({k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
-                        * bsh * w.e_r for k, v in got.items()}, ckpt)
+                        * bsh * w.e_r for k, v in got.items()}, ckpt, grads_exist)
         # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
         fp = dataclasses.replace(plain, precision="fp32", checkpointing=False)
         wf = Widths.of(fp, loss_upcast=family.loss_upcast(cfg, fp))
@@ -193,7 +197,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         got = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0, grads_exist=grads_exist)
         # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
-        return own({k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}, ckpt)
+        return own({k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}, ckpt,
+                   grads_exist)
 
     note = []
     cache = tail = g_blk = unkept = 0
@@ -264,7 +269,15 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # embedding's part and their sum (tied's two V*h tensors and one more; measured: llama-3.2-1b b1 s256
         # accum2 checkpointed, simulated, backward 22,925,054,800 B, one V*h*e_p above tied's)
         tied_later = tied + V * h * e_p if tied else 0
-        backward = max(backward, base + accum_grads + max(ce_start, max(later.values())), base + tied_later)
+        # an untied head under autocast in a later micro-batch: lm_head's new bf16 weight grad and its fp32 copy
+        # (autocast's cast backward) before the copy is added in place, beside the head's input grad cast to fp32 (the
+        # final norm's output) and what ce_start holds but the b*s*V grads, freed by then (measured: qwen1.5-moe-a2.7b
+        # L2 b1 s256 bf16-AMP checkpointed accum 2, simulated, 1,869,350,920 B above the grads and the persistent
+        # state, to the byte; -320 MB at full size before)
+        untied_cast = (V * h * (w.e_m + e_p) + bsh * w.e_r + 2 * w.e_ce + rope_held
+                       if w.amp and not family.tied(cfg) else 0)
+        backward = max(backward, base + accum_grads + max(ce_start, untied_cast, max(later.values())),
+                       base + tied_later)
     # the optimizer and zero_grad phases are the plain step's (nothing is saved for backward after it ends)
     opt_phase, zero_grad = est.phase_peak_bytes["optimizer"], est.phase_peak_bytes["zero_grad"]
     phase = step.phases(step.Step(base=base, grads=zero_grad - cuda - base, forward=forward - base,
