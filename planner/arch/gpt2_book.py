@@ -235,11 +235,31 @@ class BookGPT2(Family):
         f = 4 * h
         resid_mask = self._resid_mask(c, spec, w)
         points = {
-            "ffn": x.current + x.down_n * x.e_p + x.bsh * w.e_r + 2 * b * s * f * w.e_m - resid_mask
-            - (2 * f * h if w.amp else 0),
+            # a later micro-batch (x.g == 0) has added ff.layers.2's weight and bias grads to their .grad in
+            # place and freed them before the GELU's backward starts (op timeline: V500 h48 L4 b2 s32 fp32 ckpt
+            # accum2, the down projection's f*h + h grads freed before the GELU's two b*s*f muls; +37,048 B before)
+            "ffn": x.current + (x.down_n * x.e_p if x.g else 0) + x.bsh * w.e_r + 2 * b * s * f * w.e_m
+            - resid_mask - (2 * f * h if w.amp else 0),
+            # ff.layers.2's backward at its weight grad's matmul (the bias grad's sum not run yet), before it
+            # releases its saved input: the residual's grad (b*s*h*e_r), the input grad (b*s*f*e_m) and the
+            # weight grad (f*h, in the weight's working dtype: bf16 under autocast); with residual dropout its
+            # noise freed and its backward's output (b*s*h*e_m) alive. The top in a later micro-batch, where the
+            # grads are added in place right after (op timeline: V97 h96 L2 b4 s8 fp32 ckpt accum2, -98,312 B
+            # without it)
+            "ff out": x.current - resid_mask + x.bsh * w.e_r + (x.bsh * w.e_m if resid_mask else 0)
+            + b * s * f * w.e_m + f * h * (w.e_m if w.amp else x.e_p),
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if w.amp:
+            # ff.layers.2's weight grad made in bf16, then copied to fp32 (ToCopyBackward of autocast's cast): its
+            # node has released what it saved (its input, offset by its input grad, and the bf16 weight copy, which
+            # the bf16 grad replaces); alive are the residual's grad (b*s*h*e_r), the fp32 copy (f*h*e_p) and the
+            # bias's grad still bf16 (h*e_m: its fp32 copy comes after the weight's, fresh grads or not; op
+            # timeline: V97 h96 L2 b4 s8 bf16-amp ckpt accum2, -49,352 B without the point; transformers' GPT-2 has
+            # the same point, planner/arch/gpt2.py mlp_cast, with its Conv1D's bias grad already fp32)
+            points["ff out cast"] = (x.current - resid_mask + x.bsh * w.e_r + f * h * x.e_p
+                                     + (x.down_n - f * h) * w.e_m)
         if c.attention == "eager" or (c.drop_rate > 0 and spec.device_type == "cpu"):
             points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid_mask
                                    - x.bsh * w.e_m  # the output projection's input copy, freed by its backward
