@@ -245,9 +245,12 @@ class BookGPT2(Family):
             # weight grad (f*h, in the weight's working dtype: bf16 under autocast); with residual dropout its
             # noise freed and its backward's output (b*s*h*e_m) alive. The top in a later micro-batch, where the
             # grads are added in place right after (op timeline: V97 h96 L2 b4 s8 fp32 ckpt accum2, -98,312 B
-            # without it)
+            # without it). Not checkpointed, the node still holds its saved input at the bias grad's sum, which
+            # is then the top (h more in the weight's working dtype; the same shape without checkpointing, -392 B
+            # without it); checkpointed, the recomputed input is released by then
             "ff out": x.current - resid_mask + x.bsh * w.e_r + (x.bsh * w.e_m if resid_mask else 0)
-            + b * s * f * w.e_m + f * h * (w.e_m if w.amp else x.e_p),
+            + b * s * f * w.e_m + (f * h + (0 if spec.checkpointing else x.down_n - f * h))
+            * (w.e_m if w.amp else x.e_p),
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
