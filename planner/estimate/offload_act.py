@@ -164,14 +164,18 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
 
-    def own(points: dict[str, int], ckpt: bool) -> dict[str, int]:
+    def own(points: dict[str, int], ckpt: bool, grads_exist: bool = False) -> dict[str, int]:
         """The family's own backward points where the generic sweep does not hold (planner/arch/<family>.py
-        offload_backward_points), for the blocks checkpointed (ckpt) or not."""
+        offload_backward_points), for the blocks checkpointed (ckpt) or not; grads_exist: a later micro-batch
+        (every .grad there, counted by the caller: the family's points count only the grads it holds apart and
+        the new ones not yet added in place; passed only then, so a family measured for one micro-batch keeps
+        its signature)."""
         if not hasattr(family, "offload_backward_points"):
             return points
         as_run = spec if ckpt == spec.checkpointing else dataclasses.replace(spec, checkpointing=ckpt,
                                                                              checkpoint_policy="full")
-        return family.offload_backward_points(cfg, as_run, w, points)
+        later = {"grads_exist": True} if grads_exist else {}
+        return family.offload_backward_points(cfg, as_run, w, points, **later)
 
     def sweep(grads_exist: bool, ckpt: bool = spec.checkpointing) -> dict[str, int]:
         """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
@@ -184,7 +188,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
             # for the CUDA check)
             got = later_sweep_points(cfg, plain) if grads_exist else est.backward_points
             return own({k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
-                        * bsh * w.e_r for k, v in got.items()}, ckpt)
+                        * bsh * w.e_r for k, v in got.items()}, ckpt, grads_exist)
         # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
         fp = dataclasses.replace(plain, precision="fp32", checkpointing=False)
         wf = Widths.of(fp, loss_upcast=family.loss_upcast(cfg, fp))
@@ -193,7 +197,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         got = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0, grads_exist=grads_exist)
         # the RMSNorm's input_norm point counts the norm's saved fp32 input (4*b*s*h: planner/arch/decoder.py
         # block_points), here a host copy the CPU backward reads in place (measured: Llama V200 h96 b1 s64, SGD)
-        return own({k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}, ckpt)
+        return own({k: v - (4 * bsh if k.endswith("input_norm") else 0) for k, v in got.items()}, ckpt,
+                   grads_exist)
 
     note = []
     cache = tail = g_blk = unkept = 0
