@@ -58,7 +58,8 @@ def test_cli_checkpointing_flag():
     assert plain.returncode == 0 and json.loads(plain.stdout)["run"]["checkpointing"] is True
     assert json.loads(plain.stdout)["run"]["checkpoint_policy"] == "full"
     for policy, extra, needle in (("every:x", (), "unknown checkpointing policy"),
-                                  ("every:2", ("--offload-activations",), "full checkpointing or none"),
+                                  ("every:2", ("--offload-activations", "--precision", "fp16-amp"),
+                                   "not fp16-amp"),
                                   ("selective", ("--train-layers", "last:2", "--grad-accum", "2"),
                                    "gradient accumulation is not modelled")):
         proc = _cli("estimate", "train", "--model", "gpt2-small", "--batch-size", "1", "--seq-len", "64",

@@ -84,7 +84,7 @@ class RMSDecoder(HFCausalLM):
     # decoders (Llama, Mistral, Qwen 2 set it); every RMSDecoder family is now modelled (offload_modelled narrows)
     offload_plain: ClassVar[bool] = False
     # --offload-activations with accumulation, a checkpointing policy or --offload-optimizer: measured on Llama,
-    # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families' own backward points are not (moe.py)
+    # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families with their own backward points (moe.py)
     offload_combinations: ClassVar[bool] = True
     # SDPA's output, laid out (b, s, a, d) by the transpose back (a view), is o_proj's input: saved once
     # (Phi-3: False, planner/arch/phi3.py)
@@ -352,13 +352,14 @@ class RMSDecoder(HFCausalLM):
             points["sdpa"] = held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m + 4 * b * x.a * s
         return points
 
-    def offload_backward_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
+    def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
         """--offload-activations without checkpointing (planner/estimate/offload_act.py runs the generic sweep with
         empty saved sets at fp32 widths): at the gated product's backward the down projection's input grad and
         MulBackward's two grads (d act, d up) are alive at once, 3*b*s*f*e_m in the step's own widths (bf16
         under autocast), where the sweep's ffn point counts 2*b*s*f*4 beside the saved operands, which are host
         copies here (measured: the backward's op timeline of Llama V97 h64 f512 b2 s128, fp32 -524,296 B and
-        bf16-AMP +262,136 B before)."""
+        bf16-AMP +262,136 B before). A correction to the sweep's own points, so the same in a later micro-batch
+        (grads_exist: the sweep's points already hold only the new grads)."""
         if spec.checkpointing:
             return points
         bsf = spec.batch_size * spec.seq_len * c.intermediate_size
