@@ -74,6 +74,11 @@ class BookGPT2(Family):
     # module (lora_default_targets stays empty: --lora-targets must name them, or "all-linear")
     lora_supported = subset_supported = True
     own_finetune_step = True  # its block is not the transformers decoder's: this file walks it
+    # --offload-activations with --grad-accum > 1, every:K / selective or --offload-optimizer: its own backward points
+    # in a later micro-batch (offload_backward_points' grads_exist; block_points' later ff.layers.2 and GELU points
+    # under checkpointing), measured on V1000 h64 a4 p0.1 b2 s64 and V500 h48 L4 b2 s32, fp32 and bf16-AMP
+    # (tests/test_offload_mix.py, planner/bench/offload_act.py book_mix_grid)
+    offload_combinations = True
 
     def finetune_check(self, cfg, spec) -> None:
         check_finetune(cfg, spec)
@@ -235,11 +240,37 @@ class BookGPT2(Family):
         f = 4 * h
         resid_mask = self._resid_mask(c, spec, w)
         points = {
-            "ffn": x.current + x.down_n * x.e_p + x.bsh * w.e_r + 2 * b * s * f * w.e_m - resid_mask
-            - (2 * f * h if w.amp else 0),
+            # a later micro-batch (x.g == 0) has added ff.layers.2's weight and bias grads to their .grad in
+            # place and freed them before the GELU's backward starts (op timeline: V500 h48 L4 b2 s32 fp32 ckpt
+            # accum2, the down projection's f*h + h grads freed before the GELU's two b*s*f muls; +37,048 B before)
+            "ffn": x.current + (x.down_n * x.e_p if x.g else 0) + x.bsh * w.e_r + 2 * b * s * f * w.e_m
+            - resid_mask - (2 * f * h if w.amp else 0),
+            # ff.layers.2's backward at its weight grad's matmul (the bias grad's sum not run yet), before it
+            # releases its saved input: the residual's grad (b*s*h*e_r), the input grad (b*s*f*e_m) and the
+            # weight grad (f*h, in the weight's working dtype: bf16 under autocast); with residual dropout its
+            # noise freed and its backward's output (b*s*h*e_m) alive; under autocast the output grad's bf16 cast
+            # (b*s*h*e_m, ToCopyBackward: with residual dropout that output is it; measured under
+            # --offload-activations, V500 h48 L4 b2 s32 bf16-AMP ckpt accum2, -6,152 B without it). The top in a
+            # later micro-batch, where the
+            # grads are added in place right after (op timeline: V97 h96 L2 b4 s8 fp32 ckpt accum2, -98,312 B
+            # without it). Not checkpointed, the node still holds its saved input at the bias grad's sum, which
+            # is then the top (h more in the weight's working dtype; the same shape without checkpointing, -392 B
+            # without it); checkpointed, the recomputed input is released by then
+            "ff out": x.current - resid_mask + x.bsh * w.e_r + (x.bsh * w.e_m if resid_mask or w.amp else 0)
+            + b * s * f * w.e_m + (f * h + (0 if spec.checkpointing else x.down_n - f * h))
+            * (w.e_m if w.amp else x.e_p),
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if w.amp:
+            # ff.layers.2's weight grad made in bf16, then copied to fp32 (ToCopyBackward of autocast's cast): its
+            # node has released what it saved (its input, offset by its input grad, and the bf16 weight copy, which
+            # the bf16 grad replaces); alive are the residual's grad (b*s*h*e_r), the fp32 copy (f*h*e_p) and the
+            # bias's grad still bf16 (h*e_m: its fp32 copy comes after the weight's, fresh grads or not; op
+            # timeline: V97 h96 L2 b4 s8 bf16-amp ckpt accum2, -49,352 B without the point; transformers' GPT-2 has
+            # the same point, planner/arch/gpt2.py mlp_cast, with its Conv1D's bias grad already fp32)
+            points["ff out cast"] = (x.current - resid_mask + x.bsh * w.e_r + f * h * x.e_p
+                                     + (x.down_n - f * h) * w.e_m)
         if c.attention == "eager" or (c.drop_rate > 0 and spec.device_type == "cpu"):
             points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid_mask
                                    - x.bsh * w.e_m  # the output projection's input copy, freed by its backward
@@ -343,7 +374,8 @@ class BookGPT2(Family):
         block (checkpoint is given the block's input only), the forward's points in offload_forward_points."""
         return 0, 0, 0
 
-    def offload_backward_points(self, c: GPT2Config, spec, w, points: dict[str, int]) -> dict[str, int]:
+    def offload_backward_points(self, c: GPT2Config, spec, w, points: dict[str, int],
+                                grads_exist: bool = False) -> dict[str, int]:
         """--offload-activations' backward high points beyond the persistent state (planner/estimate/offload_act.py).
         Checkpointed: the generic sweep's points (the recomputed block on the device, the stashed inputs on the
         host) without the saved tensors outside the blocks, host copies now: the positions (8*s int64) and the
@@ -363,7 +395,13 @@ class BookGPT2(Family):
           norm:       the LayerNorm's backward: five b*s*h*e_r (its incoming grad, (x - mean)'s and std's chains)
           attention:  eager: v's grad (b*s*h*e_m) and two b*a*s^2*e_m (the probabilities' grad, then softmax's,
                       the division's and masked_fill's backward one at a time); SDPA's math kernel (dropout on the
-                      CPU) in fp32, as transformers' GPT-2's"""
+                      CPU) in fp32, as transformers' GPT-2's
+        grads_exist (a later micro-batch of --grad-accum; every .grad there, counted by the caller): a new grad is
+        added in place to its .grad and freed, so the grads "made before" a point are none (the head is untied:
+        nothing held apart), and a node's own weight grads (and their fp32 copies under autocast) are the
+        transients they were (measured on the op timeline: V1000 h64 a4 p0.1 b2 s64 and V500 h48 L4 b2 s32 accum 2,
+        fp32 and bf16-AMP; without it the grads were counted twice, +6.4% / +15.7%). Checkpointed: the generic
+        sweep's later points already are."""
         b, s, h, a, V, L = spec.batch_size, spec.seq_len, c.emb_dim, c.n_heads, c.vocab_size, c.n_layers
         f, bsh, bsV = 4 * h, b * s * h, b * s * c.vocab_size
         bsf = b * s * f
@@ -382,20 +420,21 @@ class BookGPT2(Family):
                            bsV * w.e_m + V * h * e_w + bsh * w.e_m,
                            V * h * (e_w + e_p) + bsh * w.e_r if amp else 0) + tail}
         drop = bsh * w.e_m if c.drop_rate > 0 else 0
+        made = 0 if grads_exist else e_p  # bytes per parameter of the grads made before a point (kept apart)
         for where, g0 in (("last block", head), ("first block", head + (L - 1) * block)):
-            G = g0 * e_p + bsh * w.e_r + tail  # the grads made before the block and the residual stream's grad
-            mlp = G + (ff_out + ff_in + ln) * e_p  # the feed-forward's and norm2's grads made
+            G = g0 * made + bsh * w.e_r + tail  # the grads made before the block and the residual stream's grad
+            mlp = G + (ff_out + ff_in + ln) * made  # the feed-forward's and norm2's grads made
             pts = {"ff out": G + drop + bsf * w.e_m + ff_out * e_w,
-                   "ffn": G + ff_out * e_p + 6 * bsf * w.e_m,
-                   "ff in": G + ff_out * e_p + bsh * w.e_m + bsf * w.e_m + ff_in * e_w,
+                   "ffn": G + ff_out * made + 6 * bsf * w.e_m,
+                   "ff in": G + ff_out * made + bsh * w.e_m + bsf * w.e_m + ff_in * e_w,
                    "norm2": mlp + 5 * bsh * w.e_r}
             if amp:
                 pts["ff out cast"] = G + bsf * w.e_m + f * h * (e_w + e_p) + h * e_w
-                pts["ff in cast"] = G + ff_out * e_p + bsh * w.e_r + h * f * (e_w + e_p) + f * e_w
+                pts["ff in cast"] = G + ff_out * made + bsh * w.e_r + h * f * (e_w + e_p) + f * e_w
             if c.attention == "eager":
-                pts["attention"] = mlp + out_proj * e_p + bsh * w.e_m + 2 * b * a * s * s * w.e_m
+                pts["attention"] = mlp + out_proj * made + bsh * w.e_m + 2 * b * a * s * s * w.e_m
             elif c.drop_rate > 0 and spec.device_type == "cpu":
-                pts["attention"] = mlp + out_proj * e_p + bsh * 4 + 2 * b * a * s * s * 4
+                pts["attention"] = mlp + out_proj * made + bsh * 4 + 2 * b * a * s * s * 4
             out.update({f"{where} {k}": v for k, v in pts.items()})
         return out
 

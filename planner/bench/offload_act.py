@@ -132,7 +132,17 @@ MIX_FAMILIES = ("gemma2", "qwen3", "gpt2-hf", "mixtral", "qwen2_moe")
 
 
 def mix_grid() -> list[tuple[str, object, int, int]]:
-    return grid(quick=True)[:1] + [row for row in family_grid() if row[0].split()[0] in MIX_FAMILIES]
+    return (grid(quick=True)[:1] + [row for row in family_grid() if row[0].split()[0] in MIX_FAMILIES]
+            + book_mix_grid())
+
+
+def book_mix_grid() -> list[tuple[str, object, int, int]]:
+    """The book's GPT-2 in the combinations (its own backward points, planner/arch/gpt2_book.py): the main table's
+    shape (dropout 0.1) and the policy grid's V500 h48 L4 (no dropout, four blocks: every:2 leaves two uncheckpointed)."""
+    from ..arch.gpt2_book import GPT2Config
+
+    return [book_row(), ("gpt2 (book) V500 h48 L4", GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3,
+                                                               n_layers=4, drop_rate=0.0, qkv_bias=False), 2, 32)]
 
 
 def mix_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:

@@ -232,7 +232,18 @@ def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
         precisions, policies = ("bf16-amp",), ("every:3", "selective")
     return ([(f"{name} b{b} s{s} {prec}", cfg, TrainSpec(b, s, prec, "adamw", checkpointing=True, checkpoint_policy=pol))
              for name, cfg, b, s in models for prec in precisions for pol in policies]
-            + policy_accum_grid(quick) + policy_finetune_grid(quick))
+            + policy_accum_grid(quick) + ([] if quick else policy_book_accum_grid()) + policy_finetune_grid(quick))
+
+
+def policy_book_accum_grid() -> list[tuple[str, object, TrainSpec]]:
+    """The book's GPT-2 (its own backward points: planner/arch/gpt2_book.py block_points, a later micro-batch's
+    ff.layers.2 and GELU points) under the policies with gradient accumulation in full training: the grid's V500 h48
+    L4 b2 s32, every:2 and selective, fp32 and bf16-AMP, 2 micro-batches."""
+    cfg = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=4, drop_rate=0.0,
+                     qkv_bias=False)
+    return [(f"gpt2 (book) V500 h48 L4 b2 s32 {prec} accum2", cfg,
+             TrainSpec(2, 32, prec, "adamw", checkpointing=True, checkpoint_policy=pol, grad_accum=2))
+            for prec in ("fp32", "bf16-amp") for pol in ("every:2", "selective")]
 
 
 def policy_accum_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:

@@ -24,7 +24,8 @@ blocks keep their saved sets, selective's blocks the outputs the policy saves, i
 Gradient accumulation (full training): a later micro-batch runs with every .grad of the earlier ones alive; its
 forward and loss are full's (which count them), its sweep is built the same way from full training's later sweep
 (every new grad a transient added in place, none "made so far"), plus those grads (measured exact, llama, Gemma 2
-and Qwen 3 at 4 blocks, every:2 and selective, fp32 and bf16-AMP, accum 2 and 3: bench checkpoint-policies).
+and Qwen 3 at 4 blocks, every:2 and selective, fp32 and bf16-AMP, accum 2 and 3, and the book's GPT-2 at accum 2,
+its own later points in planner/arch/gpt2_book.py block_points: bench checkpoint-policies).
 Measured against both (bench checkpoint-policies): the estimate is held to 1% of the live-bytes peak.
 """
 from __future__ import annotations
