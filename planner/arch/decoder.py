@@ -505,6 +505,37 @@ class RMSDecoder(HFCausalLM):
                 terms.append(Term(f"{name}: normed x (weight trains)", "b*s*heads*d*e_m", b * s * heads * x.d * e, True))
         return terms, q or qk_trains, k or qk_trains
 
+    def host_norm(self, label: str, b: int, s: int, h: int, e_r: int, e_p: int, rg_in: bool, trains: bool,
+                  per_layer: bool = True, where: str = "block") -> list[Term]:
+        """The walk's host view of transformers' RMSNorm (planner/arch/saved.py; offload_norm's pieces by what
+        needs grad): when its input needs grad the fp32 input twice (pow, mul), rsqrt's output twice (rsqrt, mul)
+        and the weight (weight * normed, for the normed x's grad); when its weight trains the normed x (e_r)."""
+        terms = []
+        if rg_in:
+            terms.append(Term(f"host: RMSNorm ({label}): fp32 input x2, rsqrt x2, weight", "8*b*s*h + 8*b*s + h*e_p",
+                              8 * b * s * h + 8 * b * s + h * e_p, per_layer, where))
+        if trains:
+            terms.append(Term(f"host: RMSNorm ({label}): normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r,
+                              per_layer, where))
+        return terms
+
+    def host_qk_norm(self, x: parts.Shape, b: int, s: int, w, e_p: int, q: bool, k: bool,
+                     qk_trains: bool) -> list[Term]:
+        """The walk's host view of Qwen 3's q_norm / k_norm (offload_copies' term by what needs grad): per norm,
+        when its input (the projection's output) needs grad its fp32 input twice, rsqrt's (b, s, heads, 1) output
+        twice and its weight (e_p); when its weight trains the normed x in the input's dtype (e_m)."""
+        if not self.qk_norm:
+            return []
+        terms = []
+        for name, rg, heads in (("q_norm", q, x.a), ("k_norm", k, x.kv)):
+            if rg:
+                terms.append(Term(f"host: {name}: fp32 input x2, rsqrt x2, weight", "8*b*s*heads*d + 8*b*s*heads + d*e_p",
+                                  8 * b * s * heads * x.d + 8 * b * s * heads + x.d * e_p, True))
+            if qk_trains:
+                terms.append(Term(f"host: {name}: normed x (weight trains)", "b*s*heads*d*e_m",
+                                  b * s * heads * x.d * w.e_m, True))
+        return terms
+
     def ft_attention_extra(self, c, x: parts.Shape, b: int, s: int, e: int, q: bool, k: bool) -> list[Term]:
         """Saves of the family's own eager-attention ops beyond the scores, softmax and values (none here)."""
         return []
