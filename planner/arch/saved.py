@@ -233,6 +233,10 @@ class BlockWalk:
                     Term(f"{act} output (the product's grad for up)"
                          + (f", {extra} more {act} tensors" if extra else ""),
                          f"{1 + extra}*b*s*f*e_m", (1 + extra) * bsf * em, True, "mlp", "mlp.act_out")]
+                # per saved variable: the activation's input (the gate half, a view), its output and the up half
+                # (the product's operands), b*s*f each, and the activation's tensors beyond its input
+                self.host.append(Term("host: fused gate/up: the activation's input and output, the up half",
+                                      f"{3 + extra}*b*s*f*e_m", (3 + extra) * bsf * em, True, "mlp"))
             return gate
         n0 = len(self.terms)  # (each below is its own storage and saved variable: the host copies are the same)
         if gate:

@@ -113,54 +113,18 @@ def host_terms(cfg, spec) -> list:
 
 
 def finetune_host_terms(cfg, spec) -> list:
-    """Fine-tuning's host copies (LoRA, a trainable subset), from the block walk's host view (planner/arch/saved.py
-    walk_block: one copy per saved variable, by what needs grad): no checkpointing, each block's saved variables
-    from the first block whose input or weights need grad (a frozen prefix saves nothing: no host copy); under
-    checkpointing each block's input (enable_input_require_grads makes every block's input need grad, so every
-    checkpoint records it; its own saves go to checkpoint's hooks). Outside the blocks: the embedding's int64 ids
-    when it trains (and the family's offload_embed_extra when its output needs grad: Gemma's scale), the final
-    norm by what needs grad, the head's input when it trains and its weight (its t() view, or autocast's copy)
-    when its input needs grad, the family's offload_head_extra (Gemma 2's soft-capping) and the loss's copies
-    (measured: a saved_tensors_hooks inventory of transformers' Llama / Qwen 3 / Gemma 2 with peft 0.21, fp32 and
-    bf16-AMP; tests/test_offload_finetune.py)."""
-    from ..arch import parts
-    from ..arch.saved import block_host
-    from ..arch.terms import Term
+    """Fine-tuning's host copies (LoRA, a trainable subset): the family's offload_walk (planner/arch/decoder.py) with
+    the trainable names and the LoRA-wrapped linears (measured: a saved_tensors_hooks inventory of transformers'
+    Llama / Qwen 3 / Gemma 2 with peft 0.21, fp32 and bf16-AMP, and the pack hook's bytes: tests/
+    test_offload_finetune.py)."""
     from ..finetune import adapted_linears, trainable_names
 
     family = family_of(cfg)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
-    b, s, h, V, L = spec.batch_size, spec.seq_len, cfg.hidden, cfg.vocab_size, cfg.layers
-    e_p = DTYPE_BYTES[spec.param_dtype]
-    inv = [t for t in tensor_inventory(cfg) if t.kind == "param"]
     keep = trainable_names(family, cfg, spec)
-    trains = {t.name for t in inv} if keep is None else keep
+    trains = {t.name for t in tensor_inventory(cfg) if t.kind == "param"} if keep is None else keep
     adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
-
-    def role_trains(role: str) -> bool:
-        return any(t.name in trains for t in inv if t.role == role)
-
-    out = []
-    g = spec.checkpointing or role_trains("embed")
-    if role_trains("embed"):
-        out.append(Term("host: embedding ids (int64)", "8*b*s", 8 * b * s, where="embed"))
-    if g:
-        out += family.offload_embed_extra(cfg, spec, w, e_p)
-    if spec.checkpointing:
-        out.append(dataclasses.replace(parts.offload_checkpointed_input(b, s, h, w), bytes=L * b * s * h * w.e_r,
-                                       per_layer=False, name="host: checkpointed block inputs (L of them)",
-                                       formula="L*b*s*h*e_r"))
-    else:
-        for i in range(L):
-            blk, g = block_host(family, cfg, spec, w, i, g, trains, adapted)
-            out += [dataclasses.replace(t, name=f"{t.name} (block {i})", per_layer=False) for t in blk]
-    final_trains = role_trains("norm.final")
-    out += family.host_norm("final norm", b, s, h, w.e_r, e_p, g, final_trains, per_layer=False, where="head")
-    if role_trains("head"):
-        out.append(Term("host: lm_head input (head trains)", "b*s*h*e_m", b * s * h * w.e_m, where="head"))
-    if g or final_trains:
-        out.append(Term("host: lm_head weight (its input needs grad)", "V*h*e_m", V * h * w.e_m, where="head"))
-    return out + family.offload_head_extra(cfg, spec, w) + [parts.offload_loss_copies(b, s, V, w)]
+    return family.offload_walk(cfg, spec, w, trains, adapted)
 
 
 def pow2_ceil(n: int) -> int:
