@@ -86,6 +86,9 @@ class RMSDecoder(HFCausalLM):
     # --offload-activations with accumulation, a checkpointing policy or --offload-optimizer: measured on Llama,
     # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families' own backward points are not (moe.py)
     offload_combinations: ClassVar[bool] = True
+    # --offload-activations with fine-tuning (LoRA, a trainable subset): the walk's host view (offload_walk) and
+    # the device figure measured per family (planner/bench/offload_act.py finetune_rows); a family sets it
+    offload_finetune: ClassVar[bool] = False
     # SDPA's output, laid out (b, s, a, d) by the transpose back (a view), is o_proj's input: saved once
     # (Phi-3: False, planner/arch/phi3.py)
     sdpa_output_is_o_input: ClassVar[bool] = True

@@ -55,8 +55,7 @@ PCIE_GEN4_X16_BYTES_PER_S = 32e9
 def check_offload_activations(cfg, spec) -> None:
     """One line for the combinations not modelled."""
     if spec.finetuning:
-        raise ConfigError("--offload-activations with fine-tuning (LoRA, a trainable subset, QLoRA) is not modelled "
-                          "yet")
+        check_offload_finetune(cfg, spec)
     if policy_of(spec) == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
         raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
     if spec.precision not in ("fp32", "bf16-amp", "bf16"):
@@ -80,6 +79,19 @@ def check_offload_activations(cfg, spec) -> None:
     if resolved_loss(family, spec) != family.default_loss:
         raise ConfigError("--offload-activations is modelled with the model's own loss (--loss default: "
                           f"{family.default_loss}), not {spec.loss}")
+
+
+def check_offload_finetune(cfg, spec) -> None:
+    """Fine-tuning (LoRA, a trainable subset) is modelled where the block walk's host view is measured."""
+    family = family_of(cfg)
+    if spec.quantize_base != "none":
+        raise ConfigError("--offload-activations with QLoRA (--quantize-base) is not modelled yet")
+    if not hasattr(family, "offload_walk") or not getattr(family, "offload_finetune", False):
+        raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.name} family "
+                          "(measured: Llama, Qwen 3, Gemma 2)")
+    if spec.grad_accum > 1 or policy_of(spec) != "full" or getattr(spec, "offload_optimizer", False):
+        raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
+                          "checkpointing or none, and the optimizer on the device")
 
 
 def policy_of(spec) -> str:
@@ -127,6 +139,69 @@ def finetune_host_terms(cfg, spec) -> list:
     return family.offload_walk(cfg, spec, w, trains, adapted)
 
 
+def ft_head_trains(cfg, spec) -> bool:
+    from ..finetune import trainable_names
+
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "head")
+
+
+def ft_cache(cfg, spec, w) -> int:
+    """Fine-tuning under autocast: the cached e_m copies of every trainable autocast leaf (planner/estimate/
+    finetune.py autocast_cache_bytes with nothing saved: the saved copies are host copies here)."""
+    from .finetune import autocast_cache_bytes
+
+    return autocast_cache_bytes(cfg, spec, w, [])
+
+
+def ft_pending(cfg, spec, w) -> tuple[int, int]:
+    """The trainable autocast copies not made yet at the last block's attention (its o_proj's, its MLP's and the
+    head's) and at its MLP's product (its down_proj's and the head's): (attention, MLP)."""
+    from ..finetune import adapted_linears, trainable_names
+
+    if not w.amp:
+        return 0, 0
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    last = cfg.layers - 1
+
+    def of(roles: tuple, block) -> int:
+        n = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast and not t.is_bias
+                and t.role in roles and t.block == block and (keep is None or t.name in keep))
+        n += sum(spec.lora_r * (lin.n_in + lin.n_out) for lin in adapted_linears(family, cfg, spec)
+                 if lin.role in roles and lin.block == block)
+        return n * w.e_m
+
+    head = of(("head",), None)
+    return of(("attn.out", "mlp.in", "mlp.out"), last) + head, of(("mlp.out",), last) + head
+
+
+def ft_sweep(cfg, spec, w, est) -> dict[str, int]:
+    """Fine-tuning's backward points with the saved tensors on the host."""
+    import dataclasses as dc
+
+    from .finetune import _sweep, finetune_activations, trainable_params
+
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh = b * s * h
+    if spec.checkpointing:
+        # the recompute runs outside save_on_cpu (its saved set on the device); each stashed block input is a
+        # host copy: block i's point counts blocks 0..i's, of which block 0's is the embedding's output, a leaf
+        # AccumulateGrad holds on the device (offload_act's held terms; measured: Llama V1000 h64 b2 s64 last:1
+        # fp32, block 0's gated product backward)
+        out = {}
+        for k, v in est.backward_points.items():
+            i = int(k.split()[1]) if k.startswith("block ") else None
+            out[k] = v - (i * bsh * w.e_r if i is not None else 0)
+        return out
+    plain = dc.replace(spec, offload_activations=False)
+    terms, _, per_block = finetune_activations(cfg, plain, w)
+    zero = [dc.replace(t, bytes=0) for t in terms]
+    blocks = [[dc.replace(t, bytes=0) for t in blk] for blk in per_block]
+    return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain))
+
+
 def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -152,15 +227,29 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     tr = est.transients
     base = est.params_bytes + est.buffers_bytes + est.inputs_bytes + est.optimizer_bytes + tr.get("gradscaler", 0)
     cuda = tr.get("allocator_rounding", 0) + tr.get("cublas_workspace", 0)  # 0 on the CPU
-    # autocast's cache holds every matmul weight's low-precision copy until autocast exits (after the loss)
-    amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
+    # autocast's cache holds every matmul weight's low-precision copy until autocast exits (after the loss); under
+    # fine-tuning only the trainable leaves' (the adapters', a trainable subset's): a frozen weight's copy is fresh
+    # at each matmul, saved (a host copy) and freed with it
+    ft = spec.finetuning
+    amp_cache = (ft_cache(cfg, spec, w) if ft else autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec))
     # Alive but not saved, so on the device whatever the hooks do: the family's KV cache (off under checkpointing),
     # what every checkpointed block is given (RoPE's cos and sin) and its forward's MLP high point
     # (planner/arch/<family>.py offload_alive)
     fwd_alive, rope_held, mlp_point = family.offload_alive(cfg, spec, w)
+    # fine-tuning under autocast: the family's points take the weight copies autocast has not made yet (o_proj's,
+    # the MLP's, the head's) off a cache of every weight; here the cache holds the trainable ones only
+    pend_all, pend_mlp = ft_pending(cfg, spec, w) if ft else (0, 0)
+    if ft and w.amp and not spec.checkpointing:
+        mlp_point += h * (cfg.intermediate_size + V) * w.e_m - pend_mlp
     # ... and the other keyword inputs every checkpointed block holds (parts.checkpoint_inputs: position_ids, the
     # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
     rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
+    if ft and spec.checkpointing:
+        # enable_input_require_grads (peft, or transformers' checkpointing enable) makes the embedding's output a
+        # leaf that requires grad: the graph's AccumulateGrad node holds it on the device until backward reaches it
+        # (its copy for block 0's checkpoint is a host copy besides; measured: Llama V1000 h64 b2 s64 LoRA and
+        # last:1, fp32 and bf16-AMP, b*s*h*e_r under on every phase before)
+        rope_held += bsh * w.e_r
     labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
     ce_out = bsV * w.e_ce + w.e_ce  # log_softmax output, total_weight (alive in the loss)
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
@@ -168,8 +257,13 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # and the family's points inside the last block (eager attention's s x s scores: planner/arch/decoder.py
     # offload_forward_points)
     fam_points = family.offload_forward_points(cfg, spec, w) if hasattr(family, "offload_forward_points") else {}
+    if ft and w.amp:
+        full = h * (cfg.num_attention_heads * cfg.head_dim + 3 * cfg.intermediate_size + V) * w.e_m
+        fam_points = {k: v + full - pend_all for k, v in fam_points.items()}
     # the head: the final norm's output, under autocast its low-precision copy (lm_head's input), and the logits
     head = bsh * w.e_r + (bsh * w.e_m if w.amp else 0) + bsV * w.e_m
+    if ft and w.amp and not ft_head_trains(cfg, spec):
+        head += V * h * w.e_m  # a frozen head's fresh autocast copy, alive through its matmul
     forward = base + amp_cache + fwd_alive + rope_held + max([head, mlp_point,
                                                               *fam_points.values()])
     # alive beside the logits while the loss runs: transformers' loss inside the model holds the padded labels, their
@@ -194,6 +288,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
         already there (a later one of --grad-accum: new grads are transients added in place); ckpt: the blocks
         checkpointed, else not."""
+        if ft:
+            return ft_sweep(cfg, spec, w, est)
         if ckpt:
             # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
             # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
