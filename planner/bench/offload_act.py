@@ -233,6 +233,81 @@ def mix_lines() -> list[str]:
     return lines
 
 
+# Fine-tuning under --offload-activations: the families measured (planner/arch/<family>.py offload_finetune), their
+# first grid shape, LoRA r8 on peft's default targets (q_proj, v_proj) and on every linear, and the last block alone
+FT_FAMILIES = ("llama", "qwen3", "gemma2")
+FT_KINDS = (("LoRA r8 q,v", dict(lora_r=8)), ("LoRA r8 all-linear", dict(lora_r=8, lora_targets="all-linear")),
+            ("last:1", dict(train_layers="last:1")))
+
+
+def finetune_grid() -> list[tuple[str, object, int, int]]:
+    import importlib
+
+    out = []
+    for name in FT_FAMILIES:
+        label, cfg, b, s = importlib.import_module(f"planner.arch.{name}").FAMILY.grid_configs()[0]
+        out.append((f"{name} {label.rsplit(' b', 1)[0]}", cfg, b, s))
+    return out
+
+
+def finetune_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
+    """(kind, spec) of every fine-tuning run, AdamW: each kind in fp32 and bf16-AMP, checkpointing off and on."""
+    return [(kind, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True, **kw))
+            for kind, kw in FT_KINDS for prec in ("fp32", "bf16-amp") for ckpt in (False, True)]
+
+
+def finetune_rows() -> list[dict]:
+    """One dict per fine-tuning run (offload_row's, with its kind and the phases' errors)."""
+    import dataclasses
+
+    out = []
+    for label, cfg, b, s in finetune_grid():
+        for kind, spec in finetune_specs(b, s):
+            got = offload_row(label, cfg, spec, dataclasses.replace(spec, offload_activations=False),
+                              "host_activation_offload")
+            if got is None:
+                continue
+            row, est, m = got
+            phases = m["measured"]["phase_peak_bytes"]
+            out.append({**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
+                                                           for k in phases if phases[k]}})
+    return out
+
+
+def finetune_lines() -> list[str]:
+    rs = finetune_rows()
+    worst, worst_host, sim_equal = summary(rs)
+    lines = ["", "## Fine-tuning: LoRA and a trainable subset", "",
+             "With fine-tuning save_on_cpu copies only what autograd saves, and a frozen layer saves less: a frozen "
+             "Linear saves no input for a weight grad, but its weight (the t() view, or autocast's fresh copy) when "
+             "its input needs grad; a LoRA adapter its input (or the dropout's output and noise), lora_A's output and "
+             "the adapters' weights; nothing before the first tensor that needs grad is saved. The host copies are the "
+             "block walk's host view (planner/arch/saved.py `walk_block`: one copy per saved variable, beside the "
+             "per-storage view the fine-tuning estimate sums; full training's copies come from the same walk, "
+             "planner/arch/decoder.py `offload_walk`). The device figure is the fine-tuning estimate's persistent "
+             "state (frozen weights, adapters, their grads and AdamW states) with the saved sets on the host: "
+             "autocast's cache holds the trainable leaves' copies only (a frozen weight's copy is fresh at each "
+             "matmul, saved to the host and freed), and under checkpointing the embedding output that "
+             "enable_input_require_grads turns into a leaf stays on the device, held by its AccumulateGrad node, "
+             "until backward reaches it; the recompute's saved set is on the device. Estimate: "
+             "planner/estimate/offload_act.py (`finetune_host_terms`, `ft_sweep`). QLoRA and the families not listed "
+             "are refused in one line (planner/arch/<family>.py `offload_finetune`).", "",
+             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
+             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
+             "| model | fine-tuning | run | peak without offload (measured) | device peak: estimate | measured | "
+             "simulated | error | phase (est / meas) | host: estimate | measured | simulated | host error | "
+             "worst phase error |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    for r in rs:
+        worst_phase = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
+        lines.append(
+            f"| {r['model']} | {r['kind']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | "
+            f"{r['meas_peak']:,} | {r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.2%} | "
+            f"{r['est_phase']} / {r['meas_phase']} | {r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | "
+            f"{r['est_host'] / r['meas_host'] - 1:+.2%} | {worst_phase} {r['phase_err'][worst_phase]:+.1%} |")
+    return lines
+
+
 # Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device): one row per combination, on tied
 # (llama-3.2-1b, qwen3-0.6b) and untied (gemma-2-2b) heads
 MIX_FULL_SIZE = (("llama-3.2-1b", dict(checkpointing=True, grad_accum=2)),
@@ -333,7 +408,7 @@ def markdown(quick: bool = False) -> str:
               "unpack hook's device copies in backward (one node's saved tensors at a time) and the pinned host "
               "copies are rounded up to powers of two (`host_pinned_rounded`): both for the CUDA check."]
     if not quick:
-        lines += mix_lines() + mix_full_size() + full_size()
+        lines += mix_lines() + finetune_lines() + mix_full_size() + full_size()
     return "\n".join(lines) + "\n"
 
 

@@ -244,12 +244,13 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # ... and the other keyword inputs every checkpointed block holds (parts.checkpoint_inputs: position_ids, the
     # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
     rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
-    if ft and spec.checkpointing:
-        # enable_input_require_grads (peft, or transformers' checkpointing enable) makes the embedding's output a
-        # leaf that requires grad: the graph's AccumulateGrad node holds it on the device until backward reaches it
-        # (its copy for block 0's checkpoint is a host copy besides; measured: Llama V1000 h64 b2 s64 LoRA and
-        # last:1, fp32 and bf16-AMP, b*s*h*e_r under on every phase before)
-        rope_held += bsh * w.e_r
+    # enable_input_require_grads (peft, or transformers' checkpointing enable) makes the embedding's output a leaf
+    # that requires grad: the graph's AccumulateGrad node holds it on the device until backward reaches it (its
+    # copy for block 0's checkpoint is a host copy besides); inside the model's forward the family's points count
+    # it already (the model's inputs_embeds), after it (the head, the loss, backward) it is held here (measured:
+    # Llama V1000 h64 b2 s64 LoRA and last:1, fp32 and bf16-AMP, b*s*h*e_r under on every phase before; Gemma 2
+    # V1000 h64, the forward's attention point b*s*h*e_r over with it)
+    leaf = bsh * w.e_r if ft and spec.checkpointing else 0
     labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
     ce_out = bsV * w.e_ce + w.e_ce  # log_softmax output, total_weight (alive in the loss)
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
@@ -264,16 +265,16 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     head = bsh * w.e_r + (bsh * w.e_m if w.amp else 0) + bsV * w.e_m
     if ft and w.amp and not ft_head_trains(cfg, spec):
         head += V * h * w.e_m  # a frozen head's fresh autocast copy, alive through its matmul
-    forward = base + amp_cache + fwd_alive + rope_held + max([head, mlp_point,
+    forward = base + amp_cache + fwd_alive + rope_held + max([head + leaf, mlp_point,
                                                               *fam_points.values()])
     # alive beside the logits while the loss runs: transformers' loss inside the model holds the padded labels, their
     # shifted copy (8*b*s) and the last hidden state; a family whose loss runs outside its forward names its own
     # (offload_loss_held)
     held = (family.offload_loss_held(cfg, spec, w) if hasattr(family, "offload_loss_held")
             else labels + 8 * b * s + bsh * w.e_r)
-    loss = base + amp_cache + fwd_alive + rope_held + held + logits + ce_out
+    loss = base + amp_cache + fwd_alive + rope_held + leaf + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
-    ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
+    ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held + leaf
 
     def own(points: dict[str, int], ckpt: bool) -> dict[str, int]:
         """The family's own backward points where the generic sweep does not hold (planner/arch/<family>.py
