@@ -87,7 +87,7 @@ def check_offload_finetune(cfg, spec) -> None:
     if spec.quantize_base != "none":
         raise ConfigError("--offload-activations with QLoRA (--quantize-base) is not modelled yet")
     if not hasattr(family, "offload_walk") or not getattr(family, "offload_finetune", False):
-        raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.name} family "
+        raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
                           "(measured: Llama, Qwen 3, Gemma 2)")
     if spec.grad_accum > 1 or policy_of(spec) != "full" or getattr(spec, "offload_optimizer", False):
         raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
