@@ -47,6 +47,7 @@ def saved_variables_bytes(cfg, spec) -> int:
     ("gemma2", "fp32", False, dict(lora_r=8, lora_targets="all-linear")),
     ("gemma2", "bf16-amp", True, dict(lora_r=8)),
     ("llama", "fp32", False, dict()),  # full training: offload_copies is the same walk with every tensor training
+    ("qwen3", "bf16", False, dict(lora_r=8, lora_targets="all-linear", quantize_base="nf4")),  # QLoRA
 ])
 def test_host_copies_are_the_saved_variables(arch, prec, ckpt, kw):
     cfg, b, s = family_shape(arch)
@@ -66,7 +67,8 @@ def test_a_frozen_prefix_saves_nothing_and_frozen_weights_are_copied():
 
 
 @pytest.mark.parametrize("arch,prec,ckpt,kw", [("llama", "bf16-amp", True, dict(lora_r=8)),
-                                               ("gemma2", "fp32", False, dict(train_layers="last:1"))])
+                                               ("gemma2", "fp32", False, dict(train_layers="last:1")),
+                                               ("llama", "bf16", False, dict(lora_r=8, quantize_base="nf4"))])
 def test_estimate_within_one_percent_of_a_real_measurement(arch, prec, ckpt, kw):
     cfg, b, s = family_shape(arch)
     spec = TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True, **kw)
@@ -84,8 +86,9 @@ def test_one_line_refusals_name_what_is_not_modelled():
     with pytest.raises(ConfigError, match="phi3 family"):
         check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, offload_activations=True))
     cfg, b, s = family_shape("llama")
-    with pytest.raises(ConfigError, match="QLoRA"):
-        check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, quantize_base="nf4", offload_activations=True))
+    with pytest.raises(ConfigError, match="int8"):
+        check_offload_activations(cfg, TrainSpec(b, s, "bf16", lora_r=8, quantize_base="int8",
+                                                 offload_activations=True))
     with pytest.raises(ConfigError, match="one micro-batch"):
         check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, grad_accum=2, offload_activations=True))
     check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, offload_activations=True))  # modelled

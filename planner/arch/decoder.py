@@ -231,13 +231,14 @@ class RMSDecoder(HFCausalLM):
             return None
         return self.offload_walk(c, spec, w, None, {})  # per_layer terms are one block's: the model holds L of them
 
-    def offload_walk(self, c, spec, w, trains: set | None, adapted: dict) -> list[Term]:
+    def offload_walk(self, c, spec, w, trains: set | None, adapted: dict, quantized: bool = False) -> list[Term]:
         """save_on_cpu's copies from the block walk's host view (planner/arch/saved.py walk_block: one copy per saved
         variable, by what needs grad). trains None: full training, where every block saves alike: one block's
         copies as per_layer Terms. Fine-tuning (trains: the trainable names, adapted: the LoRA-wrapped linears):
         each block's own, from the first block whose input or weights need grad (a frozen prefix saves nothing);
         under checkpointing each block's input, every block's (enable_input_require_grads makes every block's
-        input need grad, so every checkpoint records it; its own saves go to checkpoint's hooks)."""
+        input need grad, so every checkpoint records it; its own saves go to checkpoint's hooks). quantized: QLoRA,
+        walked on its fp32 twin (planner/arch/saved.py BlockWalk)."""
         from .saved import block_host
 
         b, s, h, L = spec.batch_size, spec.seq_len, c.hidden_size, c.num_hidden_layers
@@ -257,7 +258,7 @@ class RMSDecoder(HFCausalLM):
         else:
             blk = []
             for i in range(L):
-                got, g = block_host(self, c, spec, w, i, g, trains, adapted)
+                got, g = block_host(self, c, spec, w, i, g, trains, adapted, quantized)
                 blk += [dataclasses.replace(t, name=f"{t.name} (block {i})", per_layer=False) for t in got]
         return blk + self.offload_outside(c, spec, w, role_trains("embed"), g, role_trains("norm.final"),
                                           role_trains("head") or (self.tied(c) and role_trains("embed")))

@@ -134,7 +134,8 @@ class BlockWalk:
     training weights are counted once outside the blocks (full training's cache term, planner/estimate/training.py
     autocast_weight_bytes), not as the saves of the matmuls that hold them."""
 
-    def __init__(self, family, cfg, spec, w, i: int, trains: set | None, adapted: dict, weights_cached: bool = False):
+    def __init__(self, family, cfg, spec, w, i: int, trains: set | None, adapted: dict, weights_cached: bool = False,
+                 quantized: bool = False):
         self.family, self.cfg, self.spec, self.w = family, cfg, spec, w
         self.sh = family.shape(cfg)
         self.b, self.s, self.h = spec.batch_size, spec.seq_len, self.sh.h
@@ -147,6 +148,9 @@ class BlockWalk:
         self._trains = trains or set()
         self.adapted = adapted
         self.weights_cached = weights_cached
+        # QLoRA (the walk runs on the fp32 twin): bitsandbytes' MatMul4Bit keeps its packed weight on ctx, not
+        # through save_for_backward, so a quantized block Linear's weight reaches no saved-tensor hook
+        self.quantized = quantized
         self.terms: list[Term] = []
         self.host: list[Term] = []  # per saved variable: save_on_cpu's host copies (module doc)
         self.e_p = 2 if spec.precision == "bf16" else 4  # the parameters' dtype (a saved norm weight's width)
@@ -204,7 +208,7 @@ class BlockWalk:
             if self.trains(f"{m}.weight"):  # (each Linear saves its input: one host copy each)
                 self.host.append(Term(f"host: {short} input (weight trains)", "b*s*in*e_r", b * s * n_in * e, True,
                                       where, part))
-            if x_rg:  # the weight's t() view, saved for the input's grad
+            if x_rg and not self.quantized:  # the weight's t() view, saved for the input's grad
                 self.host.append(Term(f"host: {short} weight (input needs grad)", "out*in*e_r",
                                       self.numel[f"{m}.weight"] * e, True, where, part))
             lora = m in self.adapted
@@ -260,18 +264,19 @@ def block_saved(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapt
     return wk.terms, g, rope
 
 
-def block_host(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapted: dict) -> tuple[list[Term], bool]:
+def block_host(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapted: dict,
+               quantized: bool = False) -> tuple[list[Term], bool]:
     """Block i's saved variables (the walk's host view: what save_on_cpu copies), and whether its output needs
-    grad."""
-    wk, g, _ = walk_block(family, cfg, spec, w, i, g, trains, adapted)
+    grad; quantized: BlockWalk's."""
+    wk, g, _ = walk_block(family, cfg, spec, w, i, g, trains, adapted, quantized=quantized)
     return wk.host, g
 
 
 def walk_block(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapted: dict,
-               weights_cached: bool = False) -> tuple[BlockWalk, bool, bool]:
+               weights_cached: bool = False, quantized: bool = False) -> tuple[BlockWalk, bool, bool]:
     """The walk of block i: both views (terms, host), whether its output needs grad and whether RoPE's cos/sin
     are saved in it."""
-    wk = BlockWalk(family, cfg, spec, w, i, trains, adapted, weights_cached)
+    wk = BlockWalk(family, cfg, spec, w, i, trains, adapted, weights_cached, quantized)
     sh, b, s, h, e, em, ep = wk.sh, wk.b, wk.s, wk.h, wk.e, wk.em, wk.e_p
     wk.terms += family.ft_norm("input norm", b, s, h, e, g, wk.role_trains("norm.attn"), part="norm.attn")
     wk.host += family.host_norm("input norm", b, s, h, e, ep, g, wk.role_trains("norm.attn"))

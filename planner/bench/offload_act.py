@@ -234,10 +234,12 @@ def mix_lines() -> list[str]:
 
 
 # Fine-tuning under --offload-activations: the families measured (planner/arch/<family>.py offload_finetune), their
-# first grid shape, LoRA r8 on peft's default targets (q_proj, v_proj) and on every linear, and the last block alone
+# first grid shape, LoRA r8 on peft's default targets (q_proj, v_proj) and on every linear, the last block alone, and
+# QLoRA nf4 (bf16 compute: its only precision) on both target sets
 FT_FAMILIES = ("llama", "qwen3", "gemma2")
 FT_KINDS = (("LoRA r8 q,v", dict(lora_r=8)), ("LoRA r8 all-linear", dict(lora_r=8, lora_targets="all-linear")),
-            ("last:1", dict(train_layers="last:1")))
+            ("last:1", dict(train_layers="last:1")), ("QLoRA nf4 r8 q,v", dict(lora_r=8, quantize_base="nf4")),
+            ("QLoRA nf4 r8 all-linear", dict(lora_r=8, quantize_base="nf4", lora_targets="all-linear")))
 
 
 def finetune_grid() -> list[tuple[str, object, int, int]]:
@@ -251,9 +253,11 @@ def finetune_grid() -> list[tuple[str, object, int, int]]:
 
 
 def finetune_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
-    """(kind, spec) of every fine-tuning run, AdamW: each kind in fp32 and bf16-AMP, checkpointing off and on."""
+    """(kind, spec) of every fine-tuning run, AdamW: each kind in fp32 and bf16-AMP (QLoRA: bf16, the recipe's
+    compute dtype), checkpointing off and on."""
     return [(kind, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True, **kw))
-            for kind, kw in FT_KINDS for prec in ("fp32", "bf16-amp") for ckpt in (False, True)]
+            for kind, kw in FT_KINDS for prec in (("bf16",) if "quantize_base" in kw else ("fp32", "bf16-amp"))
+            for ckpt in (False, True)]
 
 
 def finetune_rows() -> list[dict]:
@@ -290,7 +294,10 @@ def finetune_lines() -> list[str]:
              "matmul, saved to the host and freed), and under checkpointing the embedding output that "
              "enable_input_require_grads turns into a leaf stays on the device, held by its AccumulateGrad node, "
              "until backward reaches it; the recompute's saved set is on the device. Estimate: "
-             "planner/estimate/offload_act.py (`finetune_host_terms`, `ft_sweep`). QLoRA and the families not listed "
+             "planner/estimate/offload_act.py (`finetune_host_terms`, `ft_sweep`). QLoRA (`offload_qlora`): its fp32 "
+             "twin's offloaded step less the quantized weights, with the dequantized weights' backward points; "
+             "bitsandbytes' MatMul4Bit keeps its packed weight on ctx, not through save_for_backward, so the "
+             "quantized linears' weights are not copied (the twin's walk without them). The families not listed "
              "are refused in one line (planner/arch/<family>.py `offload_finetune`).", "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
              f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",

@@ -84,8 +84,9 @@ def check_offload_activations(cfg, spec) -> None:
 def check_offload_finetune(cfg, spec) -> None:
     """Fine-tuning (LoRA, a trainable subset) is modelled where the block walk's host view is measured."""
     family = family_of(cfg)
-    if spec.quantize_base != "none":
-        raise ConfigError("--offload-activations with QLoRA (--quantize-base) is not modelled yet")
+    if spec.quantize_base not in ("none", "nf4", "fp4"):
+        raise ConfigError(f"--offload-activations with --quantize-base {spec.quantize_base} is not modelled (QLoRA's "
+                          "nf4 / fp4 are)")
     if not hasattr(family, "offload_walk") or not getattr(family, "offload_finetune", False):
         raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
                           "(measured: Llama, Qwen 3, Gemma 2)")
@@ -131,12 +132,17 @@ def finetune_host_terms(cfg, spec) -> list:
     test_offload_finetune.py)."""
     from ..finetune import adapted_linears, trainable_names
 
+    from .quantized import fp32_twin
+
     family = family_of(cfg)
+    quantized = spec.quantize_base != "none"
+    if quantized:  # QLoRA: the fp32 twin's walk, the quantized Linears' weights never reaching the hook
+        spec = fp32_twin(spec)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
     keep = trainable_names(family, cfg, spec)
     trains = {t.name for t in tensor_inventory(cfg) if t.kind == "param"} if keep is None else keep
     adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
-    return family.offload_walk(cfg, spec, w, trains, adapted)
+    return family.offload_walk(cfg, spec, w, trains, adapted, quantized)
 
 
 def ft_head_trains(cfg, spec) -> bool:
@@ -202,6 +208,37 @@ def ft_sweep(cfg, spec, w, est) -> dict[str, int]:
     return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain))
 
 
+def offload_qlora(cfg, spec, offloaded):
+    """QLoRA under --offload-activations, as planner/estimate/quantized.py builds QLoRA from its fp32 twin: the twin's
+    offloaded step (`offloaded(twin)`) less the weights the quantization saves in every phase, with the dequantized
+    weights' backward points (quantized.dequant_points) on the offloaded twin's sweep, and the host copies of the
+    twin's walk without the quantized Linears' weights (MatMul4Bit keeps its packed weight on ctx: finetune_host_terms)."""
+    from .quantized import dequant_points, fp32_twin, weights_delta
+
+    twin = offloaded(fp32_twin(spec))
+    delta = weights_delta(cfg, spec)
+    base = twin.params_bytes + twin.buffers_bytes + twin.inputs_bytes + twin.optimizer_bytes
+    points = dequant_points(cfg, spec, twin)
+    phase = step.shifted(twin.phase_peak_bytes, backward_at_least=(base + max(points.values(), default=0),))
+    phase = step.shifted(phase, every=-delta)
+    peak_phase = step.peak(phase)[0]
+    hterms = host_terms(cfg, spec)
+    host = sum(t.bytes for t in hterms)
+    twin_host = twin.transients["host_activation_offload"]
+    transients = {**twin.transients, "host_activation_offload": host}
+    if "host_pinned_rounded" in transients:
+        transients["host_pinned_rounded"] = sum(pow2_ceil(t.bytes) for t in hterms)
+    terms = [t for t in twin.terms if t.get("where") != "host"] + [
+        {"name": t.name + " (host)", "formula": t.formula, "bytes": t.bytes, "per_layer": False, "where": "host",
+         "part": ""} for t in hterms]
+    notes = [f"QLoRA: {spec.quantize_base} base (bitsandbytes), the fp32 twin's offloaded step less {delta:,} B of "
+             "weights; the quantized linears' packed weights are not saved tensors (no host copy)"] + [
+        n.replace(f"{twin_host:,} B", f"{host:,} B") for n in twin.notes]
+    return dataclasses.replace(twin, params_bytes=twin.params_bytes - delta, peak_bytes=phase[peak_phase],
+                               peak_phase=peak_phase, phase_peak_bytes=phase, terms=terms, notes=notes,
+                               transients=transients, backward_points={**twin.backward_points, **points})
+
+
 def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -215,6 +252,9 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
                                  autocast_bias_bytes, later_sweep_points):
     """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
     check_offload_activations(cfg, spec)
+    if spec.quantize_base != "none":
+        return offload_qlora(cfg, spec, lambda twin: estimate_offload_activations(
+            cfg, twin, estimate_training, backward_sweep, autocast_weight_bytes, autocast_bias_bytes, later_sweep_points))
     policy = policy_of(spec)
     # the step without offloading under full checkpointing (or none); a policy's own terms are added below
     plain = dataclasses.replace(spec, offload_activations=False, checkpoint_policy="full")
