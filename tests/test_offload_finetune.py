@@ -48,6 +48,9 @@ def saved_variables_bytes(cfg, spec) -> int:
     ("gemma2", "bf16-amp", True, dict(lora_r=8)),
     ("llama", "fp32", False, dict()),  # full training: offload_copies is the same walk with every tensor training
     ("qwen3", "bf16", False, dict(lora_r=8, lora_targets="all-linear", quantize_base="nf4")),  # QLoRA
+    ("phi3", "fp32", False, dict(lora_r=8, lora_targets="all-linear")),  # fused qkv / gate_up
+    ("mistral", "bf16-amp", False, dict(lora_r=8)),
+    ("gemma", "fp32", False, dict(train_layers="last:1")),
 ])
 def test_host_copies_are_the_saved_variables(arch, prec, ckpt, kw):
     cfg, b, s = family_shape(arch)
@@ -82,8 +85,8 @@ def test_estimate_within_one_percent_of_a_real_measurement(arch, prec, ckpt, kw)
 
 
 def test_one_line_refusals_name_what_is_not_modelled():
-    cfg, b, s = family_shape("phi3")
-    with pytest.raises(ConfigError, match="phi3 family"):
+    cfg, b, s = family_shape("mixtral")
+    with pytest.raises(ConfigError, match="mixtral family"):
         check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, offload_activations=True))
     cfg, b, s = family_shape("llama")
     with pytest.raises(ConfigError, match="int8"):

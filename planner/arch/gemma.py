@@ -43,6 +43,7 @@ class GemmaConfig(DecoderConfigMixin):
 
 
 class Gemma(RMSDecoder):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "gemma"
     model_types = ("gemma",)
     model_type = "gemma"
