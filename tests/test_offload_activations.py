@@ -92,7 +92,7 @@ def test_cli_flag_and_one_line_refusals():
     book = _cli("estimate", "train", "--model", "gpt2-small", *run, "--json")  # the book's GPT-2: modelled
     assert book.returncode == 0 and json.loads(book.stdout)["transients"]["host_activation_offload"] > 0, book.stderr
     for extra, needle in ((("--model", "hf-gpt2", "--attention", "eager"), "SDPA attention only"),
-                          (("--model", "mixtral-8x7b", "--lora-r", "8"), "fine-tuning"),
+                          (("--model", "hf-gpt2", "--lora-r", "8"), "fine-tuning"),
                           (("--model", "llama-3.2-1b", "--world-size", "2", "--parallel", "fsdp"), "--parallel")):
         bad = _cli("estimate", "train", *extra, *run)
         assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

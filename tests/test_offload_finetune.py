@@ -51,6 +51,8 @@ def saved_variables_bytes(cfg, spec) -> int:
     ("phi3", "fp32", False, dict(lora_r=8, lora_targets="all-linear")),  # fused qkv / gate_up
     ("mistral", "bf16-amp", False, dict(lora_r=8)),
     ("gemma", "fp32", False, dict(train_layers="last:1")),
+    ("qwen2_moe", "bf16-amp", False, dict(lora_r=8, lora_targets="all-linear")),  # shared expert, frozen experts
+    ("mixtral", "fp32", False, dict(train_layers="last:1")),  # the last block's experts train
 ])
 def test_host_copies_are_the_saved_variables(arch, prec, ckpt, kw):
     cfg, b, s = family_shape(arch)
@@ -85,9 +87,13 @@ def test_estimate_within_one_percent_of_a_real_measurement(arch, prec, ckpt, kw)
 
 
 def test_one_line_refusals_name_what_is_not_modelled():
-    cfg, b, s = family_shape("mixtral")
-    with pytest.raises(ConfigError, match="mixtral family"):
+    cfg, b, s = family_shape("gpt2")
+    with pytest.raises(ConfigError, match="gpt2-hf family"):
         check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, offload_activations=True))
+    cfg, b, s = family_shape("qwen2_moe")
+    with pytest.raises(ConfigError, match="qwen2_moe family"):
+        check_offload_activations(cfg, TrainSpec(b, s, train_layers="last:1", checkpointing=True,
+                                                 offload_activations=True))
     cfg, b, s = family_shape("llama")
     with pytest.raises(ConfigError, match="int8"):
         check_offload_activations(cfg, TrainSpec(b, s, "bf16", lora_r=8, quantize_base="int8",

@@ -89,8 +89,11 @@ def check_offload_finetune(cfg, spec) -> None:
                           "nf4 / fp4 are)")
     if not hasattr(family, "offload_walk") or not getattr(family, "offload_finetune", False):
         raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
-                          "(measured for the dense RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, "
-                          "Gemma 2)")
+                          "(measured for the RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, Gemma 2 "
+                          "and the MoE families)")
+    why = family.offload_finetune_why_not(cfg, spec) if hasattr(family, "offload_finetune_why_not") else None
+    if why:
+        raise ConfigError(why)
     if spec.grad_accum > 1 or policy_of(spec) != "full" or getattr(spec, "offload_optimizer", False):
         raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
                           "checkpointing or none, and the optimizer on the device")
