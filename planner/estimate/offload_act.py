@@ -22,6 +22,13 @@ reads the copies in place. On CUDA the unpack hook makes a device copy of each s
 Checkpointing: checkpoint's own hooks are innermost in a checkpointed block, so save_on_cpu sees only each block's
 input (and the tensors outside the blocks); the recompute in backward runs outside save_on_cpu and stays on the
 device.
+Fine-tuning (LoRA, --train-layers, QLoRA nf4 / fp4): the host copies are the block walk's host view (planner/arch/
+saved.py: one copy per saved variable, by what needs grad: a frozen prefix saves nothing, a frozen Linear its weight
+when its input needs grad, an adapter its input, lora_A's output and its weights); the device figure the fine-tuning
+estimate's persistent state with the saved sets on the host (autocast's cache of the trainable copies only; under
+checkpointing the embedding output enable_input_require_grads makes a leaf, held by AccumulateGrad); QLoRA its fp32
+twin's, as planner/estimate/quantized.py (measured: every RMSNorm decoder family and the MoE families, fp32 and
+bf16-AMP, checkpointing off and on; planner/bench/offload_act.py finetune_rows).
 Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
 micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
 Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
@@ -150,6 +157,7 @@ def finetune_host_terms(cfg, spec) -> list:
 
 
 def ft_head_trains(cfg, spec) -> bool:
+    """Whether the output head trains (its autocast copy is then cached, not fresh at its matmul)."""
     from ..finetune import trainable_names
 
     family = family_of(cfg)
@@ -188,7 +196,11 @@ def ft_pending(cfg, spec, w) -> tuple[int, int]:
 
 
 def ft_sweep(cfg, spec, w, est) -> dict[str, int]:
-    """Fine-tuning's backward points with the saved tensors on the host."""
+    """Fine-tuning's backward points with the saved tensors on the host. Without checkpointing: the fine-tuning
+    sweep (planner/estimate/finetune.py _sweep) with every saved set emptied, so each point is what the backward
+    holds beyond the saved tensors (the grads made, the residual's grad, the node's own temporaries; the CPU
+    backward reads the host copies in place; measured: every fine-tuning row of `bench offload-activations`, the
+    backward phase within 0.01% where it is not the peak's phase too). With checkpointing: below."""
     import dataclasses as dc
 
     from .finetune import _sweep, finetune_activations, trainable_params
