@@ -156,6 +156,14 @@ def finetune_host_terms(cfg, spec) -> list:
     return family.offload_walk(cfg, spec, w, trains, adapted, quantized)
 
 
+def ft_embed_trains(cfg, spec) -> bool:
+    """Whether the token embedding (a tied head's weight) trains."""
+    from ..finetune import trainable_names
+
+    keep = trainable_names(family_of(cfg), cfg, spec)
+    return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "embed")
+
+
 def ft_head_trains(cfg, spec) -> bool:
     """Whether the output head trains (its autocast copy is then cached, not fresh at its matmul)."""
     from ..finetune import trainable_names
@@ -422,7 +430,9 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # place (training.py tied_embedding_accumulation), every grad and two V*h at once, the input grad freed (measured:
     # GPT-2 V1000 h64 b2 s64, Mixtral V2000 h48 b2 s48, fp32 and bf16-AMP, to the byte; the backward's top once
     # --offload-optimizer has taken AdamW's states off the device: llama-3.2-1b b1 s256 simulated, 11.17 GiB)
-    tied = est.grads_bytes + 2 * V * h * e_p + 2 * w.e_ce if family.tied(cfg) else 0
+    # (fine-tuning: only where the tied weight trains; a frozen one makes no grad to accumulate)
+    tied = (est.grads_bytes + 2 * V * h * e_p + 2 * w.e_ce
+            if family.tied(cfg) and (not ft or ft_embed_trains(cfg, spec)) else 0)
     backward = base + max(ce_start, grads_end, tied, max(points.values()))
     # --grad-accum N: a later micro-batch's forward, loss and backward run with every .grad alive (measured: each
     # phase of accumulation 2 is the first micro-batch's plus the grads, Llama V300 h48 b2 s32)
