@@ -90,9 +90,9 @@ def test_one_line_refusals_name_what_is_not_modelled():
     cfg, b, s = family_shape("gpt2")
     with pytest.raises(ConfigError, match="gpt2-hf family"):
         check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, offload_activations=True))
-    cfg, b, s = family_shape("qwen2_moe")
+    cfg, b, s = family_shape("qwen2_moe")  # its host copies are the walk's (above); its device figure is not exact
     with pytest.raises(ConfigError, match="qwen2_moe family"):
-        check_offload_activations(cfg, TrainSpec(b, s, train_layers="last:1", checkpointing=True,
+        check_offload_activations(cfg, TrainSpec(b, s, lora_r=8, lora_targets="q_proj,v_proj",
                                                  offload_activations=True))
     cfg, b, s = family_shape("llama")
     with pytest.raises(ConfigError, match="int8"):

@@ -27,8 +27,9 @@ saved.py: one copy per saved variable, by what needs grad: a frozen prefix saves
 when its input needs grad, an adapter its input, lora_A's output and its weights); the device figure the fine-tuning
 estimate's persistent state with the saved sets on the host (autocast's cache of the trainable copies only; under
 checkpointing the embedding output enable_input_require_grads makes a leaf, held by AccumulateGrad); QLoRA its fp32
-twin's, as planner/estimate/quantized.py (measured: every RMSNorm decoder family and the MoE families, fp32 and
-bf16-AMP, checkpointing off and on; planner/bench/offload_act.py finetune_rows).
+twin's, as planner/estimate/quantized.py (measured: every dense RMSNorm decoder family, fp32 and bf16-AMP,
+checkpointing off and on; planner/bench/offload_act.py finetune_rows; the MoE families are refused: planner/arch/
+moe.py offload_finetune).
 Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
 micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
 Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
@@ -96,11 +97,8 @@ def check_offload_finetune(cfg, spec) -> None:
                           "nf4 / fp4 are)")
     if not hasattr(family, "offload_walk") or not getattr(family, "offload_finetune", False):
         raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
-                          "(measured for the RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, Gemma 2 "
-                          "and the MoE families)")
-    why = family.offload_finetune_why_not(cfg, spec) if hasattr(family, "offload_finetune_why_not") else None
-    if why:
-        raise ConfigError(why)
+                          "(measured for the dense RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, "
+                          "Gemma 2)")
     if spec.grad_accum > 1 or policy_of(spec) != "full" or getattr(spec, "offload_optimizer", False):
         raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
                           "checkpointing or none, and the optimizer on the device")
