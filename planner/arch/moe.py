@@ -59,11 +59,6 @@ class MoEDecoder(RMSDecoder):
     # --offload-activations' sparse block (offload_backward_points below) is measured for one micro-batch under
     # full checkpointing or none, without --offload-optimizer
     offload_combinations: ClassVar[bool] = False
-    # --offload-activations with fine-tuning: the walk's host view (saved_mlp) is exact (tests/test_offload_finetune.py)
-    # and the grid's small shapes were too, but at full size the device figure's backward is not: qwen1.5-moe-a2.7b
-    # LoRA q,v b1 s512 bf16-AMP +1.85% (+2.53% checkpointed) against the simulation, at the experts' backward point
-    # (the fine-tuning sweep's own is +1.17% there without offloading); refused in one line until it is
-    offload_finetune: ClassVar[bool] = False
 
     router_name: ClassVar[str] = "mlp.gate"
     router_first: ClassVar[bool] = True       # registration order (named_parameters): Qwen3-MoE's experts come first
@@ -142,6 +137,12 @@ class MoEDecoder(RMSDecoder):
         if fs:
             ops.append(linear_op("shared_expert_gate", n, h, 1, False, w))
         return ops
+
+    # --offload-activations with fine-tuning: the walk's host view (saved_mlp) is exact (tests/test_offload_finetune.py)
+    # and the grid's small shapes were too, but at full size the device figure's backward is not: qwen1.5-moe-a2.7b
+    # LoRA q,v b1 s512 bf16-AMP +1.85% (+2.53% checkpointed) against the simulation, at the experts' backward point
+    # (the fine-tuning sweep's own is +1.17% there without offloading); refused in one line until it is
+    offload_finetune: ClassVar[bool] = False
 
     # ---- saved tensors --------------------------------------------------------------------------------
     def saved_mlp(self, wk, rg_in: bool) -> bool:
