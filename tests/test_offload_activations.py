@@ -70,7 +70,7 @@ def test_host_copies_exceed_the_deduplicated_activations():
 def test_refusals_and_run_args():
     assert "--offload-activations" in run_args(TrainSpec(1, 8, offload_activations=True))
     assert "--offload-activations" not in run_args(TrainSpec(1, 8))
-    for kw in ({"lora_r": 8}, {"loss": "chunked-ce"}, {"precision": "fp16-amp"}):
+    for kw in ({"lora_r": 8, "grad_accum": 2}, {"loss": "chunked-ce"}, {"precision": "fp16-amp"}):
         with pytest.raises(ConfigError):
             check_offload_activations(LLAMA, TrainSpec(2, 32, **kw, offload_activations=True))
 
@@ -87,10 +87,12 @@ def test_cli_flag_and_one_line_refusals():
     assert rec["run"]["offload_activations"] is True and rec["transients"]["host_activation_offload"] > 0
     text = _cli("estimate", "train", "--model", "llama-3.2-1b", *run)
     assert "host (offloaded activations)" in text.stdout and "CUDA check" in text.stdout
+    lora = _cli("estimate", "train", "--model", "llama-3.2-1b", *run, "--lora-r", "8", "--json")  # fine-tuning
+    assert lora.returncode == 0 and json.loads(lora.stdout)["transients"]["host_activation_offload"] > 0, lora.stderr
     book = _cli("estimate", "train", "--model", "gpt2-small", *run, "--json")  # the book's GPT-2: modelled
     assert book.returncode == 0 and json.loads(book.stdout)["transients"]["host_activation_offload"] > 0, book.stderr
     for extra, needle in ((("--model", "hf-gpt2", "--attention", "eager"), "SDPA attention only"),
-                          (("--model", "llama-3.2-1b", "--lora-r", "8"), "fine-tuning"),
+                          (("--model", "hf-gpt2", "--lora-r", "8"), "fine-tuning"),
                           (("--model", "llama-3.2-1b", "--world-size", "2", "--parallel", "fsdp"), "--parallel")):
         bad = _cli("estimate", "train", *extra, *run)
         assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -86,6 +86,9 @@ class RMSDecoder(HFCausalLM):
     # --offload-activations with accumulation, a checkpointing policy or --offload-optimizer: measured on Llama,
     # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families with their own backward points (moe.py)
     offload_combinations: ClassVar[bool] = True
+    # --offload-activations with fine-tuning (LoRA, a trainable subset): the walk's host view (offload_walk) and
+    # the device figure measured per family (planner/bench/offload_act.py finetune_rows); a family sets it
+    offload_finetune: ClassVar[bool] = False
     # SDPA's output, laid out (b, s, a, d) by the transpose back (a view), is o_proj's input: saved once
     # (Phi-3: False, planner/arch/phi3.py)
     sdpa_output_is_o_input: ClassVar[bool] = True
@@ -210,56 +213,77 @@ class RMSDecoder(HFCausalLM):
         return up + [linear_op("down_proj", n, x.f, x.h, bias, w)]
 
     def offload_copies(self, c, spec, w) -> list[Term] | None:
-        """What save_on_cpu copies to the host, saved variable by saved variable (measured: a saved_tensors_hooks
-        inventory of transformers 5.23's Llama / Qwen 2 / Qwen 3 / Phi-3 / Gemma / Gemma 2 under torch 2.13, fp32,
-        bf16 and bf16-AMP; the sum equals the host bytes the tracker counts, to the byte). Per block: each norm
-        (offload_norm); every Linear (mm or addmm: a bias is not saved) saves its input (e_m) and its weight (e_m:
-        the autocast copy under AMP, else the parameter's t() view), so q, k, v save the same input three times and
-        a fused qkv / gate_up once; Qwen 3's q/k norms are RMSNorms over head_dim on the projections' outputs
-        (input e_m); RoPE's q*cos, k*cos, rotate_half(q)*sin, rotate_half(k)*sin save cos and sin ((1, 1, s, d)
+        """What save_on_cpu copies to the host in full training, saved variable by saved variable: the block walk's
+        host view (offload_walk) with every tensor training (measured: a saved_tensors_hooks inventory of
+        transformers 5.23's Llama / Qwen 2 / Qwen 3 / Phi-3 / Gemma / Gemma 2 under torch 2.13, fp32, bf16 and
+        bf16-AMP; the sum equals the host bytes the tracker counts, to the byte). Per block: each norm (host_norm:
+        its fp32 input twice, rsqrt twice, the normed x and the weight); every Linear (mm or addmm: a bias is not
+        saved) saves its input (e_m) and its weight (e_m: the autocast copy under AMP, else the parameter's t()
+        view), so q, k, v save the same input three times and a fused qkv / gate_up once; Qwen 3's q/k norms
+        (host_qk_norm); RoPE's q*cos, k*cos, rotate_half(q)*sin, rotate_half(k)*sin save cos and sin ((1, 1, s, d)
         in the residual dtype) four times; the attention (offload_attention); the activation saves its input
-        (SiLU, the exact or tanh GELU), the gated product both operands. Outside: the embedding's int64 ids (and
-        offload_embed_extra), the final norm, the head's input and weight (offload_head_extra: Gemma 2's
-        soft-capping), and the loss: log_softmax's output saved by itself and by nll_loss (two copies of b*s*V
-        e_ce), its int64 target and 0-d total_weight. A Python scalar an op saves is a wrapped number, not
-        packed. Under checkpointing the blocks' own saves go to checkpoint's hooks (innermost), and each block's
-        input (b*s*h*e_r) is what save_on_cpu copies."""
+        (SiLU, the exact or tanh GELU), the gated product both operands. Outside: offload_outside. A Python scalar
+        an op saves is a wrapped number, not packed. Under checkpointing the blocks' own saves go to checkpoint's
+        hooks (innermost), and each block's input (b*s*h*e_r) is what save_on_cpu copies."""
         from ..validation import ACTIVATION_SAVED
 
         if ACTIVATION_SAVED.get(c.hidden_act) != 1 or self.rope_dim(c) != c.head_dim or not self.offload_modelled(c):
             return None
-        b, s, h, V = spec.batch_size, spec.seq_len, c.hidden_size, c.vocab_size
-        x = self.shape(c)
-        e_p = 2 if spec.precision == "bf16" else 4  # the parameters' dtype (norm weights are saved as they are)
-        q, kv = x.a * x.d, x.kv * x.d
-        n_in = 1 if self.fused_qkv else 3
-        n_mlp = 1 if self.fused_gate_up else 2
-        blk = (self.offload_block_norms(c, spec, w, e_p)
-               + [Term(f"host: {'qkv projection' if self.fused_qkv else 'q/k/v projections'}: input x{n_in} and "
-                       "weights", f"{n_in}*b*s*h*e_m + (a*d + 2*kv*d)*h*e_m",
-                       n_in * b * s * h * w.e_m + (q + 2 * kv) * h * w.e_m, True)])
-        if self.qk_norm:
-            blk += [Term("host: q_norm/k_norm (RMSNorm over head_dim): fp32 input x2, rsqrt x2, normed x (e_m), "
-                         "weights", "b*s*(a + kv)*d*(8 + e_m) + 8*b*s*(a + kv) + 2*d*e_p",
-                         b * s * (q + kv) * (8 + w.e_m) + 8 * b * s * (x.a + x.kv) + 2 * x.d * e_p, True)]
-        blk += [Term("host: RoPE cos and sin, saved by 4 muls", "4*s*d*e_r", 4 * s * x.d * w.e_r, True)]
-        blk += self.offload_attention(c, spec, w)
-        blk += [Term("host: o_proj input and weight", "b*s*a*d*e_m + a*d*h*e_m", b * s * q * w.e_m + q * h * w.e_m,
-                     True),
-                Term(f"host: MLP: {'gate_up input' if self.fused_gate_up else 'gate/up inputs'} and weights, "
-                     f"{c.hidden_act} input, gated product's operands, down input and weight",
-                     f"{n_mlp}*b*s*h*e_m + 4*b*s*f*e_m + 3*h*f*e_m",
-                     n_mlp * b * s * h * w.e_m + 4 * b * s * x.f * w.e_m + 3 * h * x.f * w.e_m, True, "mlp")]
-        if spec.checkpointing:  # the checkpointed block: only its input reaches save_on_cpu's hook
+        return self.offload_walk(c, spec, w, None, {})  # per_layer terms are one block's: the model holds L of them
+
+    def offload_walk(self, c, spec, w, trains: set | None, adapted: dict, quantized: bool = False) -> list[Term]:
+        """save_on_cpu's copies from the block walk's host view (planner/arch/saved.py walk_block: one copy per saved
+        variable, by what needs grad). trains None: full training, where every block saves alike: one block's
+        copies as per_layer Terms. Fine-tuning (trains: the trainable names, adapted: the LoRA-wrapped linears):
+        each block's own, from the first block whose input or weights need grad (a frozen prefix saves nothing);
+        under checkpointing each block's input, every block's (enable_input_require_grads makes every block's
+        input need grad, so every checkpoint records it; its own saves go to checkpoint's hooks). quantized: QLoRA,
+        walked on its fp32 twin (planner/arch/saved.py BlockWalk)."""
+        from .saved import block_host
+
+        b, s, h, L = spec.batch_size, spec.seq_len, c.hidden_size, c.num_hidden_layers
+        params = [t for t in self.inventory(c) if t.kind == "param"]
+
+        def role_trains(role: str) -> bool:
+            return any(trains is None or t.name in trains for t in params if t.role == role)
+
+        g = trains is None or spec.checkpointing or role_trains("embed")
+        if spec.checkpointing:
             blk = [parts.offload_checkpointed_input(b, s, h, w)]
-        out = ([Term("host: embedding ids (int64)", "8*b*s", 8 * b * s, where="embed")]
-               + self.offload_embed_extra(c, spec, w, e_p)
-               + [self.offload_norm("final norm", b, s, h, w, w.e_r, e_p, per_layer=False, where="head"),
-                  Term("host: lm_head input and weight", "b*s*h*e_m + V*h*e_m", b * s * h * w.e_m + V * h * w.e_m,
-                       where="head")]
-               + self.offload_head_extra(c, spec, w)
-               + [parts.offload_loss_copies(b, s, V, w)])
-        return blk + out  # per_layer terms are one block's: the model holds L of them
+            if trains is not None:
+                blk = [dataclasses.replace(blk[0], bytes=L * blk[0].bytes, per_layer=False, formula="L*b*s*h*e_r",
+                                           name=blk[0].name + "s (every block's)")]
+        elif trains is None:
+            blk, g = block_host(self, c, spec, w, 0, g, None, {})
+        else:
+            blk = []
+            for i in range(L):
+                got, g = block_host(self, c, spec, w, i, g, trains, adapted, quantized)
+                blk += [dataclasses.replace(t, name=f"{t.name} (block {i})", per_layer=False) for t in got]
+        return blk + self.offload_outside(c, spec, w, role_trains("embed"), g, role_trains("norm.final"),
+                                          role_trains("head") or (self.tied(c) and role_trains("embed")))
+
+    def offload_outside(self, c, spec, w, embed_trains: bool, g: bool, final_trains: bool,
+                        head_trains: bool) -> list[Term]:
+        """The host copies outside the blocks, by what needs grad (g: the last block's output): the embedding's int64
+        ids and offload_embed_extra when the embedding trains (Gemma's scale is applied inside the embedding module,
+        before enable_input_require_grads' hook marks its output: measured, Gemma 2 LoRA checkpointed), the final
+        norm (host_norm), the head's input (e_m) when it trains (a tied head: the embedding) and its weight (e_m:
+        autocast's copy, or the parameter's t() view) when its input needs grad, offload_head_extra (Gemma 2's
+        soft-capping) and the loss: log_softmax's output saved by itself and by nll_loss (two copies of b*s*V
+        e_ce), its int64 target and 0-d total_weight (parts.offload_loss_copies)."""
+        b, s, h, V = spec.batch_size, spec.seq_len, c.hidden_size, c.vocab_size
+        e_p = 2 if spec.precision == "bf16" else 4  # the parameters' dtype (norm weights are saved as they are)
+        out = []
+        if embed_trains:
+            out += [Term("host: embedding ids (int64)", "8*b*s", 8 * b * s, where="embed")]
+            out += self.offload_embed_extra(c, spec, w, e_p)
+        out += self.host_norm("final norm", b, s, h, w.e_r, e_p, g, final_trains, per_layer=False, where="head")
+        if head_trains:
+            out.append(Term("host: lm_head input (head trains)", "b*s*h*e_m", b * s * h * w.e_m, where="head"))
+        if g or final_trains:
+            out.append(Term("host: lm_head weight (its input needs grad)", "V*h*e_m", V * h * w.e_m, where="head"))
+        return out + self.offload_head_extra(c, spec, w) + [parts.offload_loss_copies(b, s, V, w)]
 
     def offload_alive(self, c, spec, w) -> tuple[int, int, int]:
         """--offload-activations' device terms alive but not saved (planner/estimate/offload_act.py):
@@ -505,6 +529,37 @@ class RMSDecoder(HFCausalLM):
             if qk_trains:
                 terms.append(Term(f"{name}: normed x (weight trains)", "b*s*heads*d*e_m", b * s * heads * x.d * e, True))
         return terms, q or qk_trains, k or qk_trains
+
+    def host_norm(self, label: str, b: int, s: int, h: int, e_r: int, e_p: int, rg_in: bool, trains: bool,
+                  per_layer: bool = True, where: str = "block") -> list[Term]:
+        """The walk's host view of transformers' RMSNorm (planner/arch/saved.py; offload_norm's pieces by what
+        needs grad): when its input needs grad the fp32 input twice (pow, mul), rsqrt's output twice (rsqrt, mul)
+        and the weight (weight * normed, for the normed x's grad); when its weight trains the normed x (e_r)."""
+        terms = []
+        if rg_in:
+            terms.append(Term(f"host: RMSNorm ({label}): fp32 input x2, rsqrt x2, weight", "8*b*s*h + 8*b*s + h*e_p",
+                              8 * b * s * h + 8 * b * s + h * e_p, per_layer, where))
+        if trains:
+            terms.append(Term(f"host: RMSNorm ({label}): normed x (weight trains)", "b*s*h*e_r", b * s * h * e_r,
+                              per_layer, where))
+        return terms
+
+    def host_qk_norm(self, x: parts.Shape, b: int, s: int, w, e_p: int, q: bool, k: bool,
+                     qk_trains: bool) -> list[Term]:
+        """The walk's host view of Qwen 3's q_norm / k_norm (offload_copies' term by what needs grad): per norm,
+        when its input (the projection's output) needs grad its fp32 input twice, rsqrt's (b, s, heads, 1) output
+        twice and its weight (e_p); when its weight trains the normed x in the input's dtype (e_m)."""
+        if not self.qk_norm:
+            return []
+        terms = []
+        for name, rg, heads in (("q_norm", q, x.a), ("k_norm", k, x.kv)):
+            if rg:
+                terms.append(Term(f"host: {name}: fp32 input x2, rsqrt x2, weight", "8*b*s*heads*d + 8*b*s*heads + d*e_p",
+                                  8 * b * s * heads * x.d + 8 * b * s * heads + x.d * e_p, True))
+            if qk_trains:
+                terms.append(Term(f"host: {name}: normed x (weight trains)", "b*s*heads*d*e_m",
+                                  b * s * heads * x.d * w.e_m, True))
+        return terms
 
     def ft_attention_extra(self, c, x: parts.Shape, b: int, s: int, e: int, q: bool, k: bool) -> list[Term]:
         """Saves of the family's own eager-attention ops beyond the scores, softmax and values (none here)."""

@@ -43,6 +43,7 @@ class GemmaConfig(DecoderConfigMixin):
 
 
 class Gemma(RMSDecoder):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "gemma"
     model_types = ("gemma",)
     model_type = "gemma"
@@ -119,6 +120,20 @@ class Gemma(RMSDecoder):
         if trains:
             terms.append(Term(f"{label}: fp32 normed x (weight trains)", "4*b*s*h", 4 * b * s * h, per_layer, where,
                               part))
+        return terms
+
+    def host_norm(self, label: str, b: int, s: int, h: int, e_r: int, e_p: int, rg_in: bool, trains: bool,
+                  per_layer: bool = True, where: str = "block") -> list[Term]:
+        """The walk's host view of GemmaRMSNorm (offload_norm's pieces by what needs grad): when its input needs
+        grad the fp32 input twice, rsqrt's output twice and the fp32 (1 + weight) (for the normed x's grad); when
+        its weight trains the fp32 normed x."""
+        terms = []
+        if rg_in:
+            terms.append(Term(f"host: GemmaRMSNorm ({label}): fp32 input x2, rsqrt x2, 1 + weight",
+                              "8*b*s*h + 8*b*s + 4*h", 8 * b * s * h + 8 * b * s + 4 * h, per_layer, where))
+        if trains:
+            terms.append(Term(f"host: GemmaRMSNorm ({label}): fp32 normed x (weight trains)", "4*b*s*h",
+                              4 * b * s * h, per_layer, where))
         return terms
 
     def ft_final_norm_released(self, out: list[Term], h: int) -> int:

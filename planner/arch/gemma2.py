@@ -58,6 +58,7 @@ class Gemma2Config(DecoderConfigMixin):
 
 
 class Gemma2(Gemma):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "gemma2"
     model_types = ("gemma2",)
     model_type = "gemma2"

@@ -78,6 +78,7 @@ class LlamaConfig:
 
 
 class Llama(RMSDecoder):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "llama"
     offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("llama",)

@@ -42,6 +42,7 @@ class MistralConfig(DecoderConfigMixin):
 
 
 class Mistral(RMSDecoder):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "mistral"
     offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("mistral",)

@@ -54,6 +54,7 @@ class Phi3Config(DecoderConfigMixin):
 
 
 class Phi3(RMSDecoder):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "phi3"
     model_types = ("phi3",)
     model_type = "phi3"

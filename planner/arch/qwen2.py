@@ -51,6 +51,7 @@ class Qwen2Config(DecoderConfigMixin):
 
 
 class Qwen2(RMSDecoder):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "qwen2"
     offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("qwen2",)

@@ -45,6 +45,7 @@ class Qwen3Config(DecoderConfigMixin):
 
 
 class Qwen3(RMSDecoder):
+    offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "qwen3"
     model_types = ("qwen3",)
     model_type = "qwen3"

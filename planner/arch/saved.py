@@ -16,6 +16,12 @@ The family (planner/arch/decoder.py RMSDecoder.saved) answers its own pieces thr
 MLP through saved_mlp (the gated MLP, Phi-3's fused one, a MoE's router and experts: planner/arch/moe.py).
 Full training is one case of the walk: every tensor trains (trains None) and autocast's weight copies are left
 to full training's cache term (RMSDecoder.block_terms); frozen layers and LoRA are other masks.
+The walk gives two views: `terms`, per storage (what the device holds: an input two ops save counts once, a
+parameter a matmul saves counts nothing), and `host`, per saved VARIABLE (what save_on_cpu's pack hook copies
+under --offload-activations, planner/estimate/offload_act.py: one host copy per saved tensor, so an input q, k
+and v each save is copied three times, a frozen Linear's weight (its t() view, or autocast's copy) is copied
+when its input needs grad, a norm's fp32 input twice (pow, mul) and rsqrt's output twice; measured with a
+saved_tensors_hooks inventory, tests/test_offload_finetune.py).
 Measured against transformers' models with peft 0.21 on the CPU (tests/test_finetune.py, `bench finetune`;
 full training: the accuracy and families grids, tests/test_recorded.py).
 """
@@ -42,6 +48,37 @@ def adapter_amp(label: str, b: int, s: int, n_in: int, n_out: int, spec, e_m: in
     terms.append(Term(f"{label} lora_B weight copy" + (", lora_A weight copy" if rg_in else "") + " (trains: autocast-cached)",
                       "(r*out + rg*in*r)*e_m", (r * n_out + (n_in * r if rg_in else 0)) * e_m, True, where, part))
     return terms
+
+
+def lora_host(label: str, b: int, s: int, n_in: int, n_out: int, spec, rg_in: bool, where: str = "block",
+              part: str = "") -> list[Term]:
+    """One LoRA adapter's saved variables without autocast (the host copies under --offload-activations):
+    peft's Linear.forward (peft/tuners/lora/layer.py) runs lora_B(lora_A(dropout(x))) in the adapter's fp32:
+    the dropout's fp32 noise when x needs grad (CPU dropout is input * noise), lora_A's input (x, its fp32
+    copy or the dropout's output) and, when x needs grad, lora_A's weight (its t() view), lora_B's input (lora_A's
+    b*s*r output) and lora_B's weight (lora_A's output always needs grad)."""
+    r, p, a = spec.lora_r, spec.lora_dropout, parts.ADAPTER_BYTES
+    terms = []
+    if p > 0 and rg_in:
+        terms.append(Term(f"host: {label} LoRA dropout noise", "b*s*in*4", b * s * n_in * a, True, where, part))
+    terms.append(Term(f"host: {label} lora_A input", "b*s*in*4", b * s * n_in * a, True, where, part))
+    if rg_in:
+        terms.append(Term(f"host: {label} lora_A weight", "r*in*4", r * n_in * a, True, where, part))
+    terms.append(Term(f"host: {label} lora_A output and lora_B weight", "b*s*r*4 + r*out*4",
+                      b * s * r * a + r * n_out * a, True, where, part))
+    return terms
+
+
+def host_eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: bool) -> list[Term]:
+    """eager_attention_forward's saved variables (eager_attention's, per variable): in fp32 the softmax output is
+    saved by the softmax (for the scores' grad) and again by probs @ v (for v's grad): two copies."""
+    unit = b * sh.a * s * sh.d * w.e_m
+    ss = b * sh.a * s * s
+    n = int(k) + int(q) + int(probs_rg)
+    return [Term("host: eager attention q / k^T / v (as the grads need them)", "n*b*a*s*d*e_m", n * unit, True),
+            Term("host: softmax output (fp32, for the scores' grad) and the probabilities (for v's grad)",
+                 "4*b*a*s^2*[scores need grad] + e_m*b*a*s^2*[v needs grad]",
+                 4 * ss * int(probs_rg) + ss * w.e_m * int(v), True)]
 
 
 def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: bool) -> list[Term]:
@@ -97,7 +134,8 @@ class BlockWalk:
     training weights are counted once outside the blocks (full training's cache term, planner/estimate/training.py
     autocast_weight_bytes), not as the saves of the matmuls that hold them."""
 
-    def __init__(self, family, cfg, spec, w, i: int, trains: set | None, adapted: dict, weights_cached: bool = False):
+    def __init__(self, family, cfg, spec, w, i: int, trains: set | None, adapted: dict, weights_cached: bool = False,
+                 quantized: bool = False):
         self.family, self.cfg, self.spec, self.w = family, cfg, spec, w
         self.sh = family.shape(cfg)
         self.b, self.s, self.h = spec.batch_size, spec.seq_len, self.sh.h
@@ -110,7 +148,12 @@ class BlockWalk:
         self._trains = trains or set()
         self.adapted = adapted
         self.weights_cached = weights_cached
+        # QLoRA (the walk runs on the fp32 twin): bitsandbytes' MatMul4Bit keeps its packed weight on ctx, not
+        # through save_for_backward, so a quantized block Linear's weight reaches no saved-tensor hook
+        self.quantized = quantized
         self.terms: list[Term] = []
+        self.host: list[Term] = []  # per saved variable: save_on_cpu's host copies (module doc)
+        self.e_p = 2 if spec.precision == "bf16" else 4  # the parameters' dtype (a saved norm weight's width)
         self.shared: set = set()
 
     def trains(self, name: str) -> bool:
@@ -136,6 +179,12 @@ class BlockWalk:
                 lin = self.adapted.get(m)
                 short = m.rsplit(".", 1)[1]
                 trains = self.trains(f"{m}.weight")
+                if trains:  # (one host copy per Linear that saves it, the o_proj input SDPA saved too)
+                    self.host.append(Term(f"host: {short} input autocast copy (weight trains)", "b*s*in*e_m",
+                                          b * s * n_in * em, True, where, part))
+                if x_rg:
+                    self.host.append(Term(f"host: {short} weight autocast copy (input needs grad)", "out*in*e_m",
+                                          self.numel[f"{m}.weight"] * em, True, where, part))
                 if trains and key not in shared:
                     # (an input saved already in e_m, SDPA's output for o_proj, is not copied: the cast of
                     # an e_m tensor to e_m is the tensor itself; measured: llama V97 h32 s256 last:1 bf16-amp)
@@ -146,14 +195,25 @@ class BlockWalk:
                     terms.append(Term(f"{short} weight autocast copy (input needs grad){cached}", "out*in*e_m",
                                       self.numel[f"{m}.weight"] * em, True, where, part))
                 if lin:
-                    terms.extend(adapter_amp(short, b, s, n_in, lin.n_out, spec, em, x_rg, where, part))
+                    amp = adapter_amp(short, b, s, n_in, lin.n_out, spec, em, x_rg, where, part)
+                    terms.extend(amp)
+                    self.host.extend(Term("host: " + t.name, t.formula, t.bytes, True, where, part) for t in amp)
                 out[short] = x_rg or bool(lin) or trains
             return out
         if any(self.trains(f"{m}.weight") for m in names) and key not in shared:
             terms.append(Term(f"block {role} input (weights train)", "b*s*in*e_m", b * s * n_in * e, True, where, part))
             shared.add(key)
         for m in names:
+            short = m.rsplit(".", 1)[1]
+            if self.trains(f"{m}.weight"):  # (each Linear saves its input: one host copy each)
+                self.host.append(Term(f"host: {short} input (weight trains)", "b*s*in*e_r", b * s * n_in * e, True,
+                                      where, part))
+            if x_rg and not self.quantized:  # the weight's t() view, saved for the input's grad
+                self.host.append(Term(f"host: {short} weight (input needs grad)", "out*in*e_r",
+                                      self.numel[f"{m}.weight"] * e, True, where, part))
             lora = m in self.adapted
+            if lora:
+                self.host += lora_host(short, b, s, n_in, self.adapted[m].n_out, spec, x_rg, where, part)
             if lora:
                 terms.extend(parts.lora_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key, where, part))
             out[m.rsplit(".", 1)[1]] = x_rg or lora or self.trains(f"{m}.weight")
@@ -177,7 +237,12 @@ class BlockWalk:
                     Term(f"{act} output (the product's grad for up)"
                          + (f", {extra} more {act} tensors" if extra else ""),
                          f"{1 + extra}*b*s*f*e_m", (1 + extra) * bsf * em, True, "mlp", "mlp.act_out")]
+                # per saved variable: the activation's input (the gate half, a view), its output and the up half
+                # (the product's operands), b*s*f each, and the activation's tensors beyond its input
+                self.host.append(Term("host: fused gate/up: the activation's input and output, the up half",
+                                      f"{3 + extra}*b*s*f*e_m", (3 + extra) * bsf * em, True, "mlp"))
             return gate
+        n0 = len(self.terms)  # (each below is its own storage and saved variable: the host copies are the same)
         if gate:
             self.terms.append(Term(f"{act} saved input(s)", "n_act*b*s*f*e", n_act * bsf * em, True, "mlp"))
         if up:
@@ -186,6 +251,7 @@ class BlockWalk:
         if gate:
             self.terms.append(Term("up_proj output (the product's grad for the activation)", "b*s*f*e", bsf * em, True,
                                    "mlp", "mlp.up_out"))
+        self.host += [Term("host: " + t.name, t.formula, t.bytes, True, "mlp", t.part) for t in self.terms[n0:]]
         return gate or up
 
 
@@ -194,38 +260,71 @@ def block_saved(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapt
     """Block i's saved tensors (no checkpointing), given whether its input needs grad; returns them, whether
     its output needs grad, and whether RoPE's cos/sin are saved in it. trains None: every tensor trains;
     weights_cached: BlockWalk's."""
-    wk = BlockWalk(family, cfg, spec, w, i, trains, adapted, weights_cached)
-    sh, b, s, h, e, em = wk.sh, wk.b, wk.s, wk.h, wk.e, wk.em
+    wk, g, rope = walk_block(family, cfg, spec, w, i, g, trains, adapted, weights_cached)
+    return wk.terms, g, rope
+
+
+def block_host(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapted: dict,
+               quantized: bool = False) -> tuple[list[Term], bool]:
+    """Block i's saved variables (the walk's host view: what save_on_cpu copies), and whether its output needs
+    grad; quantized: BlockWalk's."""
+    wk, g, _ = walk_block(family, cfg, spec, w, i, g, trains, adapted, quantized=quantized)
+    return wk.host, g
+
+
+def walk_block(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapted: dict,
+               weights_cached: bool = False, quantized: bool = False) -> tuple[BlockWalk, bool, bool]:
+    """The walk of block i: both views (terms, host), whether its output needs grad and whether RoPE's cos/sin
+    are saved in it."""
+    wk = BlockWalk(family, cfg, spec, w, i, trains, adapted, weights_cached, quantized)
+    sh, b, s, h, e, em, ep = wk.sh, wk.b, wk.s, wk.h, wk.e, wk.em, wk.e_p
     wk.terms += family.ft_norm("input norm", b, s, h, e, g, wk.role_trains("norm.attn"), part="norm.attn")
+    wk.host += family.host_norm("input norm", b, s, h, e, ep, g, wk.role_trains("norm.attn"))
     n1 = g or wk.role_trains("norm.attn")
     outs = wk.linear_group("attn.in", n1, h, "n1")
     if family.fused_qkv:  # (Phi-3: q, k and v are views of one qkv_proj output)
         q = k = v = outs.get("qkv_proj", False)
     else:
         q, k, v = (outs.get(n, False) for n in ("q_proj", "k_proj", "v_proj"))
+    wk.host += family.host_qk_norm(sh, b, s, w, ep, q, k, wk.role_trains("norm.other"))
     qk_terms, q, k = family.ft_qk_norm(sh, b, s, em, q, k, wk.role_trains("norm.other"))  # Qwen 3's q/k norms
     wk.terms += qk_terms
     rope = q or k
+    # RoPE: q * cos, rotate_half(q) * sin (and k's) save cos and sin ((1, 1, s, d), e_r) for q's (k's) grad
+    n_rope = 2 * (int(q) + int(k))
+    if n_rope:
+        wk.host.append(Term(f"host: RoPE cos and sin, saved by {n_rope} muls", "n*s*d*e_r",
+                            n_rope * s * family.rope_dim(cfg) * e, True))
     attn_rg = q or k or v
     if attn_rg and sh.attention == "sdpa":
         # SDPA's CPU kernel saves q, k, v, its output and logsumexp whichever input needs grad (measured)
         wk.terms += parts.attention(sh, b, s, w, masked=family.masked(cfg, spec))
         wk.terms += family.mask_terms(cfg, spec, w)
+        wk.host += family.offload_attention(cfg, spec, w)  # (full training's copies: the same saves)
         if family.sdpa_output_is_o_input:
             wk.shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
     elif attn_rg:
         wk.terms += eager_attention(sh, b, s, w, q or k, q, k, v)
-        wk.terms += family.ft_attention_extra(cfg, sh, b, s, em, q, k)  # (Gemma 2's soft-capped scores)
+        extra = family.ft_attention_extra(cfg, sh, b, s, em, q, k)  # (Gemma 2's soft-capped scores)
+        wk.terms += extra
+        wk.host += host_eager_attention(sh, b, s, w, q or k, q, k, v)
+        wk.host += [Term("host: " + t.name, t.formula, t.bytes, True) for t in extra]
     o = wk.linear_group("attn.out", attn_rg, sh.a * sh.d, "attn_out")
-    post, post_rg = family.ft_post_norm("post-attention norm (attention output)", b, s, h, e, any(o.values()),
-                                        wk.role_trains("norm.other"), "norm.post_attn")  # (Gemma 2's sandwich norms)
+    o_rg, post_trains = any(o.values()), wk.role_trains("norm.other")
+    post, post_rg = family.ft_post_norm("post-attention norm (attention output)", b, s, h, e, o_rg, post_trains,
+                                        "norm.post_attn")  # (Gemma 2's sandwich norms)
     wk.terms += post
+    if post:
+        wk.host += family.host_norm("post-attention norm (attention output)", b, s, h, e, ep, o_rg, post_trains)
     g = post_rg or g
     wk.terms += family.ft_norm("post-attention norm", b, s, h, e, g, wk.role_trains("norm.mlp"), part="norm.mlp")
+    wk.host += family.host_norm("post-attention norm", b, s, h, e, ep, g, wk.role_trains("norm.mlp"))
     n2 = g or wk.role_trains("norm.mlp")
     mlp_rg = family.saved_mlp(wk, n2)  # the family's MLP (dense gated, or a MoE's router and experts)
     post, post_rg = family.ft_post_norm("post-feedforward norm (MLP output)", b, s, h, e, mlp_rg,
-                                        wk.role_trains("norm.other"), "norm.post_mlp", "mlp")  # the MLP's saves
+                                        post_trains, "norm.post_mlp", "mlp")  # the MLP's saves
     wk.terms += post
+    if post:
+        wk.host += family.host_norm("post-feedforward norm (MLP output)", b, s, h, e, ep, mlp_rg, post_trains)
     g = post_rg or g
-    return wk.terms, g, rope
+    return wk, g, rope

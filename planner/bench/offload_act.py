@@ -295,6 +295,137 @@ def mix_lines() -> list[str]:
     return lines
 
 
+# Fine-tuning under --offload-activations: Llama, Qwen 3 and Gemma 2 (planner/arch/<family>.py offload_finetune), their
+# first grid shape, LoRA r8 on peft's default targets (q_proj, v_proj) and on every linear, the last block alone, and
+# QLoRA nf4 (bf16 compute: its only precision) on both target sets
+FT_FAMILIES = ("llama", "qwen3", "gemma2")
+FT_KINDS = (("LoRA r8 q,v", dict(lora_r=8)), ("LoRA r8 all-linear", dict(lora_r=8, lora_targets="all-linear")),
+            ("last:1", dict(train_layers="last:1")), ("QLoRA nf4 r8 q,v", dict(lora_r=8, quantize_base="nf4")),
+            ("QLoRA nf4 r8 all-linear", dict(lora_r=8, quantize_base="nf4", lora_targets="all-linear")))
+
+
+def finetune_grid() -> list[tuple[str, object, int, int]]:
+    import importlib
+
+    out = []
+    for name in FT_FAMILIES:
+        label, cfg, b, s = importlib.import_module(f"planner.arch.{name}").FAMILY.grid_configs()[0]
+        out.append((f"{name} {label.rsplit(' b', 1)[0]}", cfg, b, s))
+    return out
+
+
+# The other dense RMSNorm decoders (planner/arch/<family>.py offload_finetune): LoRA on every linear (Phi-3 has no
+# peft default targets) in fp32, and QLoRA likewise under checkpointing
+FT_OTHER = ("mistral", "qwen2", "gemma", "phi3")
+
+
+def finetune_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
+    """(kind, spec) of every fine-tuning run, AdamW: each kind in fp32 and bf16-AMP (QLoRA: bf16, the recipe's
+    compute dtype), checkpointing off and on."""
+    return [(kind, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True, **kw))
+            for kind, kw in FT_KINDS for prec in (("bf16",) if "quantize_base" in kw else ("fp32", "bf16-amp"))
+            for ckpt in (False, True)]
+
+
+def finetune_rows() -> list[dict]:
+    """One dict per fine-tuning run (offload_row's, with its kind and the phases' errors)."""
+    import dataclasses
+
+    import importlib
+
+    runs = [(row, finetune_specs(*row[2:])) for row in finetune_grid()]
+    for name in FT_OTHER:
+        label, cfg, b, s = importlib.import_module(f"planner.arch.{name}").FAMILY.grid_configs()[0]
+        runs.append(((f"{name} {label.rsplit(' b', 1)[0]}", cfg, b, s), [
+            ("LoRA r8 all-linear", TrainSpec(b, s, "fp32", "adamw", lora_r=8, lora_targets="all-linear",
+                                             offload_activations=True)),
+            ("QLoRA nf4 r8 all-linear", TrainSpec(b, s, "bf16", "adamw", checkpointing=True, lora_r=8,
+                                                  lora_targets="all-linear", quantize_base="nf4",
+                                                  offload_activations=True))]))
+    out = []
+    for (label, cfg, b, s), specs in runs:
+        for kind, spec in specs:
+            got = offload_row(label, cfg, spec, dataclasses.replace(spec, offload_activations=False),
+                              "host_activation_offload")
+            if got is None:
+                continue
+            row, est, m = got
+            phases = m["measured"]["phase_peak_bytes"]
+            out.append({**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
+                                                           for k in phases if phases[k]}})
+    return out
+
+
+def finetune_lines() -> list[str]:
+    rs = finetune_rows()
+    worst, worst_host, sim_equal = summary(rs)
+    lines = ["", "## Fine-tuning: LoRA and a trainable subset", "",
+             "With fine-tuning save_on_cpu copies only what autograd saves, and a frozen layer saves less: a frozen "
+             "Linear saves no input for a weight grad, but its weight (the t() view, or autocast's fresh copy) when "
+             "its input needs grad; a LoRA adapter its input (or the dropout's output and noise), lora_A's output and "
+             "the adapters' weights; nothing before the first tensor that needs grad is saved. The host copies are the "
+             "block walk's host view (planner/arch/saved.py `walk_block`: one copy per saved variable, beside the "
+             "per-storage view the fine-tuning estimate sums; full training's copies come from the same walk, "
+             "planner/arch/decoder.py `offload_walk`). The device figure is the fine-tuning estimate's persistent "
+             "state (frozen weights, adapters, their grads and AdamW states) with the saved sets on the host: "
+             "autocast's cache holds the trainable leaves' copies only (a frozen weight's copy is fresh at each "
+             "matmul, saved to the host and freed), and under checkpointing the embedding output that "
+             "enable_input_require_grads turns into a leaf stays on the device, held by its AccumulateGrad node, "
+             "until backward reaches it; the recompute's saved set is on the device. Estimate: "
+             "planner/estimate/offload_act.py (`finetune_host_terms`, `ft_sweep`). QLoRA (`offload_qlora`): its fp32 "
+             "twin's offloaded step less the quantized weights, with the dequantized weights' backward points; "
+             "bitsandbytes' MatMul4Bit keeps its packed weight on ctx, not through save_for_backward, so the "
+             "quantized linears' weights are not copied (the twin's walk without them). The other dense RMSNorm "
+             "decoders (Mistral, Qwen 2, Gemma, Phi-3) have one LoRA and one QLoRA row each. The MoE families are "
+             "refused in one line naming the family: the walk's host view of the sparse block is exact (frozen "
+             "experts save their weights, not their inputs; planner/arch/moe.py saved_mlp, tests/"
+             "test_offload_finetune.py) and so were their small grid shapes, but at full size the device figure's "
+             "backward is not (qwen1.5-moe-a2.7b LoRA q,v b1 s512 bf16-AMP +1.85%, +2.53% checkpointed, against "
+             "the simulation: the experts' backward point); GPT-2 (HF and the book's) is refused likewise "
+             "(planner/arch/<family>.py `offload_finetune`). The forward phase is not the peak in any row: its column is within a few percent "
+             "(Gemma 2 under checkpointing, Phi-3 fp32: points inside the block the fine-tuning path takes from full "
+             "training's).", "",
+             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
+             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
+             "| model | fine-tuning | run | peak without offload (measured) | device peak: estimate | measured | "
+             "simulated | error | phase (est / meas) | host: estimate | measured | simulated | host error | "
+             "worst phase error |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    for r in rs:
+        worst_phase = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
+        lines.append(
+            f"| {r['model']} | {r['kind']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | "
+            f"{r['meas_peak']:,} | {r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.2%} | "
+            f"{r['est_phase']} / {r['meas_phase']} | {r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | "
+            f"{r['est_host'] / r['meas_host'] - 1:+.2%} | {worst_phase} {r['phase_err'][worst_phase]:+.1%} |")
+    return lines
+
+
+# Fine-tuning at full size, formula against the simulation (b1 s512 bf16-AMP AdamW, CPU device): a tied head
+# (llama-3.2-1b, qwen3-0.6b: a frozen tied weight makes no grad to accumulate), sandwich norms (gemma-2-2b)
+FT_FULL_SIZE = (("llama-3.2-1b", dict(lora_r=16)), ("llama-3.2-1b", dict(lora_r=16, lora_targets="all-linear",
+                                                                         checkpointing=True)),
+                ("qwen3-0.6b", dict(train_layers="last:2")), ("gemma-2-2b", dict(lora_r=16, checkpointing=True)))
+
+
+def finetune_full_size() -> list[str]:
+    from ..config import PRESETS
+    from ..estimate.training import estimate_training
+    from ..measure.simulate import simulate_training
+
+    lines = ["", "Fine-tuning at full size, formula against the simulation (b1 s512 bf16-AMP AdamW, CPU device):", "",
+             "| preset | fine-tuning | checkpointing | device peak: estimate | simulated | error | host: estimate | "
+             "simulated |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for name, kw in FT_FULL_SIZE:
+        spec = TrainSpec(1, 512, "bf16-amp", "adamw", offload_activations=True, **kw)
+        est, sim = estimate_training(PRESETS[name], spec), simulate_training(PRESETS[name], spec)
+        what = (f"LoRA r{spec.lora_r} {spec.lora_targets or 'q,v'}" if spec.lora_r else spec.train_layers)
+        lines.append(f"| {name} | {what} | {'full' if spec.checkpointing else 'none'} | {est.peak_bytes:,} | "
+                     f"{sim['peak_bytes']:,} | {est.peak_bytes / sim['peak_bytes'] - 1:+.3%} | "
+                     f"{est.transients['host_activation_offload']:,} | {sim['host_activation_offload_bytes']:,} |")
+    return lines
+
+
 # Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device): one row per combination, on tied
 # (llama-3.2-1b, qwen3-0.6b, hf-gpt2-xl) and untied (gemma-2-2b, qwen1.5-moe-a2.7b) heads
 MIX_FULL_SIZE = (("llama-3.2-1b", dict(checkpointing=True, grad_accum=2)),
@@ -385,7 +516,7 @@ def markdown(quick: bool = False) -> str:
               "unpack hook's device copies in backward (one node's saved tensors at a time) and the pinned host "
               "copies are rounded up to powers of two (`host_pinned_rounded`): both for the CUDA check."]
     if not quick:
-        lines += mix_lines() + mix_full_size() + full_size()
+        lines += mix_lines() + finetune_lines() + finetune_full_size() + mix_full_size() + full_size()
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,14 @@ reads the copies in place. On CUDA the unpack hook makes a device copy of each s
 Checkpointing: checkpoint's own hooks are innermost in a checkpointed block, so save_on_cpu sees only each block's
 input (and the tensors outside the blocks); the recompute in backward runs outside save_on_cpu and stays on the
 device.
+Fine-tuning (LoRA, --train-layers, QLoRA nf4 / fp4): the host copies are the block walk's host view (planner/arch/
+saved.py: one copy per saved variable, by what needs grad: a frozen prefix saves nothing, a frozen Linear its weight
+when its input needs grad, an adapter its input, lora_A's output and its weights); the device figure the fine-tuning
+estimate's persistent state with the saved sets on the host (autocast's cache of the trainable copies only; under
+checkpointing the embedding output enable_input_require_grads makes a leaf, held by AccumulateGrad); QLoRA its fp32
+twin's, as planner/estimate/quantized.py (measured: every dense RMSNorm decoder family, fp32 and bf16-AMP,
+checkpointing off and on; planner/bench/offload_act.py finetune_rows; the MoE families are refused: planner/arch/
+moe.py offload_finetune).
 Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
 micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
 Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
@@ -55,8 +63,7 @@ PCIE_GEN4_X16_BYTES_PER_S = 32e9
 def check_offload_activations(cfg, spec) -> None:
     """One line for the combinations not modelled."""
     if spec.finetuning:
-        raise ConfigError("--offload-activations with fine-tuning (LoRA, a trainable subset, QLoRA) is not modelled "
-                          "yet")
+        check_offload_finetune(cfg, spec)
     if policy_of(spec) == "selective" and family_of(cfg).selective_ops(cfg, spec, Widths.of(spec)) is None:
         raise ConfigError(f"selective checkpointing is not modelled for the {family_of(cfg).name} family")
     if spec.precision not in ("fp32", "bf16-amp", "bf16"):
@@ -82,6 +89,21 @@ def check_offload_activations(cfg, spec) -> None:
                           f"{family.default_loss}), not {spec.loss}")
 
 
+def check_offload_finetune(cfg, spec) -> None:
+    """Fine-tuning (LoRA, a trainable subset) is modelled where the block walk's host view is measured."""
+    family = family_of(cfg)
+    if spec.quantize_base not in ("none", "nf4", "fp4"):
+        raise ConfigError(f"--offload-activations with --quantize-base {spec.quantize_base} is not modelled (QLoRA's "
+                          "nf4 / fp4 are)")
+    if not hasattr(family, "offload_walk") or not getattr(family, "offload_finetune", False):
+        raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
+                          "(measured for the dense RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, "
+                          "Gemma 2)")
+    if spec.grad_accum > 1 or policy_of(spec) != "full" or getattr(spec, "offload_optimizer", False):
+        raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
+                          "checkpointing or none, and the optimizer on the device")
+
+
 def policy_of(spec) -> str:
     """The checkpointing policy in force ("full" without checkpointing too: nothing to tell apart)."""
     return getattr(spec, "checkpoint_policy", "full") if spec.checkpointing else "full"
@@ -93,6 +115,8 @@ def host_terms(cfg, spec) -> list:
     measured, Llama / Qwen 3 / Gemma 2 tiny L2 every:2, fp32 and bf16-AMP, host bytes exact). Under selective the
     policy's kept outputs are held by the checkpoint's own cache (create_selective_checkpoint_contexts), not by
     saved-tensor hooks: the host holds each block's input only, as under full (measured, the same configs)."""
+    if spec.finetuning:
+        return finetune_host_terms(cfg, spec)
     family = family_of(cfg)
     w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
     L = cfg.layers
@@ -110,6 +134,133 @@ def host_terms(cfg, spec) -> list:
                    for t in family.offload_copies(cfg, none, w)]
 
 
+def finetune_host_terms(cfg, spec) -> list:
+    """Fine-tuning's host copies (LoRA, a trainable subset): the family's offload_walk (planner/arch/decoder.py) with
+    the trainable names and the LoRA-wrapped linears (measured: a saved_tensors_hooks inventory of transformers'
+    Llama / Qwen 3 / Gemma 2 with peft 0.21, fp32 and bf16-AMP, and the pack hook's bytes: tests/
+    test_offload_finetune.py)."""
+    from ..finetune import adapted_linears, trainable_names
+
+    from .quantized import fp32_twin
+
+    family = family_of(cfg)
+    quantized = spec.quantize_base != "none"
+    if quantized:  # QLoRA: the fp32 twin's walk, the quantized Linears' weights never reaching the hook
+        spec = fp32_twin(spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    keep = trainable_names(family, cfg, spec)
+    trains = {t.name for t in tensor_inventory(cfg) if t.kind == "param"} if keep is None else keep
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    return family.offload_walk(cfg, spec, w, trains, adapted, quantized)
+
+
+def ft_embed_trains(cfg, spec) -> bool:
+    """Whether the token embedding (a tied head's weight) trains."""
+    from ..finetune import trainable_names
+
+    keep = trainable_names(family_of(cfg), cfg, spec)
+    return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "embed")
+
+
+def ft_head_trains(cfg, spec) -> bool:
+    """Whether the output head trains (its autocast copy is then cached, not fresh at its matmul)."""
+    from ..finetune import trainable_names
+
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "head")
+
+
+def ft_cache(cfg, spec, w) -> int:
+    """Fine-tuning under autocast: the cached e_m copies of every trainable autocast leaf (planner/estimate/
+    finetune.py autocast_cache_bytes with nothing saved: the saved copies are host copies here)."""
+    from .finetune import autocast_cache_bytes
+
+    return autocast_cache_bytes(cfg, spec, w, [])
+
+
+def ft_pending(cfg, spec, w) -> tuple[int, int]:
+    """The trainable autocast copies not made yet at the last block's attention (its o_proj's, its MLP's and the
+    head's) and at its MLP's product (its down_proj's and the head's): (attention, MLP)."""
+    from ..finetune import adapted_linears, trainable_names
+
+    if not w.amp:
+        return 0, 0
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    last = cfg.layers - 1
+
+    def of(roles: tuple, block) -> int:
+        n = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast and not t.is_bias
+                and t.role in roles and t.block == block and (keep is None or t.name in keep))
+        n += sum(spec.lora_r * (lin.n_in + lin.n_out) for lin in adapted_linears(family, cfg, spec)
+                 if lin.role in roles and lin.block == block)
+        return n * w.e_m
+
+    head = of(("head",), None)
+    return of(("attn.out", "mlp.in", "mlp.out"), last) + head, of(("mlp.out",), last) + head
+
+
+def ft_sweep(cfg, spec, w, est) -> dict[str, int]:
+    """Fine-tuning's backward points with the saved tensors on the host. Without checkpointing: the fine-tuning
+    sweep (planner/estimate/finetune.py _sweep) with every saved set emptied, so each point is what the backward
+    holds beyond the saved tensors (the grads made, the residual's grad, the node's own temporaries; the CPU
+    backward reads the host copies in place; measured: every fine-tuning row of `bench offload-activations`, the
+    backward phase within 0.01% where it is not the peak's phase too). With checkpointing: below."""
+    import dataclasses as dc
+
+    from .finetune import _sweep, finetune_activations, trainable_params
+
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh = b * s * h
+    if spec.checkpointing:
+        # the recompute runs outside save_on_cpu (its saved set on the device); each stashed block input is a
+        # host copy: block i's point counts blocks 0..i's, of which block 0's is the embedding's output, a leaf
+        # AccumulateGrad holds on the device (offload_act's held terms; measured: Llama V1000 h64 b2 s64 last:1
+        # fp32, block 0's gated product backward)
+        out = {}
+        for k, v in est.backward_points.items():
+            i = int(k.split()[1]) if k.startswith("block ") else None
+            out[k] = v - (i * bsh * w.e_r if i is not None else 0)
+        return out
+    plain = dc.replace(spec, offload_activations=False)
+    terms, _, per_block = finetune_activations(cfg, plain, w)
+    zero = [dc.replace(t, bytes=0) for t in terms]
+    blocks = [[dc.replace(t, bytes=0) for t in blk] for blk in per_block]
+    return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain))
+
+
+def offload_qlora(cfg, spec, offloaded):
+    """QLoRA under --offload-activations, as planner/estimate/quantized.py builds QLoRA from its fp32 twin: the twin's
+    offloaded step (`offloaded(twin)`) less the weights the quantization saves in every phase, with the dequantized
+    weights' backward points (quantized.dequant_points) on the offloaded twin's sweep, and the host copies of the
+    twin's walk without the quantized Linears' weights (MatMul4Bit keeps its packed weight on ctx: finetune_host_terms)."""
+    from .quantized import dequant_points, fp32_twin, weights_delta
+
+    twin = offloaded(fp32_twin(spec))
+    delta = weights_delta(cfg, spec)
+    base = twin.params_bytes + twin.buffers_bytes + twin.inputs_bytes + twin.optimizer_bytes
+    points = dequant_points(cfg, spec, twin)
+    phase = step.shifted(twin.phase_peak_bytes, backward_at_least=(base + max(points.values(), default=0),))
+    phase = step.shifted(phase, every=-delta)
+    peak_phase = step.peak(phase)[0]
+    hterms = host_terms(cfg, spec)
+    host = sum(t.bytes for t in hterms)
+    twin_host = twin.transients["host_activation_offload"]
+    transients = {**twin.transients, "host_activation_offload": host}
+    if "host_pinned_rounded" in transients:
+        transients["host_pinned_rounded"] = sum(pow2_ceil(t.bytes) for t in hterms)
+    terms = [t for t in twin.terms if t.get("where") != "host"] + [
+        {"name": t.name + " (host)", "formula": t.formula, "bytes": t.bytes, "per_layer": False, "where": "host",
+         "part": ""} for t in hterms]
+    notes = [f"QLoRA: {spec.quantize_base} base (bitsandbytes), the fp32 twin's offloaded step less {delta:,} B of "
+             "weights; the quantized linears' packed weights are not saved tensors (no host copy)"] + [
+        n.replace(f"{twin_host:,} B", f"{host:,} B") for n in twin.notes]
+    return dataclasses.replace(twin, params_bytes=twin.params_bytes - delta, peak_bytes=phase[peak_phase],
+                               peak_phase=peak_phase, phase_peak_bytes=phase, terms=terms, notes=notes,
+                               transients=transients, backward_points={**twin.backward_points, **points})
+
+
 def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -123,6 +274,9 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
                                  autocast_bias_bytes, later_sweep_points):
     """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
     check_offload_activations(cfg, spec)
+    if spec.quantize_base != "none":
+        return offload_qlora(cfg, spec, lambda twin: estimate_offload_activations(
+            cfg, twin, estimate_training, backward_sweep, autocast_weight_bytes, autocast_bias_bytes, later_sweep_points))
     policy = policy_of(spec)
     # the step without offloading under full checkpointing (or none); a policy's own terms are added below
     plain = dataclasses.replace(spec, offload_activations=False, checkpoint_policy="full")
@@ -135,15 +289,30 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     tr = est.transients
     base = est.params_bytes + est.buffers_bytes + est.inputs_bytes + est.optimizer_bytes + tr.get("gradscaler", 0)
     cuda = tr.get("allocator_rounding", 0) + tr.get("cublas_workspace", 0)  # 0 on the CPU
-    # autocast's cache holds every matmul weight's low-precision copy until autocast exits (after the loss)
-    amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
+    # autocast's cache holds every matmul weight's low-precision copy until autocast exits (after the loss); under
+    # fine-tuning only the trainable leaves' (the adapters', a trainable subset's): a frozen weight's copy is fresh
+    # at each matmul, saved (a host copy) and freed with it
+    ft = spec.finetuning
+    amp_cache = (ft_cache(cfg, spec, w) if ft else autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec))
     # Alive but not saved, so on the device whatever the hooks do: the family's KV cache (off under checkpointing),
     # what every checkpointed block is given (RoPE's cos and sin) and its forward's MLP high point
     # (planner/arch/<family>.py offload_alive)
     fwd_alive, rope_held, mlp_point = family.offload_alive(cfg, spec, w)
+    # fine-tuning under autocast: the family's points take the weight copies autocast has not made yet (o_proj's,
+    # the MLP's, the head's) off a cache of every weight; here the cache holds the trainable ones only
+    pend_all, pend_mlp = ft_pending(cfg, spec, w) if ft else (0, 0)
+    if ft and w.amp and not spec.checkpointing:
+        mlp_point += h * (cfg.intermediate_size + V) * w.e_m - pend_mlp
     # ... and the other keyword inputs every checkpointed block holds (parts.checkpoint_inputs: position_ids, the
     # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
     rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
+    # enable_input_require_grads (peft, or transformers' checkpointing enable) makes the embedding's output a leaf
+    # that requires grad: the graph's AccumulateGrad node holds it on the device until backward reaches it (its
+    # copy for block 0's checkpoint is a host copy besides); inside the model's forward the family's points count
+    # it already (the model's inputs_embeds), after it (the head, the loss, backward) it is held here (measured:
+    # Llama V1000 h64 b2 s64 LoRA and last:1, fp32 and bf16-AMP, b*s*h*e_r under on every phase before; Gemma 2
+    # V1000 h64, the forward's attention point b*s*h*e_r over with it)
+    leaf = bsh * w.e_r if ft and spec.checkpointing else 0
     labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
     ce_out = bsV * w.e_ce + w.e_ce  # log_softmax output, total_weight (alive in the loss)
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
@@ -151,18 +320,23 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # and the family's points inside the last block (eager attention's s x s scores: planner/arch/decoder.py
     # offload_forward_points)
     fam_points = family.offload_forward_points(cfg, spec, w) if hasattr(family, "offload_forward_points") else {}
+    if ft and w.amp:
+        full = h * (cfg.num_attention_heads * cfg.head_dim + 3 * cfg.intermediate_size + V) * w.e_m
+        fam_points = {k: v + full - pend_all for k, v in fam_points.items()}
     # the head: the final norm's output, under autocast its low-precision copy (lm_head's input), and the logits
     head = bsh * w.e_r + (bsh * w.e_m if w.amp else 0) + bsV * w.e_m
-    forward = base + amp_cache + fwd_alive + rope_held + max([head, mlp_point,
+    if ft and w.amp and not ft_head_trains(cfg, spec):
+        head += V * h * w.e_m  # a frozen head's fresh autocast copy, alive through its matmul
+    forward = base + amp_cache + fwd_alive + rope_held + max([head + leaf, mlp_point,
                                                               *fam_points.values()])
     # alive beside the logits while the loss runs: transformers' loss inside the model holds the padded labels, their
     # shifted copy (8*b*s) and the last hidden state; a family whose loss runs outside its forward names its own
     # (offload_loss_held)
     held = (family.offload_loss_held(cfg, spec, w) if hasattr(family, "offload_loss_held")
             else labels + 8 * b * s + bsh * w.e_r)
-    loss = base + amp_cache + fwd_alive + rope_held + held + logits + ce_out
+    loss = base + amp_cache + fwd_alive + rope_held + leaf + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
-    ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held
+    ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held + leaf
 
     def own(points: dict[str, int], ckpt: bool, grads_exist: bool = False) -> dict[str, int]:
         """The family's own backward points where the generic sweep does not hold (planner/arch/<family>.py
@@ -181,6 +355,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
         already there (a later one of --grad-accum: new grads are transients added in place); ckpt: the blocks
         checkpointed, else not."""
+        if ft:
+            return ft_sweep(cfg, spec, w, est)
         if ckpt:
             # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
             # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
@@ -257,7 +433,9 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # place (training.py tied_embedding_accumulation), every grad and two V*h at once, the input grad freed (measured:
     # GPT-2 V1000 h64 b2 s64, Mixtral V2000 h48 b2 s48, fp32 and bf16-AMP, to the byte; the backward's top once
     # --offload-optimizer has taken AdamW's states off the device: llama-3.2-1b b1 s256 simulated, 11.17 GiB)
-    tied = est.grads_bytes + 2 * V * h * e_p + 2 * w.e_ce if family.tied(cfg) else 0
+    # (fine-tuning: only where the tied weight trains; a frozen one makes no grad to accumulate)
+    tied = (est.grads_bytes + 2 * V * h * e_p + 2 * w.e_ce
+            if family.tied(cfg) and (not ft or ft_embed_trains(cfg, spec)) else 0)
     backward = base + max(ce_start, grads_end, tied, max(points.values()))
     # --grad-accum N: a later micro-batch's forward, loss and backward run with every .grad alive (measured: each
     # phase of accumulation 2 is the first micro-batch's plus the grads, Llama V300 h48 b2 s32)
