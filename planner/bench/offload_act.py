@@ -371,3 +371,85 @@ def main(quick: bool = False, out: str | None = None) -> int:
     if out:
         write_section(out, text)
     return 0
+
+
+# Off the grid (issue #24): the RMS decoder families at shapes the grids above do not hold, estimate against the
+# simulation (fake tensors under the same save_on_cpu hooks: simulate = measure to the byte for this mechanism, the
+# tables above), every phase. Each shape is the family's long grid shape (grid_configs()[3]: V97, two blocks, its
+# own attention, window and activation) with (h, f, a, kv, b, s) replaced: f = 2h..8h, grouped and plain K/V,
+# b 1..4, s 64..512 (past Mistral's 32-token and Phi-3's 48-token windows); head_dim = h / a.
+OFFGRID_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "qwen2_moe", "qwen3_moe")
+OFFGRID_SHAPES = ((64, 512, 4, 2, 2, 128),  # f = 8h
+                  (48, 96, 6, 2, 1, 512),   # f = 2h, the longest sequence
+                  (32, 128, 4, 4, 4, 64),   # f = 4h, kv = a, b4
+                  (64, 192, 8, 2, 2, 256))  # f = 3h, a = 4 kv
+# the optimizer side, cycled over the runs of a shape: AdamW, SGD, AdamW with --offload-optimizer (the MoE
+# families refuse the last: planner/arch/moe.py offload_combinations)
+OFFGRID_OPTIMIZERS = (("adamw", False), ("sgd", False), ("adamw", True))
+
+
+def offgrid_config(arch: str, h: int, f: int, a: int, kv: int):
+    import dataclasses
+    import importlib
+
+    cfg = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[3][1]
+    kw = dict(hidden_size=h, intermediate_size=f, num_attention_heads=a, num_key_value_heads=kv)
+    names = {fld.name for fld in dataclasses.fields(cfg)}
+    if "head_dim" in names:
+        kw["head_dim"] = h // a
+    if "moe_intermediate_size" in names:  # the experts half as wide as the dense MLP, the shared expert as wide
+        kw["moe_intermediate_size"] = f // 2
+    if "shared_expert_intermediate_size" in names:
+        kw["shared_expert_intermediate_size"] = f
+    return dataclasses.replace(cfg, **kw)
+
+
+def offgrid_runs(families: tuple[str, ...] = OFFGRID_FAMILIES) -> list[tuple[str, object, TrainSpec]]:
+    """(label, config, spec) of every off-grid run: each family x OFFGRID_SHAPES x fp32 / bf16 / bf16-AMP x
+    checkpointing off and on, the optimizer side cycled (OFFGRID_OPTIMIZERS)."""
+    out = []
+    for arch in families:
+        moe = arch.endswith("_moe")
+        opts = OFFGRID_OPTIMIZERS[:2] if moe else OFFGRID_OPTIMIZERS
+        i = 0
+        for h, f, a, kv, b, s in OFFGRID_SHAPES:
+            cfg = offgrid_config(arch, h, f, a, kv)
+            for prec in ("fp32", "bf16", "bf16-amp"):
+                for ckpt in (False, True):
+                    opt, off_opt = opts[i % len(opts)]
+                    i += 1
+                    out.append((f"{arch} V97 h{h} f{f} a{a} kv{kv} L2", cfg,
+                                TrainSpec(b, s, prec, opt, checkpointing=ckpt, offload_activations=True,
+                                          offload_optimizer=off_opt)))
+    return out
+
+
+def offgrid_row(label: str, cfg, spec: TrainSpec) -> dict | None:
+    """One off-grid run: the estimate's and the simulation's device peak, every phase and the host bytes (None:
+    refused in one line)."""
+    from ..estimate.training import estimate_training
+    from ..measure.simulate import simulate_training
+    from ..validation import ConfigError
+
+    try:
+        est = estimate_training(cfg, spec)
+    except ConfigError:
+        return None
+    sim = simulate_training(cfg, spec)
+    phases = sim["phase_peak_bytes"]
+    return {"model": label, "run": f"b{spec.batch_size} s{spec.seq_len} {spec.precision} {spec.optimizer}"
+            + (" ckpt" if spec.checkpointing else "") + (" +offload-opt" if spec.offload_optimizer else ""),
+            "est_peak": est.peak_bytes, "sim_peak": sim["peak_bytes"], "est_phase": est.peak_phase,
+            "sim_phase": sim["peak_phase"], "est_host": est.transients["host_activation_offload"],
+            "sim_host": sim["host_activation_offload_bytes"],
+            "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1 for k in phases if phases[k]}}
+
+
+def offgrid_rows(families: tuple[str, ...] = OFFGRID_FAMILIES, runs: list | None = None) -> list[dict]:
+    """The off-grid sweep (offgrid_runs, or the runs given): one offgrid_row per run the estimate does not refuse."""
+    out = []
+    for label, cfg, spec in offgrid_runs(families) if runs is None else runs:
+        row = offgrid_row(label, cfg, spec)
+        if row is not None:
+            out.append(row)
+    return out
