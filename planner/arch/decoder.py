@@ -354,15 +354,15 @@ class RMSDecoder(HFCausalLM):
 
     def offload_backward_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
         """--offload-activations without checkpointing (planner/estimate/offload_act.py runs the generic sweep with
-        empty saved sets at fp32 widths): at the gated product's backward the down projection's input grad and
-        MulBackward's two grads (d act, d up) are alive at once, 3*b*s*f*e_m in the step's own widths (bf16
-        under autocast), where the sweep's ffn point counts 2*b*s*f*4 beside the saved operands, which are host
-        copies here (measured: the backward's op timeline of Llama V97 h64 f512 b2 s128, fp32 -524,296 B and
-        bf16-AMP +262,136 B before)."""
+        empty saved sets in the step's widths, autocast's copies gone): at the gated product's backward the down
+        projection's input grad and MulBackward's two grads (d act, d up) are alive at once, 3*b*s*f*e_m (bf16
+        under autocast), where the sweep's ffn point counts 2*b*s*f*e_m beside the saved operands, which are host
+        copies here (measured: the backward's op timeline of Llama V97 h64 f512 b2 s128, fp32 -524,296 B before;
+        Llama V97 h32 f128 b4 s64 bf16-AMP, the ffn point G + 4*b*s*h + 3*b*s*f*2 to the byte)."""
         if spec.checkpointing:
             return points
         bsf = spec.batch_size * spec.seq_len * c.intermediate_size
-        return {k: v + (3 * bsf * w.e_m - 2 * bsf * 4 if k.endswith(" ffn") else 0) for k, v in points.items()}
+        return {k: v + (bsf * w.e_m if k.endswith(" ffn") else 0) for k, v in points.items()}
 
     def offload_qk_width(self, spec, w) -> int:
         """The width of q and k as RoPE gets them: the projections' outputs (e_m)."""
