@@ -411,8 +411,8 @@ def offgrid_runs(families: tuple[str, ...] = OFFGRID_FAMILIES) -> list[tuple[str
     for arch in families:
         moe = arch.endswith("_moe")
         opts = OFFGRID_OPTIMIZERS[:2] if moe else OFFGRID_OPTIMIZERS
-        i = 0
-        for h, f, a, kv, b, s in OFFGRID_SHAPES:
+        for n, (h, f, a, kv, b, s) in enumerate(OFFGRID_SHAPES):
+            i = n  # each shape starts the cycle one further on: every precision meets every optimizer side
             cfg = offgrid_config(arch, h, f, a, kv)
             for prec in ("fp32", "bf16", "bf16-amp"):
                 for ckpt in (False, True):
