@@ -292,7 +292,11 @@ class RMSDecoder(HFCausalLM):
         n_res = 2 if c.num_hidden_layers > 1 else 1
         if spec.checkpointing:  # the two b*s*h*e_r are still referenced: their checkpoint copies are host copies
             return n_res * b * s * c.hidden_size * w.e_r
-        return n_res * b * s * c.hidden_size * w.e_r + 2 * s * c.head_dim * w.e_r + 8 * s
+        # SDPA under a sliding window shorter than s: the model's (1, 1, s, s) bool mask and the two 0-d int64
+        # tensors its creation lifts (measured: the forward's op timeline of Mistral V97 h64 f192 a8 kv2 b2 s256
+        # and Phi-3 V97 h64 f512 a4 kv2 b2 s128, fp32: s^2 + 16 B under the MLP point before)
+        mask = s * s + 16 if c.attention == "sdpa" and self.masked(c, spec) else 0
+        return n_res * b * s * c.hidden_size * w.e_r + 2 * s * c.head_dim * w.e_r + 8 * s + mask
 
     def offload_forward_points(self, c, spec, w) -> dict[str, int]:
         """--offload-activations' forward high points inside the last block beyond the persistent state, autocast's
@@ -351,7 +355,7 @@ class RMSDecoder(HFCausalLM):
             gqa = x.kv == x.a or parts.sdpa_enable_gqa(x, masked)
             own = 0 if not spec.checkpointing else kv * w.e_r + kv * w.e_m
             rep = 0 if gqa else 2 * q * w.e_r
-            mask = (0 if spec.checkpointing else s * s) + b * s * s * w.e_m if masked else 0
+            mask = b * s * s * w.e_m if masked else 0  # (the model's bool mask: held, offload_forward_held)
             casts = (q + 2 * (kv if gqa else q)) * w.e_m if w.amp else 0
             points["sdpa"] = held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m + 4 * b * x.a * s
         return points
