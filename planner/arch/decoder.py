@@ -354,9 +354,15 @@ class RMSDecoder(HFCausalLM):
             masked = self.masked(c, spec)
             gqa = x.kv == x.a or parts.sdpa_enable_gqa(x, masked)
             own = 0 if not spec.checkpointing else kv * w.e_r + kv * w.e_m
-            rep = 0 if gqa else 2 * q * w.e_r
+            # repeat_kv's copies: k after RoPE (e_r) and v, under checkpointing as v_proj made it (e_m: the cache is
+            # off), else the cache's (e_r: its cat promotes); autocast casts q, k and an e_r v to bf16 (measured:
+            # Mistral V97 h48 f96 a6 kv2 b1 s512 bf16-AMP checkpointed, the SDPA point 98,304 B above the
+            # simulation with v at e_r and cast; without checkpointing the cache's v is fp32, to the byte)
+            e_v = w.e_m if spec.checkpointing else w.e_r
+            rep = 0 if gqa else q * (w.e_r + e_v)
             mask = b * s * s * w.e_m if masked else 0  # (the model's bool mask: held, offload_forward_held)
-            casts = (q + 2 * (kv if gqa else q)) * w.e_m if w.amp else 0
+            kvs = kv if gqa else q
+            casts = (q + kvs + (kvs if e_v > w.e_m else 0)) * w.e_m if w.amp else 0
             points["sdpa"] = held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m + 4 * b * x.a * s
         return points
 
