@@ -276,6 +276,14 @@ class RMSDecoder(HFCausalLM):
         if w.amp:  # autocast's copies of down_proj's and lm_head's weights: not made yet (checkpointed or not:
             # measured, Llama V97 h32 f128 b4 s64 bf16-AMP checkpointed, +14,400 B = h*(f + V)*2 before)
             mlp -= c.hidden_size * (c.intermediate_size + c.vocab_size) * w.e_m
+        if c.attention == "eager":
+            # the decoder layer's `hidden_states, _ = self.self_attn(...)`: `_` is eager attention's returned
+            # probabilities (softmax's fp32 output .to(q's dtype), q after RoPE: e_r), alive to the layer's
+            # return; without checkpointing the model's masks too (mask_count * b*s^2*e_r; under checkpointing
+            # they are checkpoint inputs, counted held) (measured: the forward's op timeline of Gemma 2 V97 h64
+            # f512 a4 kv2 b2 s128 fp32, 786,440 B low before = b*a*s^2*4 + 2*b*s^2*4 + 8)
+            mlp += b * c.num_attention_heads * s * s * w.e_r
+            mlp += 0 if spec.checkpointing else self.mask_count(c) * b * s * s * w.e_r
         return cache, rope, mlp + self.offload_forward_held(c, spec, w)
 
     def offload_forward_held(self, c, spec, w) -> int:
