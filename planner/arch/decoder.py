@@ -386,8 +386,16 @@ class RMSDecoder(HFCausalLM):
         Llama V97 h32 f128 b4 s64 bf16-AMP, the ffn point G + 4*b*s*h + 3*b*s*f*2 to the byte)."""
         if spec.checkpointing:
             return points
-        bsf = spec.batch_size * spec.seq_len * c.intermediate_size
-        out = {k: v + (bsf * w.e_m if k.endswith(" ffn") else 0) for k, v in points.items()}
+        b, s, x = spec.batch_size, spec.seq_len, self.shape(c)
+        bsf = b * s * c.intermediate_size
+        # eager attention's softmax backward: its two fp32 b*a*s^2 tensors with nothing freed beside them (the
+        # sweep's point offsets the probabilities' saved cast, e_m below fp32, and o_proj's saved input, both host
+        # copies here; o_proj's input grad, b*s*a*d*e_m, is alive) (measured: the backward's op timeline of Gemma 2
+        # V97 h32 f128 a4 kv4 b4 s64 bf16, SoftmaxBackward's point)
+        eager = (b * x.a * s * s * (w.e_m if w.e_m < 4 else 0) + b * s * x.a * x.d * w.e_m
+                 if c.attention == "eager" else 0)
+        out = {k: v + (bsf * w.e_m if k.endswith(" ffn") else eager if k.endswith(" attention") else 0)
+               for k, v in points.items()}
         return {**out, **self.offload_qk_norm_points(c, spec, w, out)}
 
     def offload_qk_norm_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
