@@ -279,6 +279,10 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     host = sum(t.bytes for t in hterms)
     pinned = sum(pow2_ceil(t.bytes) for t in hterms) if spec.device_type == "cuda" else 0
     secs = copy_seconds(host)
+    # a shape class where the family's points are known to miss by more than 1% (off the measured grids): its
+    # measured bound (planner/arch/<family>.py offload_bound_note; the off-grid sweep, planner/bench/offload_act.py)
+    bound = family.offload_bound_note(cfg, spec) if hasattr(family, "offload_bound_note") else None
+    note += [bound] if bound else []
     notes = est.notes + note + [
         f"activations offloaded (torch.autograd.graph.save_on_cpu(pin_memory=True)): {host:,} B of saved-tensor "
         f"copies live on the host (one per saved variable, weights saved by the matmuls included); {DEVICE_NOTE} "
