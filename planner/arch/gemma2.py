@@ -209,22 +209,21 @@ class Gemma2(Gemma):
                            for t in self.norm_terms(label, b, s, h, w)) for k, v in out.items()}
 
     def offload_bound_note(self, c, spec) -> str | None:
-        """--offload-activations' measured bound where Gemma 2's points still miss (the off-grid sweep, planner/bench/
-        offload_act.py offgrid_runs, estimate against the simulation): without checkpointing the backward phase is
-        low by up to 3.4% (Gemma 2 V97 h32 f128 a4 kv4 b4 s64 fp32; never the step's peak there: the forward is);
-        with checkpointing and as many K/V heads as query heads in bf16 or bf16-AMP the backward, the step's peak,
-        is low by up to 3.8% (h32 f128 a4 kv4 b4 s64 bf16: the recomputed block's point, as the estimate without
-        offloading, -3.9%) and the forward high by up to 1.6%."""
-        if spec.checkpoint_policy != "full" and spec.checkpointing:
-            return None
+        """--offload-activations' measured bound where Gemma 2's points still miss (estimate against the simulation:
+        the off-grid sweep, planner/bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
+        without checkpointing the backward phase is low by up to 3.4% (Gemma 2 V97 h32 f128 a4 kv4 b4 s64 fp32;
+        never the step's peak there: the forward is); with checkpointing (any policy) the forward phase is high by up
+        to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective) and the backward low by up to 3.8%, the step's peak
+        only with as many K/V heads as query heads in bf16 or bf16-AMP (h32 f128 a4 kv4 b4 s64 bf16: the recomputed
+        block's point, as the estimate without offloading, -3.9%)."""
         if not spec.checkpointing:
             return ("Gemma 2 with --offload-activations without checkpointing: the backward phase's estimate is low by "
                     "up to 3.4% off the measured grids (the off-grid sweep; not the step's peak there, the forward is)")
-        if c.num_key_value_heads == c.num_attention_heads and spec.precision in ("bf16", "bf16-amp"):
-            return ("Gemma 2 with --offload-activations, checkpointing and K/V heads = query heads in bf16 / bf16-AMP: "
-                    "the backward (the step's peak) is low by up to 3.8% and the forward high by up to 1.6% off the "
-                    "measured grids (the off-grid sweep; the estimate without offloading misses the same point)")
-        return None
+        peak = (" (the step's peak here: K/V heads = query heads in bf16 / bf16-AMP; the estimate without offloading "
+                "misses the same point)" if c.num_key_value_heads == c.num_attention_heads
+                and spec.precision in ("bf16", "bf16-amp") else "")
+        return ("Gemma 2 with --offload-activations and checkpointing: the forward phase's estimate is high by up to "
+                f"2.9% and the backward's low by up to 3.8%{peak}, against the simulation off the measured grids")
 
     def selective_unconsumed(self, c, spec, w) -> int:
         """The post-feedforward norm saves down_proj's output, so the recompute replays down_proj and consumes its

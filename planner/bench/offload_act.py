@@ -225,8 +225,11 @@ def mix_lines() -> list[str]:
              "the offloaded parameters' states (planner/estimate/offload.py over planner/estimate/offload_act.py) and "
              "the host holds both: the optimizer's copies and states all step, the saved-tensor copies up to the "
              "loss (the record's `host_peak_bytes` is their sum). Estimate: planner/estimate/offload_act.py. The "
-             "forward phase is the main table's estimate (points inside a block not modelled): against the smaller "
-             "device figure under --offload-optimizer it is up to +18% here, below the estimated peak in every row.",
+             "forward phase's points are the main table's (the last block's MLP, RoPE, SDPA or eager attention: "
+             "planner/arch/decoder.py offload_alive / offload_forward_points), under --offload-optimizer too (the "
+             "off-grid section below: every phase within 1% but Gemma 2's checkpointed forward, up to +2.9%, and "
+             "backward, up to -3.8%, which its estimate states in a note: planner/arch/gemma2.py "
+             "offload_bound_note).",
              "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); "
              f"optimizer host bytes exact and host peak = activation copies + optimizer host: "
