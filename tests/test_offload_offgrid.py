@@ -12,14 +12,14 @@ from planner.spec import TrainSpec
 
 
 def bounded(cfg, spec) -> bool:
-    """Gemma 2's classes with a stated bound (offload_bound_note)."""
-    return cfg.arch == "gemma2" and (not spec.checkpointing or (
-        cfg.num_key_value_heads == cfg.num_attention_heads and spec.precision in ("bf16", "bf16-amp")))
+    """The classes with a stated bound (offload_bound_note): Gemma 2 checkpointed, eager attention under bf16-AMP
+    without checkpointing."""
+    return cfg.arch == "gemma2" and (spec.checkpointing or spec.precision == "bf16-amp")
 
 
-# every 7th run of the sweep (a stride prime to the 6 runs of a shape: each family, shape, precision and
-# checkpointing meet), the bounded classes apart
-SAMPLE = [run for run in offgrid_runs()[::7] if not bounded(run[1], run[2])]
+# every 7th run of the sweep past the bounded classes (a stride prime to the 6 runs of a shape: families, shapes,
+# precisions and checkpointing meet)
+SAMPLE = [run for run in offgrid_runs() if not bounded(run[1], run[2])][::7]
 
 
 def test_the_sample_covers_every_family():
@@ -39,13 +39,13 @@ def test_off_grid_every_phase_within_1pct_of_the_simulation(label, cfg, spec):
     assert abs(row["est_peak"] / row["sim_peak"] - 1) < 0.01
 
 
-@pytest.mark.parametrize("prec,ckpt,phase,lo,hi", [("fp32", False, "backward", -0.034, 0.0),
+@pytest.mark.parametrize("prec,ckpt,phase,lo,hi", [("bf16-amp", False, "backward", -0.026, 0.0),
                                                    ("bf16", True, "backward", -0.0385, 0.0)])
 def test_gemma2_states_its_bound_and_holds_it(prec, ckpt, phase, lo, hi):
-    """h32 f128 a4 kv4 b4 s64, the sweep's worst Gemma 2 run of each bounded class: the note is there and the phase's
-    error is inside it (low, as it says)."""
+    """h32 f128 a4 kv4 b4 s64, a Gemma 2 run of each bounded class (the sweep's worst checkpointed one): the note is
+    there and the phase's error is inside it (low, as it says)."""
     cfg = offgrid_config("gemma2", 32, 128, 4, 4)
     spec = TrainSpec(4, 64, prec, "adamw", checkpointing=ckpt, offload_activations=True)
-    assert any(n.startswith("Gemma 2 with --offload-activations") for n in estimate_training(cfg, spec).notes)
+    assert any("--offload-activations" in n and "low by up to" in n for n in estimate_training(cfg, spec).notes)
     row = offgrid_row("gemma2", cfg, spec)
     assert lo - 0.0005 <= row["phase_err"][phase] <= hi
