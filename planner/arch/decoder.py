@@ -297,22 +297,38 @@ class RMSDecoder(HFCausalLM):
         cache = 0 if spec.checkpointing else 2 * L * b * c.num_key_value_heads * s * c.head_dim * w.e_r
         rope = 2 * s * c.head_dim * w.e_r if spec.checkpointing else 0
         mlp = 3 * b * s * c.intermediate_size * w.e_m + 2 * b * s * c.hidden_size * w.e_r
-        if w.amp and not spec.checkpointing:  # autocast's copies of down_proj's and lm_head's weights: not made yet
+        if w.amp:  # autocast's copies of down_proj's and lm_head's weights: not made yet (checkpointed or not:
+            # measured, Llama V97 h32 f128 b4 s64 bf16-AMP checkpointed, +14,400 B = h*(f + V)*2 before)
             mlp -= c.hidden_size * (c.intermediate_size + c.vocab_size) * w.e_m
+        if c.attention == "eager":
+            # the decoder layer's `hidden_states, _ = self.self_attn(...)`: `_` is eager attention's returned
+            # probabilities (softmax's fp32 output .to(q's dtype), q after RoPE: e_r), alive to the layer's
+            # return; without checkpointing the model's masks too (mask_count * b*s^2*e_r; under checkpointing
+            # they are checkpoint inputs, counted held) (measured: the forward's op timeline of Gemma 2 V97 h64
+            # f512 a4 kv2 b2 s128 fp32, 786,440 B low before = b*a*s^2*4 + 2*b*s^2*4 + 8)
+            mlp += b * c.num_attention_heads * s * s * w.e_r
+            mlp += 0 if spec.checkpointing else self.mask_count(c) * b * s * s * w.e_r
         return cache, rope, mlp + self.offload_forward_held(c, spec, w)
 
     def offload_forward_held(self, c, spec, w) -> int:
         """Without checkpointing, what the model's forward still references beside the last block's MLP: the
         embedding output (the model's `inputs_embeds`), the last block's input (the model's loop variable; the
         embedding output itself when L = 1), RoPE's cos and sin ((1, s, d) each, e_r) and position_ids ((1, s)
-        int64). Under checkpointing offload_act.py counts cos, sin and position_ids as held and the checkpoint
-        measurement keeps the block inputs (measured: the forward phase's op timeline of Llama and Qwen 2 V97 h32
-        a4 kv2 b2 s256, fp32 and bf16-AMP, -149,504 B before = 2*b*s*h*4 + 2*s*d*4 + 8*s)."""
-        if spec.checkpointing:
-            return 0
+        int64) (measured: the forward phase's op timeline of Llama and Qwen 2 V97 h32 a4 kv2 b2 s256, fp32 and
+        bf16-AMP, -149,504 B before = 2*b*s*h*4 + 2*s*d*4 + 8*s). Under checkpointing offload_act.py counts cos,
+        sin and position_ids as held (the checkpoint's inputs) and the embedding output and the last block's input
+        are held here as without it: what the checkpoint stashes of them is save_on_cpu's host copy, the device
+        tensors are the model's locals (measured: the forward's op timeline of Llama V97 h48 f96 a6 kv2 b1 s512
+        fp32 checkpointed, -196,608 B = 2*b*s*h*4 before, -16.3%)."""
         b, s = spec.batch_size, spec.seq_len
         n_res = 2 if c.num_hidden_layers > 1 else 1
-        return n_res * b * s * c.hidden_size * w.e_r + 2 * s * c.head_dim * w.e_r + 8 * s
+        if spec.checkpointing:  # the two b*s*h*e_r are still referenced: their checkpoint copies are host copies
+            return n_res * b * s * c.hidden_size * w.e_r
+        # SDPA under a sliding window shorter than s: the model's (1, 1, s, s) bool mask and the two 0-d int64
+        # tensors its creation lifts (measured: the forward's op timeline of Mistral V97 h64 f192 a8 kv2 b2 s256
+        # and Phi-3 V97 h64 f512 a4 kv2 b2 s128, fp32: s^2 + 16 B under the MLP point before)
+        mask = s * s + 16 if c.attention == "sdpa" and self.masked(c, spec) else 0
+        return n_res * b * s * c.hidden_size * w.e_r + 2 * s * c.head_dim * w.e_r + 8 * s + mask
 
     def offload_forward_points(self, c, spec, w) -> dict[str, int]:
         """--offload-activations' forward high points inside the last block beyond the persistent state, autocast's
@@ -340,7 +356,10 @@ class RMSDecoder(HFCausalLM):
         e_ms = max(w.e_m, w.e_r)  # the masked scores: the mask's dtype wins
         softmax = e_ms + 4 + (4 if e_ms < 4 else 0)  # softmax(dtype=float32) casts a bf16 input first (a copy)
         return {**points, "attention": (3 * b * s * h * w.e_r + rope - pending + b * s * x.a * x.d * w.e_r + kv_own + kv_rep
-                              + self.mask_count(c) * b * s * s * w.e_r + bas2 * max(2 * w.e_m, softmax))}
+                              # the masks (under checkpointing checkpoint inputs, counted held: measured, Gemma 2
+                              # V97 h48 f96 a6 kv2 b1 s512 fp32 checkpointed, +2*b*s^2*4 before)
+                              + (0 if spec.checkpointing else self.mask_count(c) * b * s * s * w.e_r)
+                              + bas2 * max(2 * w.e_m, softmax))}
 
     def offload_attention_points(self, c, spec, w) -> dict[str, int]:
         """--offload-activations' high points in the last block's attention, beside the forward's held tensors
@@ -370,24 +389,80 @@ class RMSDecoder(HFCausalLM):
             masked = self.masked(c, spec)
             gqa = x.kv == x.a or parts.sdpa_enable_gqa(x, masked)
             own = 0 if not spec.checkpointing else kv * w.e_r + kv * w.e_m
-            rep = 0 if gqa else 2 * q * w.e_r
-            mask = (0 if spec.checkpointing else s * s) + b * s * s * w.e_m if masked else 0
-            casts = (q + 2 * (kv if gqa else q)) * w.e_m if w.amp else 0
+            # repeat_kv's copies: k after RoPE (e_r) and v, under checkpointing as v_proj made it (e_m: the cache is
+            # off), else the cache's (e_r: its cat promotes); autocast casts q, k and an e_r v to bf16 (measured:
+            # Mistral V97 h48 f96 a6 kv2 b1 s512 bf16-AMP checkpointed, the SDPA point 98,304 B above the
+            # simulation with v at e_r and cast; without checkpointing the cache's v is fp32, to the byte)
+            e_v = w.e_m if spec.checkpointing else w.e_r
+            rep = 0 if gqa else q * (w.e_r + e_v)
+            mask = b * s * s * w.e_m if masked else 0  # (the model's bool mask: held, offload_forward_held)
+            kvs = kv if gqa else q
+            casts = (q + kvs + (kvs if e_v > w.e_m else 0)) * w.e_m if w.amp else 0
             points["sdpa"] = held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m + 4 * b * x.a * s
         return points
 
     def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
         """--offload-activations without checkpointing (planner/estimate/offload_act.py runs the generic sweep with
-        empty saved sets at fp32 widths): at the gated product's backward the down projection's input grad and
-        MulBackward's two grads (d act, d up) are alive at once, 3*b*s*f*e_m in the step's own widths (bf16
-        under autocast), where the sweep's ffn point counts 2*b*s*f*4 beside the saved operands, which are host
-        copies here (measured: the backward's op timeline of Llama V97 h64 f512 b2 s128, fp32 -524,296 B and
-        bf16-AMP +262,136 B before). A correction to the sweep's own points, so the same in a later micro-batch
-        (grads_exist: the sweep's points already hold only the new grads)."""
+        empty saved sets in the step's widths, autocast's copies gone): at the gated product's backward the down
+        projection's input grad and MulBackward's two grads (d act, d up) are alive at once, 3*b*s*f*e_m (bf16
+        under autocast), where the sweep's ffn point counts 2*b*s*f*e_m beside the saved operands, which are host
+        copies here (measured: the backward's op timeline of Llama V97 h64 f512 b2 s128, fp32 -524,296 B before;
+        Llama V97 h32 f128 b4 s64 bf16-AMP, the ffn point G + 4*b*s*h + 3*b*s*f*2 to the byte). A correction to the
+        sweep's own points, so the same in a later micro-batch (grads_exist: the sweep's points already hold only the
+        new grads)."""
         if spec.checkpointing:
             return points
-        bsf = spec.batch_size * spec.seq_len * c.intermediate_size
-        return {k: v + (3 * bsf * w.e_m - 2 * bsf * 4 if k.endswith(" ffn") else 0) for k, v in points.items()}
+        b, s, x = spec.batch_size, spec.seq_len, self.shape(c)
+        bsf = b * s * c.intermediate_size
+        # eager attention's softmax backward: its two fp32 b*a*s^2 tensors with nothing freed beside them (the
+        # sweep's point offsets the probabilities' saved cast, e_m below fp32, and o_proj's saved input, both host
+        # copies here), and v's grad (b*s*a*d*e_m) alive (measured: the backward's op timelines of Gemma 2 V97 h32
+        # f128 a4 kv4 b4 s64 fp32 and bf16, SoftmaxBackward's point, -3.4% / -2.4% before; bf16-AMP: offload_bound_note)
+        eager = (b * x.a * s * s * (w.e_m if w.e_m < 4 else 0) + 2 * b * s * x.a * x.d * w.e_m
+                 if c.attention == "eager" else 0)
+        out = {k: v + (bsf * w.e_m if k.endswith(" ffn") else eager if k.endswith(" attention") else 0)
+               for k, v in points.items()}
+        return {**out, **self.offload_qk_norm_points(c, spec, w, out)}
+
+    def offload_bound_note(self, c, spec) -> str | None:
+        """--offload-activations' measured bound where the points still miss (planner/estimate/offload_act.py adds
+        it to the notes): eager attention under bf16-AMP without checkpointing, whose softmax backward's casts are
+        not modelled point by point: the backward phase low by up to 2.6% against the simulation (Gemma 2 V97 h32
+        a4 kv2 b2 s256; Llama eager V97 h32 f128 a4 kv4 b4 s64 -1.4%), never the step's peak in those runs (the
+        forward is)."""
+        if c.attention == "eager" and spec.precision == "bf16-amp" and not spec.checkpointing:
+            return ("--offload-activations with eager attention under bf16-AMP without checkpointing: the backward "
+                    "phase's estimate is low by up to 2.6% (against the simulation; not the step's peak there)")
+        return None
+
+    def offload_qk_norm_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
+        """Qwen 3's q_norm backward without checkpointing (every saved tensor a host copy): the RMSNorm over
+        head_dim runs in fp32, and at its pow's backward five fp32 q-sized tensors are alive (the normed x's grad
+        waiting for its sum, mean's, pow's and its two muls' outputs: 5*b*s*a*d*4), beside the residual's grad and
+        the k and v projections' summed input grad (b*s*h*e_r each) and every grad of the block but q_proj's and
+        the input norm's (k_proj's, v_proj's and both head norms' made). Read from the sweep's rope point (the
+        same grads less k/v's, with RoPE's three q grads and the k and v grads in the sweep's e_m: autocast off).
+        Measured: the backward's op timeline of Qwen 3 V97 h48 f96 a6 kv2 b1 s512 bf16-AMP, the step's backward
+        peak (-16.3% before). k_norm's backward runs first, with v_proj's input grad and q's grad out of RoPE
+        alive and five kv-sized fp32 tensors (measured: Qwen 3 V97 h32 f128 a4 kv4 b4 s64 bf16-AMP, -3.4% before;
+        the higher one when kv = a)."""
+        if not self.qk_norm:
+            return {}
+        b, s, x = spec.batch_size, spec.seq_len, self.shape(c)
+        q, kv = b * s * x.a * x.d, b * s * x.kv * x.d
+        e_p = 2 if spec.precision == "bf16" else 4
+        e_rope = 4 if w.amp else w.e_m  # RoPE's output dtype (q * cos promotes to fp32 under autocast)
+        out = {}
+        for k, v in points.items():
+            if k.endswith(" rope"):
+                # the rope point's grads (the head norms' weights' counted made) and the residual's grad, with the
+                # summed (v, then k and v) projections' input grad in place of RoPE's q, k and v grads
+                at = v - 3 * q * w.e_m - 2 * kv * w.e_m + b * s * x.h * w.e_r
+                out[k[:-len("rope")] + "q_norm"] = at + 2 * x.kv * x.d * x.h * e_p + 5 * q * 4
+                # k_norm's, first: v_proj's grad made, q_norm's weight grad not yet, q's grad out of RoPE waiting
+                out[k[:-len("rope")] + "k_norm"] = (at + x.kv * x.d * x.h * e_p - x.d * e_p + q * e_rope
+                                                    + 5 * kv * 4)
+        return out
 
     def offload_qk_width(self, spec, w) -> int:
         """The width of q and k as RoPE gets them: the projections' outputs (e_m)."""

@@ -196,6 +196,35 @@ class Gemma2(Gemma):
                     points["ffn"] += x.bsh * w.e_r
         return points
 
+    def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
+        """The RMS decoder's (planner/arch/decoder.py), without checkpointing less block_points' release of the
+        sandwich norms' saved sets at the attention's and the GELU's backward: with every saved tensor a host copy
+        there is nothing of theirs on the device to free (measured: the backward's op timeline of Gemma 2 V97 h32
+        f128 a4 kv4 b4 s64 bf16, the attention point); a later micro-batch's the same (grads_exist: a correction to
+        the sweep's own points)."""
+        out = super().offload_backward_points(c, spec, w, points, grads_exist)
+        if spec.checkpointing:
+            return out
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        back = {" attention": "post_attention_layernorm", " ffn": "post_feedforward_layernorm"}
+        return {k: v + sum(t.bytes for n, label in back.items() if k.endswith(n)
+                           for t in self.norm_terms(label, b, s, h, w)) for k, v in out.items()}
+
+    def offload_bound_note(self, c, spec) -> str | None:
+        """--offload-activations' measured bound where Gemma 2's points still miss (estimate against the simulation:
+        the off-grid sweep, planner/bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
+        without checkpointing eager attention's bound under bf16-AMP (planner/arch/decoder.py); with checkpointing
+        (any policy) the forward phase is high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective) and the backward low by up to 3.8%, the step's peak
+        only with as many K/V heads as query heads in bf16 or bf16-AMP (h32 f128 a4 kv4 b4 s64 bf16: the recomputed
+        block's point, as the estimate without offloading, -3.9%)."""
+        if not spec.checkpointing:  # (eager attention under bf16-AMP: the decoder's note)
+            return super().offload_bound_note(c, spec)
+        peak = (" (the step's peak here: K/V heads = query heads in bf16 / bf16-AMP; the estimate without offloading "
+                "misses the same point)" if c.num_key_value_heads == c.num_attention_heads
+                and spec.precision in ("bf16", "bf16-amp") else "")
+        return ("Gemma 2 with --offload-activations and checkpointing: the forward phase's estimate is high by up to "
+                f"2.9% and the backward's low by up to 3.8%{peak}, against the simulation off the measured grids")
+
     def selective_unconsumed(self, c, spec, w) -> int:
         """The post-feedforward norm saves down_proj's output, so the recompute replays down_proj and consumes its
         cached output (planner/arch/base.py; measured: gemma2 tiny fp32 selective under --offload-activations, the

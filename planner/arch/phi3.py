@@ -78,6 +78,33 @@ class Phi3(RMSDecoder):
     sdpa_output_is_o_input = False
     grid_options = {"pad_token_id": 0, "sliding_window": 48}  # s64 runs beyond the window, s48 at it, s8 inside
 
+    def offload_alive(self, c, spec, w) -> tuple[int, int, int]:
+        """Llama's, with the MLP point of the fused gate_up: Phi3MLP keeps `up_states = self.gate_up_proj(x)`
+        (2*b*s*f*e_m) alive while it chunks it and makes act(gate) and the product, so the point holds 4*b*s*f*e_m,
+        not Llama's three (measured: the forward's op timeline of Phi-3 V97 h64 f512 a4 kv2 b2 s128 fp32, 524,288
+        B = b*s*f*4 above Llama's point, -10% before)."""
+        cache, rope, mlp = super().offload_alive(c, spec, w)
+        return cache, rope, mlp + spec.batch_size * spec.seq_len * c.intermediate_size * w.e_m
+
+    def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
+        """Llama's, and without checkpointing the fused gate_up's SplitBackward: its cat of the gate and up grads
+        (2*b*s*f*e_m) is made while SiLU's input grad and up's grad (b*s*f*e_m each) are alive, one b*s*f*e_m above
+        the product's backward (decoder.py offload_backward_points' ffn point; measured: the backward's op
+        timeline of Phi-3 V97 h32 f128 a4 kv4 b4 s64 fp32, to 8 B, -12.9% before). Corrections to the sweep's own
+        points, so the same in a later micro-batch (grads_exist)."""
+        out = super().offload_backward_points(c, spec, w, points, grads_exist)
+        if spec.checkpointing:
+            # the recomputed block runs with the cache off, so SDPA saves v as a view of qkv_proj's output and
+            # the whole output stays alive until SDPA's backward (uncheckpointed_block_extra: b*s*(a + kv)*d*e_m
+            # more than v), at every point of the block before it (measured: the backward's op timeline of Phi-3
+            # V97 h32 f128 a4 kv4 b4 s64 fp32 checkpointed, the first block's ffn point 65,544 B low before: -3.6%)
+            extra = self.uncheckpointed_block_extra(c, spec, w)
+            return {k: v + (extra if k.endswith((" ffn", " mlp_in", " mlp_done", " norm", " mlp_cast")) else 0)
+                    for k, v in out.items()}
+        bsf = spec.batch_size * spec.seq_len * c.intermediate_size
+        return {**out, **{k[:-len("ffn")] + "gate_up cat": v + bsf * w.e_m for k, v in out.items()
+                          if k.endswith(" ffn")}}
+
     def offload_forward_points(self, c, spec, w) -> dict[str, int]:
         """Llama's eager-attention point, plus two b*s*a*d*e_m more: RoPE here ends in torch.cat (rotary and
         pass-through halves), whose pieces are alive beside q (measured: Phi-3 V97 h32 a4 kv2 b2 s256 bf16, eager:
@@ -89,6 +116,9 @@ class Phi3(RMSDecoder):
             # V97 h32 a4 kv2 b2 s256 fp32 and bf16-AMP, -131,072 / -65,536 B before)
             x = self.shape(c)
             points["sdpa"] += spec.batch_size * spec.seq_len * (x.a + 2 * x.kv) * x.d * w.e_m
+            if spec.checkpointing:  # (the cache off: v is that output's view, not its own b*s*kv*d*e_m; measured:
+                # Phi-3 V97 h48 f96 a6 kv2 b1 s512 fp32 checkpointed, +32,768 B before)
+                points["sdpa"] -= spec.batch_size * spec.seq_len * x.kv * x.d * w.e_m
         return points
 
     def uncheckpointed_block_extra(self, c, spec, w) -> int:

@@ -186,7 +186,8 @@ def build_parser() -> _Parser:
                         "recorded CPU grid on cuda), infer (the inference grids on cuda) (default all)")
     b.add_argument("--grid", default="all",
                    help="record: the grid whose rows are measured into tests/data/measured/<grid>.jsonl (accuracy, "
-                        "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them")
+                        "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them; "
+                        "offload-activations: offgrid runs the off-grid sweep (estimate vs simulate, every RMS family)")
     b.add_argument("--new-rows", action="store_true",
                    help="checkpoint-policies: measure only the rows the --out file's section lacks; the others keep "
                         "their measured and simulated bytes from it (every row estimated again), and its full-size "
@@ -539,7 +540,7 @@ def cmd_bench(args) -> int:
     if args.what == "offload-activations":  # issue #24: save_on_cpu measured, simulated, estimated
         from ..bench.offload_act import main as bench_offload_act
 
-        return bench_offload_act(quick=args.quick, out=args.out)
+        return bench_offload_act(quick=args.quick, out=args.out, grid=args.grid)  # --grid offgrid: the sweep
     if args.what == "offload":  # issue #24: --offload-optimizer, CPU rows measured (planner/bench/offload_opt.py)
         from ..bench.techniques import main_offload
 

@@ -366,8 +366,12 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
             return own({k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
                         * bsh * w.e_r for k, v in got.items()}, ckpt, grads_exist)
         # every saved tensor is a host copy: the sweep's points with empty saved sets, at fp32 widths
-        fp = dataclasses.replace(plain, precision="fp32", checkpointing=False)
-        wf = Widths.of(fp, loss_upcast=family.loss_upcast(cfg, fp))
+        # every saved tensor is a host copy: the sweep's points with empty saved sets, in the step's own widths
+        # with autocast's weight copies gone (each one a saved tensor, so a host copy; the sweep runs as the fp32
+        # step does at e_m / e_r: measured, the off-grid sweep's Llama / Qwen 2 / Gemma / Mistral bf16 and
+        # bf16-AMP rows, the backward phase to the byte, +4.7% to +17% at fp32 widths before)
+        fp = dataclasses.replace(plain, precision="fp32" if w.amp else spec.precision, checkpointing=False)
+        wf = dataclasses.replace(w, amp=False)
         blk = [dataclasses.replace(t, bytes=0) for t in family.block_terms(cfg, fp, wf)]
         out = [dataclasses.replace(t, bytes=0) for t in family.outside_terms(cfg, fp, wf)]
         got = backward_sweep(cfg, fp, wf, blk, out, e_p, 0, 0, grads_exist=grads_exist)
@@ -466,6 +470,10 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     host = sum(t.bytes for t in hterms)
     pinned = sum(pow2_ceil(t.bytes) for t in hterms) if spec.device_type == "cuda" else 0
     secs = copy_seconds(host)
+    # a shape class where the family's points are known to miss by more than 1% (off the measured grids): its
+    # measured bound (planner/arch/<family>.py offload_bound_note; the off-grid sweep, planner/bench/offload_act.py)
+    bound = family.offload_bound_note(cfg, spec) if hasattr(family, "offload_bound_note") else None
+    note += [bound] if bound else []
     notes = est.notes + note + [
         f"activations offloaded (torch.autograd.graph.save_on_cpu(pin_memory=True)): {host:,} B of saved-tensor "
         f"copies live on the host (one per saved variable, weights saved by the matmuls included); {DEVICE_NOTE} "
