@@ -34,6 +34,11 @@ def check_policy(policy: str) -> None:
         raise ConfigError(f"unknown checkpointing policy {policy!r}; choose one of: full, every:K (K >= 1), selective")
 
 
+def policy_of(spec) -> str:
+    """The checkpointing policy in force ("full" without checkpointing too: nothing to tell apart)."""
+    return getattr(spec, "checkpoint_policy", "full") if spec.checkpointing else "full"
+
+
 def every_k(policy: str) -> int:
     """K of every:K (1 for full and selective: every block)."""
     m = _EVERY_RE.match(policy)

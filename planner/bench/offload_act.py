@@ -391,7 +391,7 @@ def finetune_lines() -> list[str]:
              "matmul, saved to the host and freed), and under checkpointing the embedding output that "
              "enable_input_require_grads turns into a leaf stays on the device, held by its AccumulateGrad node, "
              "until backward reaches it; the recompute's saved set is on the device. Estimate: "
-             "planner/estimate/offload_act.py (`finetune_host_terms`, `ft_sweep`). QLoRA (`offload_qlora`): its fp32 "
+             "planner/estimate/offload_ft.py (`finetune_host_terms`, `ft_sweep`). QLoRA (offload_act.py `offload_qlora`): its fp32 "
              "twin's offloaded step less the quantized weights, with the dequantized weights' backward points; "
              "bitsandbytes' MatMul4Bit keeps its packed weight on ctx, not through save_for_backward, so the "
              "quantized linears' weights are not copied (the twin's walk without them). The other dense RMSNorm "

@@ -1,0 +1,133 @@
+"""`--offload-activations` with fine-tuning (LoRA, --train-layers, QLoRA nf4 / fp4; issue #24; no torch): the pieces
+planner/estimate/offload_act.py takes where a fine-tuned step differs from full training's.
+
+  host    the block walk's host view (planner/arch/saved.py: one copy per saved variable, by what needs grad: a
+          frozen prefix saves nothing, a frozen Linear its weight when its input needs grad, an adapter its input,
+          lora_A's output and its weights): finetune_host_terms
+  device  autocast caches the trainable leaves' copies only (ft_cache; a frozen weight's copy is fresh at its
+          matmul, saved and freed with it), so the family's "not made yet" copies are the trainable ones
+          (ft_pending); a frozen head's copy is fresh at the head (ft_head_trains); a tied head accumulates only
+          where the embedding trains (ft_embed_trains); the backward is the fine-tuning sweep with the saved sets
+          on the host (ft_sweep)
+Measured: every dense RMSNorm decoder family, LoRA q,v / all-linear, last:1, QLoRA nf4; fp32 and bf16-AMP;
+checkpointing off and on (planner/bench/offload_act.py finetune_rows; tests/test_offload_finetune.py). The MoE
+families and GPT-2 are refused (check_offload_finetune; planner/arch/moe.py offload_finetune).
+"""
+from __future__ import annotations
+
+from ..accounting import tensor_inventory
+from ..arch import family_of
+from ..arch.terms import Widths
+from ..checkpointing import policy_of
+from ..validation import ConfigError
+
+
+def check_offload_finetune(cfg, spec) -> None:
+    """Fine-tuning (LoRA, a trainable subset) is modelled where the block walk's host view is measured."""
+    family = family_of(cfg)
+    if spec.quantize_base not in ("none", "nf4", "fp4"):
+        raise ConfigError(f"--offload-activations with --quantize-base {spec.quantize_base} is not modelled (QLoRA's "
+                          "nf4 / fp4 are)")
+    if not hasattr(family, "offload_walk") or not getattr(family, "offload_finetune", False):
+        raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
+                          "(measured for the dense RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, "
+                          "Gemma 2)")
+    if spec.grad_accum > 1 or policy_of(spec) != "full" or getattr(spec, "offload_optimizer", False):
+        raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
+                          "checkpointing or none, and the optimizer on the device")
+
+
+def finetune_host_terms(cfg, spec) -> list:
+    """Fine-tuning's host copies (LoRA, a trainable subset): the family's offload_walk (planner/arch/decoder.py) with
+    the trainable names and the LoRA-wrapped linears (measured: a saved_tensors_hooks inventory of transformers'
+    Llama / Qwen 3 / Gemma 2 with peft 0.21, fp32 and bf16-AMP, and the pack hook's bytes: tests/
+    test_offload_finetune.py)."""
+    from ..finetune import adapted_linears, trainable_names
+
+    from .quantized import fp32_twin
+
+    family = family_of(cfg)
+    quantized = spec.quantize_base != "none"
+    if quantized:  # QLoRA: the fp32 twin's walk, the quantized Linears' weights never reaching the hook
+        spec = fp32_twin(spec)
+    w = Widths.of(spec, loss_upcast=family.loss_upcast(cfg, spec))
+    keep = trainable_names(family, cfg, spec)
+    trains = {t.name for t in tensor_inventory(cfg) if t.kind == "param"} if keep is None else keep
+    adapted = {lin.module: lin for lin in adapted_linears(family, cfg, spec)}
+    return family.offload_walk(cfg, spec, w, trains, adapted, quantized)
+
+
+def ft_embed_trains(cfg, spec) -> bool:
+    """Whether the token embedding (a tied head's weight) trains."""
+    from ..finetune import trainable_names
+
+    keep = trainable_names(family_of(cfg), cfg, spec)
+    return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "embed")
+
+
+def ft_head_trains(cfg, spec) -> bool:
+    """Whether the output head trains (its autocast copy is then cached, not fresh at its matmul)."""
+    from ..finetune import trainable_names
+
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "head")
+
+
+def ft_cache(cfg, spec, w) -> int:
+    """Fine-tuning under autocast: the cached e_m copies of every trainable autocast leaf (planner/estimate/
+    finetune.py autocast_cache_bytes with nothing saved: the saved copies are host copies here)."""
+    from .finetune import autocast_cache_bytes
+
+    return autocast_cache_bytes(cfg, spec, w, [])
+
+
+def ft_pending(cfg, spec, w) -> tuple[int, int]:
+    """The trainable autocast copies not made yet at the last block's attention (its o_proj's, its MLP's and the
+    head's) and at its MLP's product (its down_proj's and the head's): (attention, MLP)."""
+    from ..finetune import adapted_linears, trainable_names
+
+    if not w.amp:
+        return 0, 0
+    family = family_of(cfg)
+    keep = trainable_names(family, cfg, spec)
+    last = cfg.layers - 1
+
+    def of(roles: tuple, block) -> int:
+        n = sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.autocast and not t.is_bias
+                and t.role in roles and t.block == block and (keep is None or t.name in keep))
+        n += sum(spec.lora_r * (lin.n_in + lin.n_out) for lin in adapted_linears(family, cfg, spec)
+                 if lin.role in roles and lin.block == block)
+        return n * w.e_m
+
+    head = of(("head",), None)
+    return of(("attn.out", "mlp.in", "mlp.out"), last) + head, of(("mlp.out",), last) + head
+
+
+def ft_sweep(cfg, spec, w, est) -> dict[str, int]:
+    """Fine-tuning's backward points with the saved tensors on the host. Without checkpointing: the fine-tuning
+    sweep (planner/estimate/finetune.py _sweep) with every saved set emptied, so each point is what the backward
+    holds beyond the saved tensors (the grads made, the residual's grad, the node's own temporaries; the CPU
+    backward reads the host copies in place; measured: every fine-tuning row of `bench offload-activations`, the
+    backward phase within 0.01% where it is not the peak's phase too). With checkpointing: below."""
+    import dataclasses as dc
+
+    from .finetune import _sweep, finetune_activations, trainable_params
+
+    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
+    bsh = b * s * h
+    if spec.checkpointing:
+        # the recompute runs outside save_on_cpu (its saved set on the device); each stashed block input is a
+        # host copy: block i's point counts blocks 0..i's, of which block 0's is the embedding's output, a leaf
+        # AccumulateGrad holds on the device (offload_act's held terms; measured: Llama V1000 h64 b2 s64 last:1
+        # fp32, block 0's gated product backward)
+        out = {}
+        for k, v in est.backward_points.items():
+            i = int(k.split()[1]) if k.startswith("block ") else None
+            out[k] = v - (i * bsh * w.e_r if i is not None else 0)
+        return out
+    plain = dc.replace(spec, offload_activations=False)
+    terms, _, per_block = finetune_activations(cfg, plain, w)
+    zero = [dc.replace(t, bytes=0) for t in terms]
+    blocks = [[dc.replace(t, bytes=0) for t in blk] for blk in per_block]
+    return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain))
