@@ -435,22 +435,29 @@ class RMSDecoder(HFCausalLM):
         return {**{k: v + (rope if k.endswith(" rope") else 0) for k, v in out.items()}, **qk}
 
     def offload_rope_backward(self, c, spec, w) -> int:
-        """--offload-activations without checkpointing: what RoPE's backward on q holds beyond the sweep's rope point
-        (three q grads in the sweep's widths: e_m, autocast off). q_embed = q * cos + rotate_half(q) * sin
-        (transformers' apply_rotary_pos_emb) in RoPE's output dtype e_rope (fp32 under autocast: q * cos promotes),
-        q as RoPE gets it in e_in (offload_qk_width: q_proj's output, Qwen 3's q_norm's); each MulBackward casts its
-        grad to e_in. Its two high moments, with q's incoming grad g (e_rope) alive throughout:
+        """--offload-activations without checkpointing: what RoPE's backward holds beyond the sweep's rope point (three
+        q grads and the k and v grads, all in the sweep's widths: e_m, autocast off). q_embed = q * cos +
+        rotate_half(q) * sin (transformers' apply_rotary_pos_emb), k's the same, in RoPE's output dtype e_rope (fp32
+        under autocast: q * cos promotes), q and k as RoPE gets them in e_in (offload_qk_width: the projections'
+        outputs, Qwen 3's head norms'); each MulBackward casts its grad to e_in. For one of q, k (n elements) with
+        its incoming grad g (e_rope) alive throughout, two high moments:
           rotate_half's backward: g * sin (e_in), then the two slice_backward outputs (e_in each) before their add:
-              e_rope + 3*e_in;
+              n*(e_rope + 3*e_in);
           the cos branch: the rotate_half grad summed (e_in), g * cos (e_rope) and, below e_rope, its cast (e_in):
-              2*e_rope + e_in + [e_in < e_rope]*e_in.
-        Measured on the backward's op timeline: Gemma V97 h32 a4 kv2 d32 b2 s256 (a*d = 4h: RoPE's the block's top),
-        fp32 16*q (the slice moment; -12.9% before), bf16-AMP 12*q (the cos moment; -24.6% before), to 8 B."""
+              n*(2*e_rope + e_in + [e_in < e_rope]*e_in).
+        k's runs first, with q's incoming grad (q*e_rope) and v's grad (kv*e_m: back in v_proj's dtype) waiting;
+        then q's, with k's finished grad (kv*e_in) and v's. Measured on the backward's op timeline (a*d = 4h, so
+        RoPE is the block's top): Gemma V97 h32 a4 kv2 d32 b2 s256, fp32 q's slice moment (16*q; -12.9% before),
+        bf16-AMP q's cos moment (12*q; -24.6% before); kv4 (= a) bf16-AMP k's cos moment, 2*q above q's (-26.5%
+        before); each to 8 B."""
         b, s, x = spec.batch_size, spec.seq_len, self.shape(c)
+        q, kv = b * s * x.a * x.d, b * s * x.kv * x.d
         e_rope = 4 if w.amp else w.e_m
         e_in = self.offload_qk_width(spec, w)
-        top = max(e_rope + 3 * e_in, 2 * e_rope + e_in + (e_in if e_in < e_rope else 0))
-        return b * s * x.a * x.d * (top - 3 * w.e_m)
+        top = max(e_rope + 3 * e_in, 2 * e_rope + e_in + (e_in if e_in < e_rope else 0))  # per element
+        q_moment = q * top + kv * e_in + kv * w.e_m
+        k_moment = q * e_rope + kv * w.e_m + kv * top
+        return max(q_moment, k_moment) - 3 * q * w.e_m - 2 * kv * w.e_m
 
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where the points still miss (planner/estimate/offload_act.py adds
