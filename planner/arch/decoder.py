@@ -416,9 +416,13 @@ class RMSDecoder(HFCausalLM):
         bsf = b * s * c.intermediate_size
         # eager attention's softmax backward: its two fp32 b*a*s^2 tensors with nothing freed beside them (the
         # sweep's point offsets the probabilities' saved cast, e_m below fp32, and o_proj's saved input, both host
-        # copies here), and v's grad (b*s*a*d*e_m) alive (measured: the backward's op timelines of Gemma 2 V97 h32
-        # f128 a4 kv4 b4 s64 fp32 and bf16, SoftmaxBackward's point, -3.4% / -2.4% before; bf16-AMP: offload_bound_note)
-        eager = (b * x.a * s * s * (w.e_m if w.e_m < 4 else 0) + 2 * b * s * x.a * x.d * w.e_m
+        # copies here), and v's grad alive (measured: the backward's op timelines of Gemma 2 V97 h32 f128 a4 kv4 b4
+        # s64 fp32 and bf16, SoftmaxBackward's point, -3.4% / -2.4% before). v's grad is in the cache's v dtype, e_r
+        # (the cache holds v in the residual dtype without checkpointing: offload_attention_points): under autocast
+        # the probabilities @ v matmul's bf16 grad of v is cast back to fp32 (ToCopyBackward) before the softmax
+        # backward (measured: the op timelines of Llama eager V97 h32 a4 kv2 b2 s256 and Gemma 2 V97 h32 a4 kv2 b2
+        # s256 bf16-AMP, a (b, a, s, d) fp32 tensor at SoftmaxBackward's point; b*s*a*d*2 = -0.70% / -2.55% before)
+        eager = (b * x.a * s * s * (w.e_m if w.e_m < 4 else 0) + b * s * x.a * x.d * (w.e_m + w.e_r)
                  if c.attention == "eager" else 0)
         if eager and grads_exist:
             # a later micro-batch: the sweep's points after the MLP hold one MLP weight's new grad before its in-place
@@ -461,13 +465,8 @@ class RMSDecoder(HFCausalLM):
 
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where the points still miss (planner/estimate/offload_act.py adds
-        it to the notes): eager attention under bf16-AMP without checkpointing, whose softmax backward's casts are
-        not modelled point by point: the backward phase low by up to 2.6% against the simulation (Gemma 2 V97 h32
-        a4 kv2 b2 s256; Llama eager V97 h32 f128 a4 kv4 b4 s64 -1.4%), never the step's peak in those runs (the
-        forward is)."""
-        if c.attention == "eager" and spec.precision == "bf16-amp" and not spec.checkpointing:
-            return ("--offload-activations with eager attention under bf16-AMP without checkpointing: the backward "
-                    "phase's estimate is low by up to 2.6% (against the simulation; not the step's peak there)")
+        it to the notes): none for the RMS decoders without checkpointing (eager attention under bf16-AMP, low by up
+        to 2.6% before v's fp32 grad was modelled, is now to 8 B: offload_backward_points); a family names its own."""
         return None
 
     def offload_qk_norm_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:

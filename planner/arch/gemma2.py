@@ -221,11 +221,11 @@ class Gemma2(Gemma):
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where Gemma 2's points still miss (estimate against the simulation:
         the off-grid sweep, planner/bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
-        without checkpointing eager attention's bound under bf16-AMP (planner/arch/decoder.py); with checkpointing
+        none without checkpointing (every phase to 8 B there); with checkpointing
         (any policy) the forward phase is high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective) and the backward low by up to 3.8%, the step's peak
         only with as many K/V heads as query heads in bf16 or bf16-AMP (h32 f128 a4 kv4 b4 s64 bf16: the recomputed
         block's point, as the estimate without offloading, -3.9%)."""
-        if not spec.checkpointing:  # (eager attention under bf16-AMP: the decoder's note)
+        if not spec.checkpointing:
             return super().offload_bound_note(c, spec)
         peak = (" (the step's peak here: K/V heads = query heads in bf16 / bf16-AMP; the estimate without offloading "
                 "misses the same point)" if c.num_key_value_heads == c.num_attention_heads
