@@ -12,9 +12,8 @@ from planner.spec import TrainSpec
 
 
 def bounded(cfg, spec) -> bool:
-    """The classes with a stated bound (offload_bound_note): Gemma 2 checkpointed, eager attention under bf16-AMP
-    without checkpointing."""
-    return cfg.arch == "gemma2" and (spec.checkpointing or spec.precision == "bf16-amp")
+    """The class with a stated bound (offload_bound_note): Gemma 2 checkpointed."""
+    return cfg.arch == "gemma2" and spec.checkpointing
 
 
 # every 7th run of the sweep past the bounded classes (a stride prime to the 6 runs of a shape: families, shapes,
@@ -39,8 +38,7 @@ def test_off_grid_every_phase_within_1pct_of_the_simulation(label, cfg, spec):
     assert abs(row["est_peak"] / row["sim_peak"] - 1) < 0.01
 
 
-@pytest.mark.parametrize("prec,ckpt,phase,lo,hi", [("bf16-amp", False, "backward", -0.026, 0.0),
-                                                   ("bf16", True, "backward", -0.0385, 0.0)])
+@pytest.mark.parametrize("prec,ckpt,phase,lo,hi", [("bf16", True, "backward", -0.0385, 0.0)])
 def test_gemma2_states_its_bound_and_holds_it(prec, ckpt, phase, lo, hi):
     """h32 f128 a4 kv4 b4 s64, a Gemma 2 run of each bounded class (the sweep's worst checkpointed one): the note is
     there and the phase's error is inside it (low, as it says)."""
@@ -49,3 +47,13 @@ def test_gemma2_states_its_bound_and_holds_it(prec, ckpt, phase, lo, hi):
     assert any("--offload-activations" in n and "low by up to" in n for n in estimate_training(cfg, spec).notes)
     row = offgrid_row("gemma2", cfg, spec)
     assert lo - 0.0005 <= row["phase_err"][phase] <= hi
+
+
+def test_gemma2_eager_bf16_amp_without_checkpointing_needs_no_bound():
+    """h32 f128 a4 kv4 b4 s64 bf16-AMP, no checkpointing (eager attention's softmax backward with v's grad cast back to
+    the cache's fp32 v; -1.43% and a stated bound before): no note, every phase to 8 B of the simulation."""
+    cfg = offgrid_config("gemma2", 32, 128, 4, 4)
+    spec = TrainSpec(4, 64, "bf16-amp", "adamw", offload_activations=True)
+    assert not any("low by up to" in n for n in estimate_training(cfg, spec).notes)
+    row = offgrid_row("gemma2", cfg, spec)
+    assert all(abs(v) < 1e-4 for v in row["phase_err"].values()), row["phase_err"]

@@ -383,7 +383,12 @@ class RMSDecoder(HFCausalLM):
         last_cache = 0 if spec.checkpointing else 2 * kv * w.e_r
         pending = h * (x.a * x.d + 3 * x.f + V) * w.e_m if w.amp else 0
         e_q = self.offload_qk_width(spec, w)
-        rope = held - last_cache - pending + q * e_q + 3 * q * w.e_r + kv * e_q + kv * w.e_m
+        # k's RoPE runs next, q (e_q) and q_embed (e_r) alive: k's three temporaries beside them, the higher moment
+        # when kv > 2a/3 (measured: the op timeline of Llama V97 h32 a4 kv4 d32 b2 s256 fp32, k's rotate_half * sin,
+        # one q (262,144 B) above q's moment: -8.2% before)
+        q_moment = q * e_q + 3 * q * w.e_r + kv * e_q + kv * w.e_m
+        k_moment = q * e_q + q * w.e_r + kv * e_q + kv * w.e_m + 3 * kv * w.e_r
+        rope = held - last_cache - pending + max(q_moment, k_moment)
         points = {"rope": rope}
         if c.attention == "sdpa":
             masked = self.masked(c, spec)
@@ -416,26 +421,60 @@ class RMSDecoder(HFCausalLM):
         bsf = b * s * c.intermediate_size
         # eager attention's softmax backward: its two fp32 b*a*s^2 tensors with nothing freed beside them (the
         # sweep's point offsets the probabilities' saved cast, e_m below fp32, and o_proj's saved input, both host
-        # copies here), and v's grad (b*s*a*d*e_m) alive (measured: the backward's op timelines of Gemma 2 V97 h32
-        # f128 a4 kv4 b4 s64 fp32 and bf16, SoftmaxBackward's point, -3.4% / -2.4% before; bf16-AMP: offload_bound_note)
-        eager = (b * x.a * s * s * (w.e_m if w.e_m < 4 else 0) + 2 * b * s * x.a * x.d * w.e_m
+        # copies here), and v's grad alive (measured: the backward's op timelines of Gemma 2 V97 h32 f128 a4 kv4 b4
+        # s64 fp32 and bf16, SoftmaxBackward's point, -3.4% / -2.4% before). v's grad is in the cache's v dtype, e_r
+        # (the cache holds v in the residual dtype without checkpointing: offload_attention_points): under autocast
+        # the probabilities @ v matmul's bf16 grad of v is cast back to fp32 (ToCopyBackward) before the softmax
+        # backward (measured: the op timelines of Llama eager V97 h32 a4 kv2 b2 s256 and Gemma 2 V97 h32 a4 kv2 b2
+        # s256 bf16-AMP, a (b, a, s, d) fp32 tensor at SoftmaxBackward's point; b*s*a*d*2 = -0.70% / -2.55% before)
+        eager = (b * x.a * s * s * (w.e_m if w.e_m < 4 else 0) + b * s * x.a * x.d * (w.e_m + w.e_r)
                  if c.attention == "eager" else 0)
+        if eager and grads_exist:
+            # a later micro-batch: the sweep's points after the MLP hold one MLP weight's new grad before its in-place
+            # add (training.py _backward_sweep's pending); by the softmax backward every MLP grad has been added and
+            # freed (measured: the op timeline of Gemma 2 V97 h32 f64 a4 kv2 b2 s256 fp32 accum 2, the later
+            # micro-batch's SoftmaxBackward point, f*h*e_p = 8,192 B over before: +0.16%)
+            e_p = 2 if spec.precision == "bf16" else 4
+            eager -= e_p * max((t.numel for t in self.inventory(c) if t.kind == "param" and t.block == 0
+                                and t.role in ("mlp.in", "mlp.out") and not t.is_bias), default=0)
         out = {k: v + (bsf * w.e_m if k.endswith(" ffn") else eager if k.endswith(" attention") else 0)
                for k, v in points.items()}
-        return {**out, **self.offload_qk_norm_points(c, spec, w, out)}
+        qk = self.offload_qk_norm_points(c, spec, w, out, grads_exist)  # (read from the sweep's own rope point)
+        rope = self.offload_rope_backward(c, spec, w)
+        return {**{k: v + (rope if k.endswith(" rope") else 0) for k, v in out.items()}, **qk}
+
+    def offload_rope_backward(self, c, spec, w) -> int:
+        """--offload-activations without checkpointing: what RoPE's backward holds beyond the sweep's rope point (three
+        q grads and the k and v grads, all in the sweep's widths: e_m, autocast off). q_embed = q * cos +
+        rotate_half(q) * sin (transformers' apply_rotary_pos_emb), k's the same, in RoPE's output dtype e_rope (fp32
+        under autocast: q * cos promotes), q and k as RoPE gets them in e_in (offload_qk_width: the projections'
+        outputs, Qwen 3's head norms'); each MulBackward casts its grad to e_in. For one of q, k (n elements) with
+        its incoming grad g (e_rope) alive throughout, two high moments:
+          rotate_half's backward: g * sin (e_in), then the two slice_backward outputs (e_in each) before their add:
+              n*(e_rope + 3*e_in);
+          the cos branch: the rotate_half grad summed (e_in), g * cos (e_rope) and, below e_rope, its cast (e_in):
+              n*(2*e_rope + e_in + [e_in < e_rope]*e_in).
+        k's runs first, with q's incoming grad (q*e_rope) and v's grad (kv*e_m: back in v_proj's dtype) waiting;
+        then q's, with k's finished grad (kv*e_in) and v's. Measured on the backward's op timeline (a*d = 4h, so
+        RoPE is the block's top): Gemma V97 h32 a4 kv2 d32 b2 s256, fp32 q's slice moment (16*q; -12.9% before),
+        bf16-AMP q's cos moment (12*q; -24.6% before); kv4 (= a) bf16-AMP k's cos moment, 2*q above q's (-26.5%
+        before); each to 8 B."""
+        b, s, x = spec.batch_size, spec.seq_len, self.shape(c)
+        q, kv = b * s * x.a * x.d, b * s * x.kv * x.d
+        e_rope = 4 if w.amp else w.e_m
+        e_in = self.offload_qk_width(spec, w)
+        top = max(e_rope + 3 * e_in, 2 * e_rope + e_in + (e_in if e_in < e_rope else 0))  # per element
+        q_moment = q * top + kv * e_in + kv * w.e_m
+        k_moment = q * e_rope + kv * w.e_m + kv * top
+        return max(q_moment, k_moment) - 3 * q * w.e_m - 2 * kv * w.e_m
 
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where the points still miss (planner/estimate/offload_act.py adds
-        it to the notes): eager attention under bf16-AMP without checkpointing, whose softmax backward's casts are
-        not modelled point by point: the backward phase low by up to 2.6% against the simulation (Gemma 2 V97 h32
-        a4 kv2 b2 s256; Llama eager V97 h32 f128 a4 kv4 b4 s64 -1.4%), never the step's peak in those runs (the
-        forward is)."""
-        if c.attention == "eager" and spec.precision == "bf16-amp" and not spec.checkpointing:
-            return ("--offload-activations with eager attention under bf16-AMP without checkpointing: the backward "
-                    "phase's estimate is low by up to 2.6% (against the simulation; not the step's peak there)")
+        it to the notes): none for the RMS decoders without checkpointing (eager attention under bf16-AMP, low by up
+        to 2.6% before v's fp32 grad was modelled, is now to 8 B: offload_backward_points); a family names its own."""
         return None
 
-    def offload_qk_norm_points(self, c, spec, w, points: dict[str, int]) -> dict[str, int]:
+    def offload_qk_norm_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
         """Qwen 3's q_norm backward without checkpointing (every saved tensor a host copy): the RMSNorm over
         head_dim runs in fp32, and at its pow's backward five fp32 q-sized tensors are alive (the normed x's grad
         waiting for its sum, mean's, pow's and its two muls' outputs: 5*b*s*a*d*4), beside the residual's grad and
@@ -445,12 +484,17 @@ class RMSDecoder(HFCausalLM):
         Measured: the backward's op timeline of Qwen 3 V97 h48 f96 a6 kv2 b1 s512 bf16-AMP, the step's backward
         peak (-16.3% before). k_norm's backward runs first, with v_proj's input grad and q's grad out of RoPE
         alive and five kv-sized fp32 tensors (measured: Qwen 3 V97 h32 f128 a4 kv4 b4 s64 bf16-AMP, -3.4% before;
-        the higher one when kv = a)."""
+        the higher one when kv = a).
+        grads_exist (a later micro-batch of --grad-accum): the projections' and head norms' new grads are added in
+        place to their .grad (counted by the caller) and freed, so neither point holds one (measured: Qwen 3 V97 h32
+        a4 kv2 d24 b2 s256 accum 2, fp32 and bf16-AMP, the later micro-batch's q_norm point 2*kv*d*h*e_p = 12,288 B
+        over before: +0.73%)."""
         if not self.qk_norm:
             return {}
         b, s, x = spec.batch_size, spec.seq_len, self.shape(c)
         q, kv = b * s * x.a * x.d, b * s * x.kv * x.d
         e_p = 2 if spec.precision == "bf16" else 4
+        made = 0 if grads_exist else e_p  # bytes per parameter of a grad made and kept apart from .grad
         e_rope = 4 if w.amp else w.e_m  # RoPE's output dtype (q * cos promotes to fp32 under autocast)
         out = {}
         for k, v in points.items():
@@ -458,9 +502,9 @@ class RMSDecoder(HFCausalLM):
                 # the rope point's grads (the head norms' weights' counted made) and the residual's grad, with the
                 # summed (v, then k and v) projections' input grad in place of RoPE's q, k and v grads
                 at = v - 3 * q * w.e_m - 2 * kv * w.e_m + b * s * x.h * w.e_r
-                out[k[:-len("rope")] + "q_norm"] = at + 2 * x.kv * x.d * x.h * e_p + 5 * q * 4
+                out[k[:-len("rope")] + "q_norm"] = at + 2 * x.kv * x.d * x.h * made + 5 * q * 4
                 # k_norm's, first: v_proj's grad made, q_norm's weight grad not yet, q's grad out of RoPE waiting
-                out[k[:-len("rope")] + "k_norm"] = (at + x.kv * x.d * x.h * e_p - x.d * e_p + q * e_rope
+                out[k[:-len("rope")] + "k_norm"] = (at + (x.kv * x.d * x.h - x.d) * made + q * e_rope
                                                     + 5 * kv * 4)
         return out
 

@@ -207,17 +207,25 @@ class Gemma2(Gemma):
             return out
         b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
         back = {" attention": "post_attention_layernorm", " ffn": "post_feedforward_layernorm"}
+        # and, in a first micro-batch, the sandwich norms' two weight grads (role norm.other), both made before the
+        # softmax backward, which the generic attention point leaves out (it counts o_proj's and the pre-MLP norm's:
+        # training.py _grad_numels attn_done; measured: the op timeline of Gemma 2 V97 h32 a4 kv2 b2 s256 fp32,
+        # SoftmaxBackward's point 2*h*e_p = 256 B above, -264 B before)
+        e_p = 2 if spec.precision == "bf16" else 4
+        sandwich = 0 if grads_exist else e_p * sum(t.numel for t in self.inventory(c)
+                                                    if t.kind == "param" and t.block == 0 and t.role == "norm.other")
         return {k: v + sum(t.bytes for n, label in back.items() if k.endswith(n)
-                           for t in self.norm_terms(label, b, s, h, w)) for k, v in out.items()}
+                           for t in self.norm_terms(label, b, s, h, w)) + (sandwich if k.endswith(" attention") else 0)
+                for k, v in out.items()}
 
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where Gemma 2's points still miss (estimate against the simulation:
         the off-grid sweep, planner/bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
-        without checkpointing eager attention's bound under bf16-AMP (planner/arch/decoder.py); with checkpointing
+        none without checkpointing (every phase to 8 B there); with checkpointing
         (any policy) the forward phase is high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective) and the backward low by up to 3.8%, the step's peak
         only with as many K/V heads as query heads in bf16 or bf16-AMP (h32 f128 a4 kv4 b4 s64 bf16: the recomputed
         block's point, as the estimate without offloading, -3.9%)."""
-        if not spec.checkpointing:  # (eager attention under bf16-AMP: the decoder's note)
+        if not spec.checkpointing:
             return super().offload_bound_note(c, spec)
         peak = (" (the step's peak here: K/V heads = query heads in bf16 / bf16-AMP; the estimate without offloading "
                 "misses the same point)" if c.num_key_value_heads == c.num_attention_heads

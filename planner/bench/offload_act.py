@@ -681,11 +681,10 @@ def offgrid_markdown(rs: list[dict] | None = None) -> str:
         lines.append(f"| {fam} | {len(sub)} | {peak:+.2%} | " + " | ".join(cells) + " |")
     past = [r for r in rs if max(abs(v) for v in r["phase_err"].values()) > 0.01]
     if past:
-        lines += ["", "Runs with a phase past 1% (each in a class whose estimate states its measured bound in a note: "
-                  "eager attention under bf16-AMP without checkpointing, the backward phase low by up to 2.6%; Gemma 2 "
+        lines += ["", "Runs with a phase past 1% (each in a class whose estimate states its measured bound in a note: Gemma 2 "
                   "checkpointed, the forward high by up to 2.9% and the backward low by up to 3.8%, the step's peak only "
-                  "with K/V heads = query heads in bf16 / bf16-AMP, as without offloading: planner/arch/decoder.py and "
-                  "gemma2.py offload_bound_note):", "", "| model | run | device peak: estimate | simulated | error | "
+                  "with K/V heads = query heads in bf16 / bf16-AMP, as without offloading: planner/arch/gemma2.py "
+                  "offload_bound_note):", "", "| model | run | device peak: estimate | simulated | error | "
                   "phases past 1% |", "|---|---|---:|---:|---:|---|"]
         for r in past:
             bad = ", ".join(f"{k} {v:+.2%}" for k, v in r["phase_err"].items() if abs(v) > 0.01)
