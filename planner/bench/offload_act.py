@@ -405,18 +405,9 @@ def finetune_lines() -> list[str]:
              "(Gemma 2 under checkpointing, Phi-3 fp32: points inside the block the fine-tuning path takes from full "
              "training's).", "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%}; simulate = measure to the byte "
-             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", "",
-             "| model | fine-tuning | run | peak without offload (measured) | device peak: estimate | measured | "
-             "simulated | error | phase (est / meas) | host: estimate | measured | simulated | host error | "
-             "worst phase error |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
-    for r in rs:
-        worst_phase = max(r["phase_err"], key=lambda k: abs(r["phase_err"][k]))
-        lines.append(
-            f"| {r['model']} | {r['kind']} | {r['run']} | {r['plain_peak']:,} | {r['est_peak']:,} | "
-            f"{r['meas_peak']:,} | {r['sim_peak']:,} | {r['est_peak'] / r['meas_peak'] - 1:+.2%} | "
-            f"{r['est_phase']} / {r['meas_phase']} | {r['est_host']:,} | {r['meas_host']:,} | {r['sim_host']:,} | "
-            f"{r['est_host'] / r['meas_host'] - 1:+.2%} | {worst_phase} {r['phase_err'][worst_phase]:+.1%} |")
+             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%.", ""]
+    lines += table([("model", "---", lambda r: r["model"]), ("fine-tuning", "---", lambda r: r["kind"]),
+                    ("run", "---", lambda r: r["run"])] + measured_columns("host") + [WORST_PHASE], rs)
     return lines
 
 
@@ -428,21 +419,16 @@ FT_FULL_SIZE = (("llama-3.2-1b", dict(lora_r=16)), ("llama-3.2-1b", dict(lora_r=
 
 
 def finetune_full_size() -> list[str]:
-    from ..config import PRESETS
-    from ..estimate.training import estimate_training
-    from ..measure.simulate import simulate_training
-
-    lines = ["", "Fine-tuning at full size, formula against the simulation (b1 s512 bf16-AMP AdamW, CPU device):", "",
-             "| preset | fine-tuning | checkpointing | device peak: estimate | simulated | error | host: estimate | "
-             "simulated |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["", "Fine-tuning at full size, formula against the simulation (b1 s512 bf16-AMP AdamW, CPU device):", ""]
+    rs = []
     for name, kw in FT_FULL_SIZE:
         spec = TrainSpec(1, 512, "bf16-amp", "adamw", offload_activations=True, **kw)
-        est, sim = estimate_training(PRESETS[name], spec), simulate_training(PRESETS[name], spec)
-        what = (f"LoRA r{spec.lora_r} {spec.lora_targets or 'q,v'}" if spec.lora_r else spec.train_layers)
-        lines.append(f"| {name} | {what} | {'full' if spec.checkpointing else 'none'} | {est.peak_bytes:,} | "
-                     f"{sim['peak_bytes']:,} | {est.peak_bytes / sim['peak_bytes'] - 1:+.3%} | "
-                     f"{est.transients['host_activation_offload']:,} | {sim['host_activation_offload_bytes']:,} |")
-    return lines
+        rs.append({**simulated_row(name, spec), "spec": spec})
+    return lines + table([("preset", "---", lambda r: r["preset"]),
+                          ("fine-tuning", "---", lambda r: (f"LoRA r{r['spec'].lora_r} {r['spec'].lora_targets or 'q,v'}"
+                                                            if r["spec"].lora_r else r["spec"].train_layers)),
+                          ("checkpointing", "---", lambda r: "full" if r["spec"].checkpointing else "none")]
+                         + simulated_columns("host"), rs)
 
 
 # Full size, formula against the simulation (b1 s256 bf16-AMP AdamW, CPU device): one row per combination, on tied
