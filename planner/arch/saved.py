@@ -214,9 +214,8 @@ class BlockWalk:
             lora = m in self.adapted
             if lora:
                 self.host += lora_host(short, b, s, n_in, self.adapted[m].n_out, spec, x_rg, where, part)
-            if lora:
-                terms.extend(parts.lora_adapter(m.rsplit(".", 1)[1], b, s, n_in, spec, e, x_rg, shared, key, where, part))
-            out[m.rsplit(".", 1)[1]] = x_rg or lora or self.trains(f"{m}.weight")
+                terms.extend(parts.lora_adapter(short, b, s, n_in, spec, e, x_rg, shared, key, where, part))
+            out[short] = x_rg or lora or self.trains(f"{m}.weight")
         return out
 
     def gated_mlp(self, gate: bool, up: bool, f: int, fused: bool = False) -> bool:
