@@ -236,17 +236,14 @@ class Gemma2(Gemma):
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where Gemma 2's points still miss (estimate against the simulation:
         the off-grid sweep, planner/bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
-        none without checkpointing (every phase to 8 B there); with checkpointing
-        (any policy) the forward phase is high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective) and the backward low by up to 3.8%, the step's peak
-        only with as many K/V heads as query heads in bf16 or bf16-AMP (h32 f128 a4 kv4 b4 s64 bf16: the recomputed
-        block's point, as the estimate without offloading, -3.9%)."""
+        none without checkpointing (every phase to 8 B there); with checkpointing (any policy) the forward phase is
+        high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective; never the step's peak, which is the
+        backward's). The backward is held to 0.1% on both (it was low by up to 3.8%, the step's peak with a narrow
+        MLP below fp32: block_points' post_ffn_norm)."""
         if not spec.checkpointing:
             return super().offload_bound_note(c, spec)
-        peak = (" (the step's peak here: K/V heads = query heads in bf16 / bf16-AMP; the estimate without offloading "
-                "misses the same point)" if c.num_key_value_heads == c.num_attention_heads
-                and spec.precision in ("bf16", "bf16-amp") else "")
         return ("Gemma 2 with --offload-activations and checkpointing: the forward phase's estimate is high by up to "
-                f"2.9% and the backward's low by up to 3.8%{peak}, against the simulation off the measured grids")
+                "2.9% (not the step's peak), against the simulation off the measured grids")
 
     def selective_unconsumed(self, c, spec, w) -> int:
         """The post-feedforward norm saves down_proj's output, so the recompute replays down_proj and consumes its
