@@ -170,6 +170,21 @@ class Gemma2(Gemma):
         (The full-attention mask, gone at the first block under checkpointing: first_block_released.)"""
         points = super().block_points(c, spec, w, x)
         b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        if x.post_mlp_saved is None:
+            # post_ffn_norm (full training; fine-tuning has its own, planner/estimate/finetune.py): the
+            # post-feedforward norm's backward, the block's first backward op (after its recompute under
+            # checkpointing), at its rsqrt chain: beside the block's whole saved set, the output's grad (e_r),
+            # the fp32 grad of the normed x (grad * (1 + weight): GemmaRMSNorm computes in fp32 at any precision)
+            # and four fp32 b*s*h temporaries; the norm has already released its fp32 normed x (4*b*s*h), its
+            # 1 + weight (4*h) and its rsqrt (4*b*s), and made its weight grad (h*g). The block's top when the
+            # MLP is narrow beside those fp32 temporaries (below fp32, f = 4h: the ffn point's two b*s*f grads
+            # are 16*b*s*h, these 20*b*s*h). Measured on the op timeline (simulate's event log, transformers
+            # 5.23, torch 2.13): gemma2 V97 h32 f128 a4 kv4 and kv2 L2 b4 s64 bf16 SGD checkpointing, the peak at
+            # the last block's post_feedforward_layernorm mul, 1,405,000 B above the persistent base; the ffn
+            # point 57,352 B (-3.9%) below it before, this point 8 B below (the loss's two 4 B 0-d tensors,
+            # which no point counts)
+            points["post_ffn_norm"] = (x.current + x.bsh * w.e_r + 4 * x.bsh + 16 * x.bsh
+                                       - (4 * x.bsh + 4 * b * s + 4 * h) + h * x.g)
         if "attention" in points:
             if x.post_attn_saved is None:  # full training: the norm saved its full set
                 points["attention"] -= sum(t.bytes for t in self.norm_terms("post_attention_layernorm", b, s, h, w))
@@ -221,17 +236,14 @@ class Gemma2(Gemma):
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where Gemma 2's points still miss (estimate against the simulation:
         the off-grid sweep, planner/bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
-        none without checkpointing (every phase to 8 B there); with checkpointing
-        (any policy) the forward phase is high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective) and the backward low by up to 3.8%, the step's peak
-        only with as many K/V heads as query heads in bf16 or bf16-AMP (h32 f128 a4 kv4 b4 s64 bf16: the recomputed
-        block's point, as the estimate without offloading, -3.9%)."""
+        none without checkpointing (every phase to 8 B there); with checkpointing (any policy) the forward phase is
+        high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective; never the step's peak, which is the
+        backward's). The backward is held to 0.1% on both (it was low by up to 3.8%, the step's peak with a narrow
+        MLP below fp32: block_points' post_ffn_norm)."""
         if not spec.checkpointing:
             return super().offload_bound_note(c, spec)
-        peak = (" (the step's peak here: K/V heads = query heads in bf16 / bf16-AMP; the estimate without offloading "
-                "misses the same point)" if c.num_key_value_heads == c.num_attention_heads
-                and spec.precision in ("bf16", "bf16-amp") else "")
         return ("Gemma 2 with --offload-activations and checkpointing: the forward phase's estimate is high by up to "
-                f"2.9% and the backward's low by up to 3.8%{peak}, against the simulation off the measured grids")
+                "2.9% (not the step's peak), against the simulation off the measured grids")
 
     def selective_unconsumed(self, c, spec, w) -> int:
         """The post-feedforward norm saves down_proj's output, so the recompute replays down_proj and consumes its

@@ -297,9 +297,8 @@ def mix_lines() -> list[str]:
              "through the routed experts' backward. Estimate: planner/estimate/offload_act.py. The "
              "forward phase's points are the main table's (the last block's MLP, RoPE, SDPA or eager attention: "
              "planner/arch/decoder.py offload_alive / offload_forward_points), under --offload-optimizer too (the "
-             "off-grid section below: every phase within 1% but Gemma 2's checkpointed forward, up to +2.9%, and "
-             "backward, up to -3.8%, which its estimate states in a note: planner/arch/gemma2.py "
-             "offload_bound_note).",
+             "off-grid section below: every phase within 1% but Gemma 2's checkpointed forward, up to +2.9%, "
+             "which its estimate states in a note: planner/arch/gemma2.py offload_bound_note).",
              "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); "
              f"optimizer host bytes exact and host peak = activation copies + optimizer host: "
@@ -672,8 +671,7 @@ def offgrid_markdown(rs: list[dict] | None = None) -> str:
     past = [r for r in rs if max(abs(v) for v in r["phase_err"].values()) > 0.01]
     if past:
         lines += ["", "Runs with a phase past 1% (each in a class whose estimate states its measured bound in a note: Gemma 2 "
-                  "checkpointed, the forward high by up to 2.9% and the backward low by up to 3.8%, the step's peak only "
-                  "with K/V heads = query heads in bf16 / bf16-AMP, as without offloading: planner/arch/gemma2.py "
+                  "checkpointed, the forward high by up to 2.9% (never the step's peak): planner/arch/gemma2.py "
                   "offload_bound_note):", "", "| model | run | device peak: estimate | simulated | error | "
                   "phases past 1% |", "|---|---|---:|---:|---:|---|"]
         for r in past:
