@@ -3,8 +3,8 @@ bf16-AMP, with and without checkpointing; AdamW and SGD) and one shape per other
 GPT-2, AdamW). The step runs under
 `torch.autograd.graph.save_on_cpu(pin_memory=True)`; the tracker counts the pack hook's host copies apart
 (planner/measure/tracker.py host_scope), so each row has two figures: the device figure (for the CUDA check) and
-the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~13 min on 2 busy cores, the
-combinations included)."""
+the host bytes. Regenerate: `python -m planner bench offload-activations --out docs/accuracy.md` (~30 min on 2 cores: the
+combinations, fine-tuning and off-grid grid rows included)."""
 from __future__ import annotations
 
 from ..config import LlamaConfig
