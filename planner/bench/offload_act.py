@@ -47,17 +47,25 @@ def book_row() -> tuple[str, object, int, int]:
                                                          n_layers=2, drop_rate=0.1), 2, 64)
 
 
+def family_shape(arch: str, index: int = 0) -> tuple[str, object, int, int]:
+    """A family's grid shape (planner/arch/<family>.py grid_configs()[index]) as a row: "<arch> <shape>" (the label
+    without its batch and sequence), the config, batch and sequence."""
+    import importlib
+
+    label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[index]
+    return f"{arch} {label.rsplit(' b', 1)[0]}", cfg, b, s
+
+
 def family_grid() -> list[tuple[str, object, int, int]]:
     import dataclasses
-    import importlib
 
     out = []
     for name in FAMILY_ROWS:
         arch, _, attn = name.partition(" ")
-        label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[0]
+        label, cfg, b, s = family_shape(arch)
         if attn:
             cfg = dataclasses.replace(cfg, attention=attn)
-        out.append((f"{SHOWN.get(name, name)} {label.rsplit(' b', 1)[0]}", cfg, b, s))
+        out.append((f"{SHOWN.get(name, name)}{label[len(arch):]}", cfg, b, s))
     return out + [book_row()]
 
 
@@ -69,13 +77,7 @@ LONG_ROWS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "q
 
 
 def long_grid() -> list[tuple[str, object, int, int]]:
-    import importlib
-
-    out = []
-    for arch in LONG_ROWS:
-        label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[3]
-        out.append((f"{arch} {label.rsplit(' b', 1)[0]}", cfg, b, s))
-    return out
+    return [family_shape(arch, 3) for arch in LONG_ROWS]
 
 
 # Shapes of the off-grid sweep (OFFGRID_SHAPES below) that missed by more than 1% before their points were modelled,
@@ -323,13 +325,7 @@ FT_KINDS = (("LoRA r8 q,v", dict(lora_r=8)), ("LoRA r8 all-linear", dict(lora_r=
 
 
 def finetune_grid() -> list[tuple[str, object, int, int]]:
-    import importlib
-
-    out = []
-    for name in FT_FAMILIES:
-        label, cfg, b, s = importlib.import_module(f"planner.arch.{name}").FAMILY.grid_configs()[0]
-        out.append((f"{name} {label.rsplit(' b', 1)[0]}", cfg, b, s))
-    return out
+    return [family_shape(name) for name in FT_FAMILIES]
 
 
 # The other dense RMSNorm decoders (planner/arch/<family>.py offload_finetune): LoRA on every linear (Phi-3 has no
@@ -349,12 +345,10 @@ def finetune_rows() -> list[dict]:
     """One dict per fine-tuning run (offload_row's, with its kind and the phases' errors)."""
     import dataclasses
 
-    import importlib
-
     runs = [(row, finetune_specs(*row[2:])) for row in finetune_grid()]
     for name in FT_OTHER:
-        label, cfg, b, s = importlib.import_module(f"planner.arch.{name}").FAMILY.grid_configs()[0]
-        runs.append(((f"{name} {label.rsplit(' b', 1)[0]}", cfg, b, s), [
+        label, cfg, b, s = family_shape(name)
+        runs.append(((label, cfg, b, s), [
             ("LoRA r8 all-linear", TrainSpec(b, s, "fp32", "adamw", lora_r=8, lora_targets="all-linear",
                                              offload_activations=True)),
             ("QLoRA nf4 r8 all-linear", TrainSpec(b, s, "bf16", "adamw", checkpointing=True, lora_r=8,
