@@ -375,11 +375,10 @@ class RMSDecoder(HFCausalLM):
                 b*s^2*e_m conversion, and under autocast SDPA's bf16 copies of q, k and v
         (measured: the forward phase's op timelines of Llama / Qwen 2 / Qwen 3 / Mistral V97 h32 a4 kv2 b2 s256,
         fp32 and bf16-AMP)."""
-        b, s, h, V, L = spec.batch_size, spec.seq_len, c.hidden_size, c.vocab_size, c.num_hidden_layers
+        b, s, h, V = spec.batch_size, spec.seq_len, c.hidden_size, c.vocab_size
         x = self.shape(c)
         q, kv = b * s * x.a * x.d, b * s * x.kv * x.d
-        held = self.offload_forward_held(c, spec, w) + b * s * h * w.e_r if not spec.checkpointing else (
-            (2 if L > 1 else 1) * b * s * h * w.e_r + b * s * h * w.e_r)
+        held = self.offload_forward_held(c, spec, w) + b * s * h * w.e_r  # (+ the normed x)
         last_cache = 0 if spec.checkpointing else 2 * kv * w.e_r
         pending = h * (x.a * x.d + 3 * x.f + V) * w.e_m if w.amp else 0
         e_q = self.offload_qk_width(spec, w)
