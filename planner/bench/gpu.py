@@ -13,6 +13,7 @@ where the table is written (`gpu_markdown`), so a later estimator is compared ag
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import threading
 import time
@@ -135,8 +136,8 @@ def _append(path: Path, rec: dict, lock: threading.Lock) -> None:
         fh.write(json.dumps(rec) + "\n")
 
 
-PARTS = ("grid", "realistic", "loading", "recorded", "infer")  # the last two: planner/bench/gpu_grids.py
-ROWS_BUDGET_S = 420  # the recorded / inference rows stop starting new rows after this (a device call is 10 min)
+PARTS = ("grid", "realistic", "loading", "recorded", "infer", "techniques")  # the last two: planner/bench/gpu_grids.py
+ROWS_BUDGET_S = int(os.environ.get("PLANNER_GPU_ROWS_BUDGET_S", "420"))  # the recorded / inference rows stop starting new rows after this (a device call is 10 min)
 
 
 def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, progress=print) -> int:
@@ -180,11 +181,11 @@ def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, p
             _append(out / "loading.jsonl", rec, lock)
             progress(f"loading exit {o.exit_code} {method}")
 
-    def big() -> None:  # loading and the realistic rows one after another: both want the GPU's memory
-        if "loading" in parts:
-            loading()
+    def big() -> None:  # the realistic rows, then loading, one after another: both want the GPU's memory
         if "realistic" in parts:
             realistic()
+        if "loading" in parts:
+            loading()
 
     def rows() -> None:
         from .gpu_grids import run_rows
@@ -192,7 +193,7 @@ def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, p
         run_rows(out, parts, ROWS_BUDGET_S, progress)
 
     jobs = [big] + ([grid] if "grid" in parts else []) + ([realistic_simulated] if "realistic" in parts else [])
-    jobs += [rows] if {"recorded", "infer"} & set(parts) else []
+    jobs += [rows] if {"recorded", "infer", "techniques"} & set(parts) else []
     threads = [threading.Thread(target=f) for f in jobs]
     for t in threads:
         t.start()
@@ -206,7 +207,9 @@ LOADING_BAR_GB = 0.1                         # issue #14: the notebook's table t
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    from .gpu_grids import read_records
+
+    return read_records(path)
 
 
 def gpu_markdown(records_dir: str) -> str:

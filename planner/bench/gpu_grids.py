@@ -68,6 +68,32 @@ def infer_rows() -> list[dict]:
     return rows
 
 
+def technique_rows() -> list[dict]:
+    """Issue #24's techniques on cuda: the fused losses (chunked-ce, cce), the checkpointing policies (every:K,
+    selective), --offload-activations (save_on_cpu(pin_memory=True): on CUDA its unpack hook makes device copies in
+    backward and the host copies are pinned) and --offload-optimizer, each grid as the CPU benches run it."""
+    from dataclasses import asdict, replace
+
+    from . import offload_act, offload_opt, techniques
+    from ..config import config_to_dict
+    from ..spec import TrainSpec
+
+    runs = [("losses", label, cfg, spec) for label, cfg, spec in techniques.losses_grid()]
+    runs += [("policies", label, cfg, spec) for label, cfg, spec in techniques.policy_grid()]
+    for label, cfg, b, s in offload_act.grid() + offload_act.family_grid():
+        for prec in ("fp32", "bf16-amp"):
+            for ckpt in (False, True):
+                runs.append(("offload-activations", f"{label} b{b} s{s} {prec}{' ckpt' if ckpt else ''}", cfg,
+                             TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_activations=True)))
+    for label, cfg, b, s in offload_opt.grid():
+        for prec in ("fp32", "bf16-amp"):
+            for ckpt in (False, True):
+                runs.append(("offload-optimizer", f"{label} b{b} s{s} {prec}{' ckpt' if ckpt else ''}", cfg,
+                             TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_optimizer=True)))
+    return [{"kind": "train", "grid": grid, "label": label, "config": config_to_dict(cfg),
+             "spec": asdict(replace(spec, device="cuda"))} for grid, label, cfg, spec in runs]
+
+
 def _measure_row(row: dict) -> dict:
     import gc
 
@@ -77,6 +103,7 @@ def _measure_row(row: dict) -> dict:
 
     gc.collect()
     torch.cuda.empty_cache()
+    torch.cuda.reset_peak_host_memory_stats()  # the pinned host allocator (save_on_cpu's copies, offload's states)
     cfg = config_from_dict(row["config"])
     t0 = time.perf_counter()
     if row["kind"] == "train":
@@ -90,8 +117,13 @@ def _measure_row(row: dict) -> dict:
 
         m = measure_inference(cfg, InferSpec(**row["spec"]))
     keep = ("peak_bytes", "peak_phase", "phase_peak_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
-            "allocated_before_bytes", "tracked_peak_bytes", "tracked_phase_peak_bytes", "gpu_name")
-    return {"measured": {k: m[k] for k in keep if k in m}, "wall_s": round(time.perf_counter() - t0, 3)}
+            "allocated_before_bytes", "tracked_peak_bytes", "tracked_phase_peak_bytes", "gpu_name",
+            "host_activation_offload_bytes", "host_optimizer_offload_bytes", "host_peak_bytes")
+    host = torch.cuda.host_memory_stats()
+    pinned = {k: host[k] for k in ("allocated_bytes.peak", "reserved_bytes.peak", "allocated_bytes.current")
+              if k in host}
+    return {"measured": {k: m[k] for k in keep if k in m}, "pinned_host": pinned,
+            "wall_s": round(time.perf_counter() - t0, 3)}
 
 
 def shard_main(rows_path: str, shard: int, shards: int, out_path: str, deadline: float) -> int:
@@ -113,6 +145,8 @@ def shard_main(rows_path: str, shard: int, shards: int, out_path: str, deadline:
 def run_rows(out_dir: Path, parts: tuple[str, ...], budget_s: float, progress=print) -> None:
     rows = (recorded_rows() if "recorded" in parts else []) + (infer_rows() if "infer" in parts else [])
     random.Random(0).shuffle(rows)
+    # the techniques first, in their own order: few rows (they finish early in every shard), the ones no run has seen
+    rows = (technique_rows() if "techniques" in parts else []) + rows
     rows_path = Path(tempfile.mkdtemp()) / "cuda-rows-todo.json"  # outside DIR: only the records come back
     rows_path.write_text(json.dumps(rows))
     out_path = out_dir / ROWS_FILE
@@ -126,6 +160,44 @@ def run_rows(out_dir: Path, parts: tuple[str, ...], budget_s: float, progress=pr
     rows_path.unlink()
     done = sum(1 for _ in out_path.open()) if out_path.exists() else 0
     progress(f"cuda rows: {done} of {len(rows)} measured within {budget_s:.0f} s")
+
+
+RECORDS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "cuda" / "2026-11-27-h200"  # one H200 run
+
+
+def read_records(path) -> list[dict]:
+    """JSON lines, plain or gzipped (the records kept in the repo are gzipped)."""
+    import gzip
+
+    path = Path(path)
+    if not path.exists() and Path(str(path) + ".gz").exists():
+        path = Path(str(path) + ".gz")
+    if not path.exists():
+        return []
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def live_error(rec: dict) -> tuple[int, int, float] | None:
+    """A training row's estimate of live tensor bytes (its peak without the CUDA allocator's own lines: the
+    512-B rounding and the cuBLAS workspaces) against the tracked live tensor bytes of the real step on the GPU:
+    (estimate, measured, error %), None for a refused estimate or a row without a tracked peak. This is the
+    comparison a shard's row supports exactly (a shard's `max_memory_allocated` also holds what earlier rows in
+    the same process left behind: planner/bench/gpu_grids.py module doc)."""
+    from ..config import config_from_dict
+    from ..estimate.training import estimate_training
+    from ..spec import TrainSpec
+    from ..validation import ConfigError
+
+    tracked = (rec.get("measured") or {}).get("tracked_peak_bytes")
+    if rec.get("kind") != "train" or not tracked:
+        return None
+    try:
+        est = estimate_training(config_from_dict(rec["config"]), TrainSpec(**rec["spec"]))
+    except ConfigError:
+        return None
+    live = est.peak_bytes - est.transients.get("allocator_rounding", 0) - est.transients.get("cublas_workspace", 0)
+    return live, tracked, 100 * (live - tracked) / tracked
 
 
 def _estimate(rec: dict):
@@ -153,10 +225,9 @@ def rows_markdown(records_dir: str, bar_pct: float) -> list[str]:
     """Per grid and family: rows, worst error of the estimate against max_memory_allocated, and how far CUDA's
     live tensor bytes moved from the CPU's recorded peak (kernels that differ by device: SDPA's flash /
     memory-efficient kernels keep a logsumexp where the CPU's math kernel keeps s x s weights)."""
-    path = Path(records_dir) / ROWS_FILE
-    if not path.exists():
+    recs = read_records(Path(records_dir) / ROWS_FILE)
+    if not recs:
         return []
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     groups: dict[tuple[str, str], list] = {}
     worst_rows = []
     failed = []
@@ -199,3 +270,33 @@ def rows_markdown(records_dir: str, bar_pct: float) -> list[str]:
         lines += ["", f"Rows that failed on CUDA ({len(failed)}):", "", "| grid | row | error |", "|---|---|---|",
                   *failed[:40]]
     return lines + [""]
+
+
+def explain_main(rows_path: str, out_path: str) -> int:
+    """Rows (a JSON list of cuda-rows records) measured one after another in this process with their whole record
+    (what was alive at the peak, by op and module; each phase's categories): what a CUDA error is made of, read
+    where no CUDA simulation runs (`python -c "from planner.bench.gpu_grids import explain_main; ..."`)."""
+    import torch
+
+    from ..config import config_from_dict
+
+    for row in json.loads(Path(rows_path).read_text()):
+        torch.cuda.empty_cache()
+        cfg = config_from_dict(row["config"])
+        try:
+            if row["kind"] == "train":
+                from ..measure.training import measure_training
+                from ..spec import TrainSpec
+
+                m = measure_training(cfg, TrainSpec(**row["spec"]))
+            else:
+                from ..infer_spec import InferSpec
+                from ..measure.inference import measure_inference
+
+                m = measure_inference(cfg, InferSpec(**row["spec"]))
+            rec = {**row, "measured": {k: v for k, v in m.items() if k not in ("timeline", "category_timeline")}}
+        except Exception as exc:  # noqa: BLE001 - a row that fails is a record
+            rec = {**row, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        with open(out_path, "a") as fh:
+            fh.write(json.dumps(rec, default=str) + "\n")
+    return 0

@@ -183,7 +183,8 @@ def build_parser() -> _Parser:
     b.add_argument("--out-json", help="gpu / gpu-doc: the folder of the raw JSON-lines records (default gpu-records)")
     b.add_argument("--parts", default="grid,realistic,loading,recorded,infer",
                    help="gpu: which parts to run, comma-separated from grid, realistic, loading, recorded (every "
-                        "recorded CPU grid on cuda), infer (the inference grids on cuda) (default all)")
+                        "recorded CPU grid on cuda), infer (the inference grids on cuda), techniques (issue #24's losses, "
+                        "checkpointing policies and offloading on cuda) (default: all but techniques)")
     b.add_argument("--grid", default="all",
                    help="record: the grid whose rows are measured into tests/data/measured/<grid>.jsonl (accuracy, "
                         "families, finetune, finetune-book, qlora, 8bit, finetune-amp) or all; tests/test_recorded.py re-estimates them; "
