@@ -131,7 +131,7 @@ def plan(cfg: ModelConfig, spec: TrainSpec, budget: int, pspec=None) -> Plan:
     """cfg: the model as the run uses it (planner.spec.prepare); budget: the memory budget in bytes (of one
     device); pspec: a planner.parallel.ParallelSpec for per-rank figures, or None for one device."""
     est = estimate_training(cfg, spec)
-    usable = tensor_budget(budget, spec.device)
+    usable = tensor_budget(budget, spec.device, spec.checkpointing)
     # Each side is memoised without the setting it sweeps, so moving that slider reuses it.
     any_batch, any_seq = dataclasses.replace(spec, batch_size=1), dataclasses.replace(spec, seq_len=1)
     rank = None
@@ -211,6 +211,8 @@ def longest_context(cfg: ModelConfig, spec: TrainSpec, reference) -> list[dict]:
     settings (up to the model's context), beside the published columns, which are theirs, not ours."""
     rows = []
     for row in reference.rows():
+        # the tensors alone against each published budget (no allocator reserve: a published maximum is a run
+        # that did fit, and the reserve depends on the allocator's settings, e.g. expandable_segments)
         usable = tensor_budget(row["budget_gb"] * 2**30, spec.device)
         seq, reason = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), usable)
         rows.append({**row, "this estimate": seq, "why": reason})

@@ -24,10 +24,14 @@ def test_plan_agrees_with_the_solvers_and_the_estimate():
 
 
 def test_on_cuda_the_context_is_its_own_line():
+    from planner.fit import ALLOCATOR_RESERVE
+
     spec = TrainSpec(4, 64, device="cuda")
     p = plan(GPT, spec, 2**30)
-    assert p.cuda_context_bytes == CUDA_CONTEXT_BYTES and p.tensor_budget_bytes == 2**30 - CUDA_CONTEXT_BYTES
-    assert p.max_batch == max_batch_size(GPT, spec, 2**30 - CUDA_CONTEXT_BYTES)[0]
+    # less the context and the allocator's reserve (the worst share of a peak measured on an H200: planner/fit.py)
+    usable = int((2**30 - CUDA_CONTEXT_BYTES) / (1 + ALLOCATOR_RESERVE[False]))
+    assert p.cuda_context_bytes == CUDA_CONTEXT_BYTES and p.tensor_budget_bytes == usable
+    assert p.max_batch == max_batch_size(GPT, spec, usable)[0]
 
 
 def test_curves_are_integer_and_end_where_the_budget_stays_readable():

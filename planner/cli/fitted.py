@@ -95,7 +95,7 @@ def fit_report_fitted(cfg, spec, budget: int, batch_given: bool, args) -> dict:
     what, path, cached, info = fitted_model(cfg, spec, on_point, refit=False)
     rec: dict = {"budget_bytes": budget, "cuda_context_bytes": cuda_context_bytes(spec.device),
                  "basis": "fitted simulation"}
-    usable = tensor_budget(budget, spec.device)
+    usable = tensor_budget(budget, spec.device, spec.checkpointing)
     if batch_given:
         rec["max_seq_len"], rec["reason"] = what.max_seq(spec.batch_size, usable, cfg.max_seq_len)
         target = spec

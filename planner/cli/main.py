@@ -466,8 +466,10 @@ def cmd_fit(args) -> int:
     r = rec["run"]
     print(f"budget {fmt_bytes(budget)} ({source})")
     if rec.get("cuda_context_bytes"):
-        print(f"  minus the CUDA context {fmt_bytes(rec['cuda_context_bytes'])} (outside the allocator): "
-              f"{fmt_bytes(budget - rec['cuda_context_bytes'])} for tensors")
+        reserve = rec.get("allocator_reserve_bytes", 0)
+        print(f"  minus the CUDA context {fmt_bytes(rec['cuda_context_bytes'])} (outside the allocator)"
+              + (f" and the allocator's reserve {fmt_bytes(reserve)} (measured on an H200: docs/gpu.md)" if reserve else "")
+              + f": {fmt_bytes(budget - rec['cuda_context_bytes'] - reserve)} for tensors")
     if batch_given:
         print(f"longest sequence that fits at batch {r['batch_size']}: {rec['max_seq_len']} ({rec['reason']})")
         print(f"batch {r['batch_size']} x seq {r['seq_len']}: peak {fmt_bytes(rec['peak_bytes'])}, "
