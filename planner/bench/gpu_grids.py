@@ -248,7 +248,10 @@ def rows_markdown(records_dir: str, bar_pct: float) -> list[str]:
             worst_rows.append((abs(err), r, est, alloc, err, phase))
     lines = ["## Every recorded grid and the inference grids on CUDA", "",
              f"{len(recs)} rows (planner/bench/gpu_grids.py; each row's device set to cuda, in shards of one process "
-             "each; allocated peak reset before each row). Error = estimate against `max_memory_allocated`; "
+             "each; allocated peak reset before each row). Error = estimate against `max_memory_allocated`, which in a "
+             "shard also holds what earlier rows left (a tiny row's few MB sit on ~67 MB of cuBLAS workspaces; an "
+             "inference row after a training row holds the backward thread's workspace too): the live-bytes table "
+             "above is the check of the estimate's terms; "
              "live-bytes shift = CUDA's tracked tensor bytes against the CPU's recorded peak of the same row.", "",
              f"| grid | family | rows | estimated | worst \\|error\\| | within {bar_pct:g}% | live-bytes shift (min / max) |",
              "|---|---|---:|---:|---:|---:|---|"]
