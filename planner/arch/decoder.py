@@ -201,7 +201,10 @@ class RMSDecoder(HFCausalLM):
         ops = ([linear_op("qkv_proj", b * s, x.h, (x.a + 2 * x.kv) * x.d, qkv_b, w)] if self.fused_qkv else
                [linear_op("q_proj", b * s, x.h, x.a * x.d, qkv_b, w), linear_op("k_proj", b * s, x.h, x.kv * x.d, qkv_b, w),
                 linear_op("v_proj", b * s, x.h, x.kv * x.d, qkv_b, w)])
-        ops.append(attention_op(c.attention, b, s, x.a, x.d, w))
+        # (CUDA's SDPA math kernel, parts.sdpa_math: a composite of bmm, _safe_softmax and pointwise ops, none in
+        # torchtitan's _save_list (planner/routines/checkpointing.py _SAVE): recomputed, as eager's bmm pair)
+        math = parts.sdpa_math(x, self.masked(c, spec), spec, w)
+        ops.append(attention_op("eager" if math else c.attention, b, s, x.a, x.d, w))
         ops.append(linear_op("o_proj", b * s, x.a * x.d, x.h, o_b, w))
         return ops + self.selective_mlp_ops(c, spec, w)
 
@@ -1035,7 +1038,10 @@ class RMSDecoder(HFCausalLM):
                                       + b * s * (sh.a + sh.kv) * sh.d * (e_rope - w.e_m) if self.qk_norm else 0))
         if w.amp:
             points["mlp_cast"] = after_mlp + 2 * x.mlp_in_weight + x.bsh * (w.e_r + 4)
-        if sh.attention == "eager":
+        if sh.attention == "eager" or parts.sdpa_math(sh, self.masked(c, spec), spec, w):
+            # (CUDA's SDPA math kernel, parts.sdpa_math: the same softmax backward, _safe_softmax's fp32 output
+            # saved, its grad from the bmm with v and _softmax_backward_data's output, b*a*s^2*4 each; measured
+            # on an H200, tests/data/cuda/2026-11-27-h200 explain.jsonl.gz, llama V97 h32 a4 kv2 b2 s256 fp32)
             points["attention"] = (after_mlp - x.norm_mlp_saved
                                    # o_proj's input (a*d wide), freed by its backward; under autocast
                                    # without checkpointing an equal bf16 grad is alive in its place (measured)

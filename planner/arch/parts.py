@@ -34,6 +34,20 @@ def sdpa_enable_gqa(x: Shape, masked: bool) -> bool:
     return x.kv < x.a and not masked and x.d <= SDPA_GQA_MAX_HEAD_DIM
 
 
+def sdpa_math(x: Shape, masked: bool, spec, w) -> bool:
+    """True when CUDA runs transformers' SDPA call on the MATH kernel: fp32 q, k, v (pure fp32; under autocast
+    SDPA gets bf16/fp16 inputs and runs cuDNN attention) with enable_gqa=True (grouped heads, no mask,
+    sdpa_enable_gqa). torch's CUDA kernel choice (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+    check_grouped_query_attention: of the fused kernels only flash, fp16/bf16 only, and cuDNN take enable_gqa;
+    memory-efficient refuses it) leaves _scaled_dot_product_attention_math, a composite of mul, repeat_interleave,
+    matmul and _safe_softmax that autograd differentiates op by op (aten/src/ATen/native/transformers/
+    attention.cpp). Measured on an H200 (tests/data/cuda/2026-11-27-h200/sdpa-kernels.json.gz: fp32 with
+    enable_gqa -> UnsafeViewBackward0, the math kernel's matmul; fp32 without it ->
+    ScaledDotProductEfficientAttentionBackward0; bf16 / fp16 -> ScaledDotProductCudnnAttentionBackward0)."""
+    return (spec.device_type == "cuda" and x.attention == "sdpa" and not w.amp and w.e_m == 4
+            and sdpa_enable_gqa(x, masked))
+
+
 def rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where: str = "block",
              per_layer: bool = True) -> list[Term]:
     """LlamaRMSNorm (models/llama/modeling_llama.py): x.to(float32), pow(2).mean, rsqrt, x * rsqrt, then
@@ -123,7 +137,9 @@ def forward_only(x: Shape, L: int, b: int, s: int, spec, w, masked: bool) -> lis
     - the final norm's output (BaseModelOutputWithPast.last_hidden_state): the lm_head input itself,
       unless autocast casts it for the head: then an extra b*s*h*e_r."""
     terms = []
-    as_is = (x.kv == x.a or (x.attention == "sdpa" and sdpa_enable_gqa(x, masked))) and not w.amp
+    # (CUDA's SDPA math kernel saves repeat_interleave's copies, not the cache's K/V: sdpa_math)
+    as_is = ((x.kv == x.a or (x.attention == "sdpa" and sdpa_enable_gqa(x, masked))) and not w.amp
+             and not sdpa_math(x, masked, spec, w))
     if not spec.checkpointing and not as_is:
         terms.append(Term("DynamicCache K/V copies (use_cache)", "2*L*b*kv*s*d*e_r",
                           2 * L * b * x.kv * s * x.d * w.e_r, where="forward"))
