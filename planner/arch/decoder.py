@@ -203,8 +203,10 @@ class RMSDecoder(HFCausalLM):
                 linear_op("v_proj", b * s, x.h, x.kv * x.d, qkv_b, w)])
         # (CUDA's SDPA math kernel, parts.sdpa_math: a composite of bmm, _safe_softmax and pointwise ops, none in
         # torchtitan's _save_list (planner/routines/checkpointing.py _SAVE): recomputed, as eager's bmm pair)
-        math = parts.sdpa_math(x, self.masked(c, spec), spec, w)
-        ops.append(attention_op("eager" if math else c.attention, b, s, x.a, x.d, w))
+        masked = self.masked(c, spec)
+        math = parts.sdpa_math(x, masked, spec, w)
+        ops.append(attention_op("eager" if math else c.attention, b, s, x.a, x.d, w,
+                                lse_len=parts.sdpa_lse_len(x, masked, spec, w, s)))
         ops.append(linear_op("o_proj", b * s, x.a * x.d, x.h, o_b, w))
         return ops + self.selective_mlp_ops(c, spec, w)
 
@@ -405,7 +407,8 @@ class RMSDecoder(HFCausalLM):
             mask = b * s * s * w.e_m if masked else 0  # (the model's bool mask: held, offload_forward_held)
             kvs = kv if gqa else q
             casts = (q + kvs + (kvs if e_v > w.e_m else 0)) * w.e_m if w.amp else 0
-            points["sdpa"] = held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m + 4 * b * x.a * s
+            points["sdpa"] = (held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m
+                              + 4 * b * x.a * parts.sdpa_lse_len(x, masked, spec, w, s))  # (CUDA pads it)
         return points
 
     def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
@@ -543,9 +546,10 @@ class RMSDecoder(HFCausalLM):
         if c.attention == "sdpa":
             masked = self.masked(c, spec)
             kvs = kv if parts.sdpa_enable_gqa(x, masked) else q
+            lse = parts.sdpa_lse_len(x, masked, spec, w, s)  # (CUDA's memory-efficient kernel pads it)
             terms = [Term("host: SDPA q, k, v, output and fp32 logsumexp",
                           "b*s*(2*a*d + 2*kv*d)*e_m + 4*b*a*s" if kvs == kv else "4*b*s*a*d*e_m + 4*b*a*s",
-                          b * s * (2 * q + 2 * kvs) * w.e_m + 4 * b * x.a * s, True)]
+                          b * s * (2 * q + 2 * kvs) * w.e_m + 4 * b * x.a * lse, True)]
             if masked:
                 terms.append(Term("host: SDPA's mask in the query's dtype", "b*s^2*e_m", b * s * s * w.e_m, True))
             return terms
@@ -1066,12 +1070,14 @@ def linear_op(label: str, n: int, n_in: int, n_out: int, bias: bool, w) -> tuple
     return (label, "addmm" if bias else "mm", n * n_out * w.e_m, 2 * n * n_in * n_out)
 
 
-def attention_op(kind: str, b: int, s: int, a: int, d: int, w) -> tuple[str, str, int, int]:
+def attention_op(kind: str, b: int, s: int, a: int, d: int, w, lse_len: int | None = None) -> tuple[str, str, int, int]:
     """The attention's core: SDPA's fused kernel (its output and the fp32 logsumexp, both kept by the selective
-    policy) or eager's bmm pair (recomputed); 4*b*s^2*a*d FLOPs (QK^T and PV, the causal half not skipped)."""
+    policy; lse_len: the logsumexp's length, s unless CUDA's memory-efficient kernel pads it, parts.sdpa_lse_len)
+    or eager's bmm pair (recomputed); 4*b*s^2*a*d FLOPs (QK^T and PV, the causal half not skipped)."""
     flops = 4 * b * s * s * a * d
     if kind == "sdpa":
-        return ("sdpa flash kernel: output + fp32 logsumexp", "sdpa", b * s * a * d * w.e_m + 4 * b * a * s, flops)
+        lse = 4 * b * a * (s if lse_len is None else lse_len)
+        return ("sdpa flash kernel: output + fp32 logsumexp", "sdpa", b * s * a * d * w.e_m + lse, flops)
     return ("eager attention (bmm)", "bmm", 0, flops)
 
 

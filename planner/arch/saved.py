@@ -312,10 +312,14 @@ def walk_block(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapte
         wk.host += host_eager_attention(sh, b, s, w, q or k, q, k, v)
     elif attn_rg and sh.attention == "sdpa":
         # SDPA's CPU kernel saves q, k, v, its output and logsumexp whichever input needs grad (measured)
-        wk.terms += parts.attention(sh, b, s, w, masked=masked)
+        wk.terms += parts.attention(sh, b, s, w, masked=masked, spec=spec)
         wk.terms += family.mask_terms(cfg, spec, w)
         wk.host += family.offload_attention(cfg, spec, w)  # (full training's copies: the same saves)
-        if family.sdpa_output_is_o_input:
+        # (CUDA's memory-efficient kernel allocates its output (b, s, a, d) whatever q's layout,
+        # _efficient_attention_forward's res = empty({B, M, num_heads, Kv}): the transpose back is a view in
+        # every family; measured on an H200, tests/data/cuda/2026-11-27-h200: Phi-3 V97 h32 a4 kv2 b2 s256 and
+        # V2000 h48 a6 kv6 b2 s48 fp32 hold Mistral's bytes exactly, b*s*a*d*4 a layer below the CPU's)
+        if family.sdpa_output_is_o_input or parts.sdpa_efficient(sh, masked, spec, w):
             wk.shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
     elif attn_rg:
         wk.terms += eager_attention(sh, b, s, w, q or k, q, k, v)
