@@ -984,7 +984,8 @@ class RMSDecoder(HFCausalLM):
              weight's ToCopyBackward): both copies exist, beside the residual's grad and the MLP input's
              fp32 grad.
         norm: the post-attention RMSNorm's backward, in fp32: four fp32 b*s*h temporaries (16 B/elem).
-        attention (eager): the softmax backward: the probabilities' gradient and the softmax backward's
+        attention (eager, and SDPA's math kernel on CUDA: parts.sdpa_math): the softmax backward: the
+             probabilities' gradient and the softmax backward's
              output are fp32 (softmax(dtype=float32)); below fp32 the freed cast offsets e_m.
         attn_in: the attention's input projections' backward (q/k/v in turn, their input grads summed):
              every block grad but the input norm's exists; the input norm's saved tensors and the

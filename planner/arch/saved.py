@@ -7,7 +7,8 @@ from the family's inventory (roles, not names):
   - nothing before the first tensor that needs grad is saved (a frozen prefix of blocks saves nothing);
   - a frozen Linear saves nothing of its input (only its weight, a parameter, for the input's grad);
   - RMSNorm saves its fp32 input and rsqrt when its input needs grad, and its normed x when its weight trains;
-  - the activation, the gated product and SDPA save as in full training once their inputs need grad;
+  - the activation, the gated product and SDPA save as in full training once their inputs need grad (on CUDA
+    in fp32 SDPA with enable_gqa runs the math kernel, which saves eager attention's set: parts.sdpa_math);
   - a LoRA adapter (peft/tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling,
     x cast to the adapter's dtype first) saves lora_A's input (x itself, its fp32 copy on a bf16 base, or
     the dropout's output when lora_dropout > 0, with the dropout's fp32 noise when x needs grad) and
