@@ -142,3 +142,16 @@ def test_the_cpu_estimate_of_the_same_shape_is_its_recorded_cpu_peak(grid, label
     for spec, lse in ((cpu_spec, True), (_spec(rec), arch == "phi3")):  # (Phi-3's s256 row: a mask, memory-efficient)
         names = {t.name for t in family.block_terms(cfg, spec, Widths.of(spec))}
         assert ("SDPA logsumexp" in names) == lse and ("softmax output (fp32)" not in names) == lse, spec.device
+
+
+def test_phi3_uncheckpointed_block_keeps_no_qkv_storage_under_the_math_kernel():
+    """every:K's uncheckpointed Phi-3 block: on the CPU SDPA saves v as a view of qkv_proj's output, keeping its
+    whole storage (planner/arch/phi3.py uncheckpointed_block_extra); CUDA's math kernel saves repeat_interleave's
+    copy of v instead, so nothing holds that storage."""
+    rec = next(r for r in ROWS if r["grid"] == "families" and r["config"]["arch"] == "phi3" and _kernel(r) == "math")
+    cfg = config_from_dict(rec["config"])
+    family = family_of(cfg)
+    spec = dataclasses.replace(_spec(rec), checkpointing=True, checkpoint_policy="every:2", precision="fp32")
+    cpu = dataclasses.replace(spec, device="cpu")
+    assert family.uncheckpointed_block_extra(cfg, cpu, Widths.of(cpu)) > 0
+    assert family.uncheckpointed_block_extra(cfg, spec, Widths.of(spec)) == 0
