@@ -201,7 +201,12 @@ class RMSDecoder(HFCausalLM):
         ops = ([linear_op("qkv_proj", b * s, x.h, (x.a + 2 * x.kv) * x.d, qkv_b, w)] if self.fused_qkv else
                [linear_op("q_proj", b * s, x.h, x.a * x.d, qkv_b, w), linear_op("k_proj", b * s, x.h, x.kv * x.d, qkv_b, w),
                 linear_op("v_proj", b * s, x.h, x.kv * x.d, qkv_b, w)])
-        ops.append(attention_op(c.attention, b, s, x.a, x.d, w))
+        # (CUDA's SDPA math kernel, parts.sdpa_math: a composite of bmm, _safe_softmax and pointwise ops, none in
+        # torchtitan's _save_list (planner/routines/checkpointing.py _SAVE): recomputed, as eager's bmm pair)
+        masked = self.masked(c, spec)
+        math = parts.sdpa_math(x, masked, spec, w)
+        ops.append(attention_op("eager" if math else c.attention, b, s, x.a, x.d, w,
+                                lse_len=parts.sdpa_lse_len(x, masked, spec, w, s)))
         ops.append(linear_op("o_proj", b * s, x.a * x.d, x.h, o_b, w))
         return ops + self.selective_mlp_ops(c, spec, w)
 
@@ -402,7 +407,8 @@ class RMSDecoder(HFCausalLM):
             mask = b * s * s * w.e_m if masked else 0  # (the model's bool mask: held, offload_forward_held)
             kvs = kv if gqa else q
             casts = (q + kvs + (kvs if e_v > w.e_m else 0)) * w.e_m if w.amp else 0
-            points["sdpa"] = held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m + 4 * b * x.a * s
+            points["sdpa"] = (held - pending + q * w.e_r + own + rep + mask + casts + q * w.e_m
+                              + 4 * b * x.a * parts.sdpa_lse_len(x, masked, spec, w, s))  # (CUDA pads it)
         return points
 
     def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
@@ -540,9 +546,10 @@ class RMSDecoder(HFCausalLM):
         if c.attention == "sdpa":
             masked = self.masked(c, spec)
             kvs = kv if parts.sdpa_enable_gqa(x, masked) else q
+            lse = parts.sdpa_lse_len(x, masked, spec, w, s)  # (CUDA's memory-efficient kernel pads it)
             terms = [Term("host: SDPA q, k, v, output and fp32 logsumexp",
                           "b*s*(2*a*d + 2*kv*d)*e_m + 4*b*a*s" if kvs == kv else "4*b*s*a*d*e_m + 4*b*a*s",
-                          b * s * (2 * q + 2 * kvs) * w.e_m + 4 * b * x.a * s, True)]
+                          b * s * (2 * q + 2 * kvs) * w.e_m + 4 * b * x.a * lse, True)]
             if masked:
                 terms.append(Term("host: SDPA's mask in the query's dtype", "b*s^2*e_m", b * s * s * w.e_m, True))
             return terms
@@ -977,7 +984,8 @@ class RMSDecoder(HFCausalLM):
              weight's ToCopyBackward): both copies exist, beside the residual's grad and the MLP input's
              fp32 grad.
         norm: the post-attention RMSNorm's backward, in fp32: four fp32 b*s*h temporaries (16 B/elem).
-        attention (eager): the softmax backward: the probabilities' gradient and the softmax backward's
+        attention (eager, and SDPA's math kernel on CUDA: parts.sdpa_math): the softmax backward: the
+             probabilities' gradient and the softmax backward's
              output are fp32 (softmax(dtype=float32)); below fp32 the freed cast offsets e_m.
         attn_in: the attention's input projections' backward (q/k/v in turn, their input grads summed):
              every block grad but the input norm's exists; the input norm's saved tensors and the
@@ -1035,7 +1043,10 @@ class RMSDecoder(HFCausalLM):
                                       + b * s * (sh.a + sh.kv) * sh.d * (e_rope - w.e_m) if self.qk_norm else 0))
         if w.amp:
             points["mlp_cast"] = after_mlp + 2 * x.mlp_in_weight + x.bsh * (w.e_r + 4)
-        if sh.attention == "eager":
+        if sh.attention == "eager" or parts.sdpa_math(sh, self.masked(c, spec), spec, w):
+            # (CUDA's SDPA math kernel, parts.sdpa_math: the same softmax backward, _safe_softmax's fp32 output
+            # saved, its grad from the bmm with v and _softmax_backward_data's output, b*a*s^2*4 each; measured
+            # on an H200, tests/data/cuda/2026-11-27-h200 explain.jsonl.gz, llama V97 h32 a4 kv2 b2 s256 fp32)
             points["attention"] = (after_mlp - x.norm_mlp_saved
                                    # o_proj's input (a*d wide), freed by its backward; under autocast
                                    # without checkpointing an equal bf16 grad is alive in its place (measured)
@@ -1060,12 +1071,14 @@ def linear_op(label: str, n: int, n_in: int, n_out: int, bias: bool, w) -> tuple
     return (label, "addmm" if bias else "mm", n * n_out * w.e_m, 2 * n * n_in * n_out)
 
 
-def attention_op(kind: str, b: int, s: int, a: int, d: int, w) -> tuple[str, str, int, int]:
+def attention_op(kind: str, b: int, s: int, a: int, d: int, w, lse_len: int | None = None) -> tuple[str, str, int, int]:
     """The attention's core: SDPA's fused kernel (its output and the fp32 logsumexp, both kept by the selective
-    policy) or eager's bmm pair (recomputed); 4*b*s^2*a*d FLOPs (QK^T and PV, the causal half not skipped)."""
+    policy; lse_len: the logsumexp's length, s unless CUDA's memory-efficient kernel pads it, parts.sdpa_lse_len)
+    or eager's bmm pair (recomputed); 4*b*s^2*a*d FLOPs (QK^T and PV, the causal half not skipped)."""
     flops = 4 * b * s * s * a * d
     if kind == "sdpa":
-        return ("sdpa flash kernel: output + fp32 logsumexp", "sdpa", b * s * a * d * w.e_m + 4 * b * a * s, flops)
+        lse = 4 * b * a * (s if lse_len is None else lse_len)
+        return ("sdpa flash kernel: output + fp32 logsumexp", "sdpa", b * s * a * d * w.e_m + lse, flops)
     return ("eager attention (bmm)", "bmm", 0, flops)
 
 

@@ -34,6 +34,45 @@ def sdpa_enable_gqa(x: Shape, masked: bool) -> bool:
     return x.kv < x.a and not masked and x.d <= SDPA_GQA_MAX_HEAD_DIM
 
 
+def sdpa_math(x: Shape, masked: bool, spec, w) -> bool:
+    """True when CUDA runs transformers' SDPA call on the MATH kernel: fp32 q, k, v (pure fp32; under autocast
+    SDPA gets bf16/fp16 inputs and runs cuDNN attention) with enable_gqa=True (grouped heads, no mask,
+    sdpa_enable_gqa). torch's CUDA kernel choice (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+    check_grouped_query_attention: of the fused kernels only flash, fp16/bf16 only, and cuDNN take enable_gqa;
+    memory-efficient refuses it) leaves _scaled_dot_product_attention_math, a composite of mul, repeat_interleave,
+    matmul and _safe_softmax that autograd differentiates op by op (aten/src/ATen/native/transformers/
+    attention.cpp). Measured on an H200 (tests/data/cuda/2026-11-27-h200/sdpa-kernels.json.gz: fp32 with
+    enable_gqa -> UnsafeViewBackward0, the math kernel's matmul; fp32 without it ->
+    ScaledDotProductEfficientAttentionBackward0; bf16 / fp16 -> ScaledDotProductCudnnAttentionBackward0)."""
+    return (spec.device_type == "cuda" and x.attention == "sdpa" and not w.amp and w.e_m == 4
+            and sdpa_enable_gqa(x, masked))
+
+
+def sdpa_efficient(x: Shape, masked: bool, spec, w) -> bool:
+    """True when CUDA runs transformers' SDPA call on the memory-efficient kernel: fp32 q, k, v without
+    enable_gqa (grouped heads with a mask are repeated by repeat_kv first; sdpa_math otherwise). Flash and cuDNN
+    take fp16/bf16 only (sdp_utils.cpp check_tensor_dtype), so fp32 lands on _scaled_dot_product_efficient_attention
+    (measured on an H200, tests/data/cuda/2026-11-27-h200/sdpa-kernels.json.gz: fp32 without GQA ->
+    ScaledDotProductEfficientAttentionBackward0, with a causal mask or none)."""
+    return (spec.device_type == "cuda" and x.attention == "sdpa" and not w.amp and w.e_m == 4
+            and not sdpa_math(x, masked, spec, w))
+
+
+# The memory-efficient kernel's logsumexp rows are padded for its backward's blocks: aten/src/ATen/native/
+# transformers/cuda/attention.cu _efficient_attention_forward, logsumexp = empty({B, num_heads,
+# ceil_div(max_seqlen_q, kAlignLSE) * kAlignLSE}), kAlignLSE = 32 (mem_eff_attention/kernel_forward.h)
+EFFICIENT_LSE_ALIGN = 32
+
+
+def sdpa_lse_len(x: Shape, masked: bool, spec, w, s: int) -> int:
+    """The query length SDPA's fp32 logsumexp (b, a, len) holds: s, padded to a multiple of 32 by CUDA's
+    memory-efficient kernel (EFFICIENT_LSE_ALIGN; measured on an H200, tests/data/cuda/2026-11-27-h200: the
+    families grid's V2000 h48 a6 kv6 b2 s48 fp32 rows, 2*6*(64 - 48)*4 B a layer above the CPU's figure)."""
+    if spec is not None and sdpa_efficient(x, masked, spec, w):
+        return -(-s // EFFICIENT_LSE_ALIGN) * EFFICIENT_LSE_ALIGN
+    return s
+
+
 def rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where: str = "block",
              per_layer: bool = True) -> list[Term]:
     """LlamaRMSNorm (models/llama/modeling_llama.py): x.to(float32), pow(2).mean, rsqrt, x * rsqrt, then
@@ -54,14 +93,15 @@ def gemma_rms_norm(label: str, b: int, s: int, h: int, w, part: str = "", where:
                  part)]
 
 
-def attention(x: Shape, b: int, s: int, w, masked: bool = False) -> list[Term]:
+def attention(x: Shape, b: int, s: int, w, masked: bool = False, spec=None) -> list[Term]:
     """Self-attention after the projections and RoPE (transformers' eager_attention_forward /
     sdpa_attention_forward):
     sdpa: the CPU flash kernel saves q, k, v, its output (laid out as the o_proj input: the transpose
       back is free) and a fp32 logsumexp; with enable_gqa K/V are the kv heads, else repeat_kv copies.
     eager: matmul saves q and the repeated k, v; softmax(dtype=float32) saves its fp32 output and, below
       fp32, matmul saves the cast probabilities; o_proj saves the transposed output copy. The additive
-      mask is added, not saved."""
+      mask is added, not saved.
+    spec (its device): on CUDA in fp32 the memory-efficient kernel's logsumexp is padded (sdpa_lse_len)."""
     a, d = x.a, x.d
     if x.attention == "sdpa":
         kv = x.kv if (x.kv == x.a or sdpa_enable_gqa(x, masked)) else x.a
@@ -71,7 +111,8 @@ def attention(x: Shape, b: int, s: int, w, masked: bool = False) -> list[Term]:
         return [Term("SDPA q and output (o_proj input)", "2*b*a*s*d*e_m", 2 * b * a * s * d * w.e_m, True),
                 Term("SDPA k, v" + why, ("2*b*kv*s*d*e_m" if kv < a else "2*b*a*s*d*e_m"), 2 * b * kv * s * d * w.e_m,
                      True),
-                Term("SDPA logsumexp", "4*b*a*s (fp32)", 4 * b * a * s, True)]
+                Term("SDPA logsumexp", "4*b*a*s (fp32; CUDA fp32: s padded to a multiple of 32)",
+                     4 * b * a * sdpa_lse_len(x, masked, spec, w, s), True)]
     return [Term("attention q, k^T, v (repeated to all heads), output copy", "4*b*a*s*d*e_m",
                  4 * b * a * s * d * w.e_m, True),
             Term("softmax output (fp32) and, below fp32, its cast", "b*a*s^2*(4 + (e_m if e_m < 4 else 0))",
@@ -123,7 +164,9 @@ def forward_only(x: Shape, L: int, b: int, s: int, spec, w, masked: bool) -> lis
     - the final norm's output (BaseModelOutputWithPast.last_hidden_state): the lm_head input itself,
       unless autocast casts it for the head: then an extra b*s*h*e_r."""
     terms = []
-    as_is = (x.kv == x.a or (x.attention == "sdpa" and sdpa_enable_gqa(x, masked))) and not w.amp
+    # (CUDA's SDPA math kernel saves repeat_interleave's copies, not the cache's K/V: sdpa_math)
+    as_is = ((x.kv == x.a or (x.attention == "sdpa" and sdpa_enable_gqa(x, masked))) and not w.amp
+             and not sdpa_math(x, masked, spec, w))
     if not spec.checkpointing and not as_is:
         terms.append(Term("DynamicCache K/V copies (use_cache)", "2*L*b*kv*s*d*e_r",
                           2 * L * b * x.kv * s * x.d * w.e_r, where="forward"))

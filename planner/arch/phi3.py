@@ -131,8 +131,13 @@ class Phi3(RMSDecoder):
         if not spec.checkpointing or c.attention != "sdpa":
             return 0
         x = self.shape(c)
-        if x.kv < x.a and not parts.sdpa_enable_gqa(x, self.masked(c, spec)):
+        masked = self.masked(c, spec)
+        if x.kv < x.a and not parts.sdpa_enable_gqa(x, masked):
             return 0  # repeat_kv's copy of v is what SDPA saves
+        if parts.sdpa_math(x, masked, spec, w):
+            # CUDA's math kernel (fp32 with enable_gqa) saves repeat_interleave's copy of v, not the view
+            # (aten _scaled_dot_product_attention_math: pre_process_group_query_attention_input)
+            return 0
         return spec.batch_size * spec.seq_len * (x.a + x.kv) * x.d * w.e_m
 
     def infer_attention(self, c, ispec, e: int, s: int, kv_len: int) -> int:

@@ -7,7 +7,8 @@ from the family's inventory (roles, not names):
   - nothing before the first tensor that needs grad is saved (a frozen prefix of blocks saves nothing);
   - a frozen Linear saves nothing of its input (only its weight, a parameter, for the input's grad);
   - RMSNorm saves its fp32 input and rsqrt when its input needs grad, and its normed x when its weight trains;
-  - the activation, the gated product and SDPA save as in full training once their inputs need grad;
+  - the activation, the gated product and SDPA save as in full training once their inputs need grad (on CUDA
+    in fp32 SDPA with enable_gqa runs the math kernel, which saves eager attention's set: parts.sdpa_math);
   - a LoRA adapter (peft/tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling,
     x cast to the adapter's dtype first) saves lora_A's input (x itself, its fp32 copy on a bf16 base, or
     the dropout's output when lora_dropout > 0, with the dropout's fp32 noise when x needs grad) and
@@ -81,12 +82,21 @@ def host_eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool
                  4 * ss * int(probs_rg) + ss * w.e_m * int(v), True)]
 
 
-def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: bool) -> list[Term]:
+def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: bool,
+                    kernel: str = "eager attention") -> list[Term]:
     """transformers' eager_attention_forward, by what needs grad (matmul saves each operand for the other's
     grad): q (for k's grad) and the repeated k^T (for q's); softmax(dtype=float32) its fp32 output when the
     scores need grad; probs @ v saves v when the probabilities need grad and the probabilities (fp32: the
     softmax output itself; below fp32 its cast) when v does. Its output copy is o_proj's input (saved
-    there, if at all)."""
+    there, if at all).
+    kernel "SDPA math kernel" (CUDA, fp32 with enable_gqa: parts.sdpa_math): aten's
+    _scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp) saves the same set in
+    fp32: `query * sqrt(scale)` (a copy; the mul by a scalar saves nothing) for k's grad and
+    `repeat_interleave(key).transpose(-2, -1) * sqrt(scale)` (a copy of the repeated k) for q's, _safe_softmax
+    its fp32 output, matmul(attn, repeat_interleave(value)) the repeated v and the softmax output itself; its
+    (b, a, s, d) output is copied by transformers' transpose(1, 2).contiguous() (sdpa_attention_forward), that
+    copy being o_proj's input (measured on an H200, tests/data/cuda/2026-11-27-h200: explain.jsonl.gz's llama
+    V97 h32 a4 kv2 b2 s256 fp32 row keeps the (2, 4, 256, 256) _safe_softmax output through the backward)."""
     unit = b * sh.a * s * sh.d * w.e_m
     ss = b * sh.a * s * s
     terms = []
@@ -94,10 +104,10 @@ def eager_attention(sh, b: int, s: int, w, probs_rg: bool, q: bool, k: bool, v: 
     # output, attn.probs saved by the second matmul after it)
     n = int(k) + int(q)
     if n:
-        terms.append(Term("eager attention q / k^T (as the scores' grads need them)", "n*b*a*s*d*e_m", n * unit,
+        terms.append(Term(f"{kernel} q / k^T (as the scores' grads need them)", "n*b*a*s*d*e_m", n * unit,
                           True, part="attn.scores"))
     if probs_rg:
-        terms.append(Term("eager attention v (for the probabilities' grad)", "b*a*s*d*e_m", unit, True,
+        terms.append(Term(f"{kernel} v (for the probabilities' grad)", "b*a*s*d*e_m", unit, True,
                           part="attn.probs"))
     fp32_probs = probs_rg or (v and w.e_m == 4)
     if fp32_probs:
@@ -295,12 +305,22 @@ def walk_block(family, cfg, spec, w, i: int, g: bool, trains: set | None, adapte
         wk.host.append(Term(f"host: RoPE cos and sin, saved by {n_rope} muls", "n*s*d*e_r",
                             n_rope * s * family.rope_dim(cfg) * e, True))
     attn_rg = q or k or v
-    if attn_rg and sh.attention == "sdpa":
+    masked = family.masked(cfg, spec)
+    if attn_rg and parts.sdpa_math(sh, masked, spec, w):
+        # CUDA's math kernel (fp32, enable_gqa): eager attention's saves (eager_attention's docstring); o_proj
+        # saves its own input, transformers' contiguous copy of the kernel's output
+        wk.terms += eager_attention(sh, b, s, w, q or k, q, k, v, kernel="SDPA math kernel")
+        wk.host += host_eager_attention(sh, b, s, w, q or k, q, k, v)
+    elif attn_rg and sh.attention == "sdpa":
         # SDPA's CPU kernel saves q, k, v, its output and logsumexp whichever input needs grad (measured)
-        wk.terms += parts.attention(sh, b, s, w, masked=family.masked(cfg, spec))
+        wk.terms += parts.attention(sh, b, s, w, masked=masked, spec=spec)
         wk.terms += family.mask_terms(cfg, spec, w)
         wk.host += family.offload_attention(cfg, spec, w)  # (full training's copies: the same saves)
-        if family.sdpa_output_is_o_input:
+        # (CUDA's memory-efficient kernel allocates its output (b, s, a, d) whatever q's layout,
+        # _efficient_attention_forward's res = empty({B, M, num_heads, Kv}): the transpose back is a view in
+        # every family; measured on an H200, tests/data/cuda/2026-11-27-h200: Phi-3 V97 h32 a4 kv2 b2 s256 and
+        # V2000 h48 a6 kv6 b2 s48 fp32 hold Mistral's bytes exactly, b*s*a*d*4 a layer below the CPU's)
+        if family.sdpa_output_is_o_input or parts.sdpa_efficient(sh, masked, spec, w):
             wk.shared.add("attn_out")  # o_proj's input is SDPA's saved output (the transpose back is a view)
     elif attn_rg:
         wk.terms += eager_attention(sh, b, s, w, q or k, q, k, v)

@@ -255,7 +255,10 @@ def forward_only_bytes(cfg, spec, w, terms) -> int:
     if spec.checkpointing:
         return 0
     b, s, L = spec.batch_size, spec.seq_len, cfg.layers
-    as_is = sh.kv == sh.a or (sh.attention == "sdpa" and parts.sdpa_enable_gqa(sh, family.masked(cfg, spec)))
+    masked = family.masked(cfg, spec)
+    # (CUDA's SDPA math kernel saves repeat_interleave's copies, not the cache's K/V: parts.sdpa_math)
+    as_is = (sh.kv == sh.a or (sh.attention == "sdpa" and parts.sdpa_enable_gqa(sh, masked))) and not parts.sdpa_math(
+        sh, masked, spec, w)
     per_layer = 2 * b * sh.kv * s * sh.d * w.e_r
     if not as_is or w.amp:
         # (under autocast the cache holds RoPE's fp32 k and an fp32 v, while SDPA saves the e_m casts autocast
