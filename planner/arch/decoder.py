@@ -202,11 +202,12 @@ class RMSDecoder(HFCausalLM):
                [linear_op("q_proj", b * s, x.h, x.a * x.d, qkv_b, w), linear_op("k_proj", b * s, x.h, x.kv * x.d, qkv_b, w),
                 linear_op("v_proj", b * s, x.h, x.kv * x.d, qkv_b, w)])
         # (CUDA's SDPA math kernel, parts.sdpa_math: a composite of bmm, _safe_softmax and pointwise ops, none in
-        # torchtitan's _save_list (planner/routines/checkpointing.py _SAVE): recomputed, as eager's bmm pair)
+        # torchtitan's _save_list (planner/routines/checkpointing.py _SAVE): recomputed, as eager's bmm pair;
+        # CUDA's cuDNN kernel (bf16 / fp16): attention_op's spec)
         masked = self.masked(c, spec)
         math = parts.sdpa_math(x, masked, spec, w)
         ops.append(attention_op("eager" if math else c.attention, b, s, x.a, x.d, w,
-                                lse_len=parts.sdpa_lse_len(x, masked, spec, w, s)))
+                                lse_len=parts.sdpa_lse_len(x, masked, spec, w, s), spec=spec))
         ops.append(linear_op("o_proj", b * s, x.a * x.d, x.h, o_b, w))
         return ops + self.selective_mlp_ops(c, spec, w)
 
@@ -1071,15 +1072,36 @@ def linear_op(label: str, n: int, n_in: int, n_out: int, bias: bool, w) -> tuple
     return (label, "addmm" if bias else "mm", n * n_out * w.e_m, 2 * n * n_in * n_out)
 
 
-def attention_op(kind: str, b: int, s: int, a: int, d: int, w, lse_len: int | None = None) -> tuple[str, str, int, int]:
+def attention_op(kind: str, b: int, s: int, a: int, d: int, w, lse_len: int | None = None,
+                 spec=None) -> tuple[str, str, int, int]:
     """The attention's core: SDPA's fused kernel (its output and the fp32 logsumexp, both kept by the selective
     policy; lse_len: the logsumexp's length, s unless CUDA's memory-efficient kernel pads it, parts.sdpa_lse_len)
-    or eager's bmm pair (recomputed); 4*b*s^2*a*d FLOPs (QK^T and PV, the causal half not skipped)."""
+    or eager's bmm pair (recomputed); 4*b*s^2*a*d FLOPs (QK^T and PV, the causal half not skipped).
+    On CUDA (spec.device_type == "cuda") the fused kernel SDPA dispatches decides (cuda_sdpa_kernel): cuDNN's
+    (bf16 / fp16), which the policy's list (planner/routines/checkpointing.py _SAVE) does not name, is recomputed
+    ("sdpa-recomputed"); the memory-efficient one (fp32) is kept. (The math kernel, fp32 with enable_gqa, is a
+    composite: the callers pass kind "eager" for it, parts.sdpa_math.)"""
     flops = 4 * b * s * s * a * d
     if kind == "sdpa":
-        lse = 4 * b * a * (s if lse_len is None else lse_len)
-        return ("sdpa flash kernel: output + fp32 logsumexp", "sdpa", b * s * a * d * w.e_m + lse, flops)
+        out = b * s * a * d * w.e_m + 4 * b * a * (s if lse_len is None else lse_len)
+        if spec is not None and spec.device_type == "cuda" and cuda_sdpa_kernel(w, False) == "cuDNN":
+            return ("sdpa cuDNN kernel (CUDA: not in the policy's list, recomputed)", "sdpa-recomputed", out, flops)
+        return ("sdpa flash kernel: output + fp32 logsumexp", "sdpa", out, flops)
     return ("eager attention (bmm)", "bmm", 0, flops)
+
+
+def cuda_sdpa_kernel(w, enable_gqa: bool) -> str:
+    """The kernel torch.nn.functional.scaled_dot_product_attention runs on CUDA for the attention's compute
+    dtype (w.e_m: the autocast dtype under AMP), measured on an H200 (torch 2.11+cu130, the grad_fn of every
+    dtype / mask / dropout / GQA case: tests/data/cuda/2026-11-27-h200/sdpa-kernels.json.gz): bf16 and fp16 ->
+    cuDNN attention (aten._scaled_dot_product_cudnn_attention) in every case; fp32 -> the memory-efficient kernel
+    (aten._scaled_dot_product_efficient_attention), except with enable_gqa=True, which only flash (no fp32) and
+    math support (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp check_grouped_query_attention): the math
+    kernel, a composite (_scaled_dot_product_attention_math: matmul, _safe_softmax, matmul), so a dispatch-level
+    policy sees bmm and pointwise ops. Of the three, the routine's torchtitan list saves only the efficient one."""
+    if w.e_m < 4:
+        return "cuDNN"
+    return "math" if enable_gqa else "efficient"
 
 
 def rope_buffers(n: int) -> list[TensorSpec]:

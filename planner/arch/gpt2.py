@@ -297,7 +297,7 @@ class HFGPT2(HFCausalLM):
 
         b, s, h = spec.batch_size, spec.seq_len, c.n_embd
         n, a, d, f = b * s, c.n_head, h // c.n_head, c.inner
-        att = attention_op("sdpa" if self._flash(c, spec) else "eager", b, s, a, d, w)
+        att = attention_op("sdpa" if self._flash(c, spec) else "eager", b, s, a, d, w, spec=spec)
         return [("c_attn", "addmm", n * 3 * h * w.e_m, 2 * n * h * 3 * h), att, ("attn c_proj", "addmm", n * h * w.e_m, 2 * n * h * h),
                 ("c_fc", "addmm", n * f * w.e_m, 2 * n * h * f), ("mlp c_proj", "addmm", n * h * w.e_m, 2 * n * f * h)]
 

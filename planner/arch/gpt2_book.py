@@ -494,7 +494,7 @@ class BookGPT2(Family):
         n, a, d = b * s, c.n_heads, c.emb_dim // c.n_heads
         flash = c.attention == "sdpa" and not (c.drop_rate > 0 and spec.device_type == "cpu")
         return ([linear_op(name, n, h, h, c.qkv_bias, w) for name in ("W_key", "W_query", "W_value")]
-                + [attention_op("sdpa" if flash else "eager", b, s, a, d, w), linear_op("out_proj", n, h, h, True, w),
+                + [attention_op("sdpa" if flash else "eager", b, s, a, d, w, spec=spec), linear_op("out_proj", n, h, h, True, w),
                    linear_op("ff in", n, h, 4 * h, True, w), linear_op("ff out", n, 4 * h, h, True, w)])
 
     def build(self, cfg, device, dtype: str):
@@ -852,7 +852,7 @@ def _checkpointed(cfg, spec, w, blocks: list[list[Term]], terms: list[Term], tra
     # the last block's own cached outputs made before a point: before its attention, before ff.layers.2
     saved = saved_ops(ops) if ops and cache[-1] else []
     made_before = lambda k: sum(op[2] for op in saved if ops.index(op) < k)
-    at_attention = made_before(next((k for k, op in enumerate(ops) if op[1] in ("bmm", "sdpa")), 0)) if saved else 0
+    at_attention = made_before(next((k for k, op in enumerate(ops) if op[1] in ("bmm", "sdpa", "sdpa-recomputed")), 0)) if saved else 0
     at_gelu = made_before(next((k for k, op in enumerate(ops) if op[0] == "ff out"), 0)) if saved else 0
     alive = bsh * e + s * h * e + sum(kept[:-1]) + at_gelu + 3 * bsh * e
     forward = {"forward gelu": alive + 4 * bsf * e + 4,
