@@ -43,7 +43,7 @@ def test_device_loses_the_offloaded_states_and_the_host_holds_them():
     host = off.transients["host_optimizer_offload"]
     assert host == sum(2 * _pow2(4 * n) + 8 * n + 4 for n in big)  # pinned copies rounded to powers of two
     assert host not in off.phase_peak_bytes.values() and off.peak_bytes < on.peak_bytes
-    assert any("not measured here (needs a GPU)" in n for n in off.notes)
+    assert any("not measured on a GPU yet" in n and "allocated_bytes.peak" in n for n in off.notes)
     assert run_args(spec)[-1] == "--offload-optimizer"
 
 
@@ -72,7 +72,7 @@ def test_cli():
     cpu = subprocess.run(base + ["estimate", "train", *run, "--device", "cpu"], cwd=ROOT, capture_output=True,
                          text=True)  # the CPU mechanism's figures (no pinning, no 512 B blocks)
     assert cpu.returncode == 0 and "host (offloaded optimizer)" in cpu.stdout, cpu.stderr
-    for cmd in (["measure", "train", *run, "--device", "cuda"], ["simulate", "train", *run, "--device", "cuda"],
+    for cmd in (["measure", "train", *run, "--device", "cuda", "--optimizer", "sgd"],
                 ["estimate", "train", *run, "--device", "cpu", "--precision", "fp16-amp"]):
         proc = subprocess.run(base + cmd, cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == EXIT_INVALID and len(proc.stderr.strip().splitlines()) == 1, cmd
@@ -86,7 +86,7 @@ def test_cpu_estimate_has_no_cuda_terms():
     states = sum(8 * n + 4 for n in big)  # fp32 exp_avg, exp_avg_sq and the 0-d fp32 step, unrounded
     assert all(off.phase_peak_bytes[k] == v - states for k, v in on.phase_peak_bytes.items())
     assert off.transients["host_optimizer_offload"] == sum(4 * n for n in big) * 2 + states  # unpinned copies
-    assert not any("needs a GPU" in n for n in off.notes)
+    assert not any("on a GPU" in n for n in off.notes)
 
 
 def test_the_equivalent_steps_as_adamw_and_keeps_small_params_on_the_device():
@@ -153,3 +153,13 @@ def test_cpu_estimate_holds_the_measured_rows(label, prec, ckpt, peak, host):
     est = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_optimizer=True))
     assert abs(est.peak_bytes / peak - 1) < 0.01
     assert est.transients["host_optimizer_offload"] == host
+
+
+def test_measure_runs_it_on_cuda_as_torchao_with_pinned_copies():
+    """measure / simulate do not refuse --offload-optimizer on cuda (the routine pins its host copies there, as
+    torchao); what the estimate refuses stays refused, in one line."""
+    from planner.estimate.offload import refuse_run
+
+    refuse_run(TrainSpec(2, 32, "bf16-amp", "adamw", device="cuda", offload_optimizer=True))
+    with pytest.raises(ConfigError):
+        refuse_run(TrainSpec(2, 32, "bf16-amp", "sgd", device="cuda", offload_optimizer=True))

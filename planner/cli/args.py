@@ -50,8 +50,8 @@ def _add_run(p: argparse.ArgumentParser, device_required: bool = False, batch_re
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--offload-optimizer", action="store_true",
                    help="AdamW's state on the host (torchao CPUOffloadOptimizer): the device peak and the host's bytes "
-                        "as two figures; --device cuda: estimated, not measured here (needs a GPU); --device cpu: a "
-                        "plain-torch equivalent, measured and simulated")
+                        "as two figures; measured and simulated with a plain-torch equivalent (pinned host copies on "
+                        "cuda, as torchao; --device cpu: unpinned)")
     p.add_argument("--offload-activations", action="store_true",
                    help="the forward under torch.autograd.graph.save_on_cpu(pin_memory=True): every saved tensor "
                         "(weights a matmul saves included) copied to the host; the device peak and the host's bytes "

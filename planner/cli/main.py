@@ -244,7 +244,7 @@ def cmd_measure_train(args) -> int:
     check_quantize_runnable(spec)
     from ..estimate.offload import refuse_run
 
-    refuse_run(spec)  # --offload-optimizer: measured on the CPU only (plain-torch equivalent)
+    refuse_run(spec)  # --offload-optimizer: the combinations the estimate refuses (plain-torch equivalent)
     from .simulate import export_paths
 
     exports = export_paths(args)

@@ -178,7 +178,7 @@ def _parse_simulate(args: argparse.Namespace) -> tuple:
     check_quantize_runnable(spec)  # QLoRA's simulating child imports bitsandbytes
     from ..estimate.offload import refuse_run
 
-    refuse_run(spec)  # --offload-optimizer: measured on the CPU only (plain-torch equivalent)
+    refuse_run(spec)  # --offload-optimizer: the combinations the estimate refuses (plain-torch equivalent)
     return cfg, spec, None
 
 

@@ -16,8 +16,9 @@ The device and host are different budgets: `peak_bytes` is the device's; the hos
 only supports CUDA & XPU"), so on this CPU-only machine torchao itself cannot run; `--device cpu` runs its plain-torch
 equivalent (planner/routines/offload_optim.py: the same tensors and copies, the "device" being the CPU), which
 `measure` and `simulate` measure, the host tensors counted apart. Its estimate (`--device cpu`) has no CUDA terms:
-no 512 B blocks on the device, and no pinning (pin_memory needs CUDA), so the host holds each copy at its own size;
-the pinned power-of-two rounding and the device figure on CUDA are for the CUDA check (torchao's own run there).
+no 512 B blocks on the device, and no pinning (pin_memory needs CUDA), so the host holds each copy at its own size.
+On CUDA the same routine runs with pinned host copies, as torchao (`measure --device cuda`); the pinned
+power-of-two rounding and the device figure there are for the CUDA check (no GPU record holds them yet).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from . import step
 
 CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator's block granularity (planner/estimate/training.py)
 MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer's default minimal_size: smaller tensors keep their optimizer on the device
-NOT_MEASURED = "not measured here (needs a GPU)"
+# the CUDA figures: `measure --device cuda` runs the routine there (pinned, as torchao), no GPU record holds it yet
+NOT_MEASURED = "not measured on a GPU yet (measure --device cuda runs it)"
 
 
 def check_offload_optimizer(spec) -> None:
@@ -52,13 +54,11 @@ def _round512(n: int) -> int:
 
 
 def refuse_run(spec) -> None:
-    """measure / simulate: the plain-torch equivalent runs on the CPU (planner/routines/offload_optim.py); torchao's
-    own run on CUDA is the CUDA check's (one line elsewhere)."""
+    """measure / simulate: the plain-torch equivalent (planner/routines/offload_optim.py) runs on the CPU and on CUDA,
+    where it does what torchao does with the same tensors (pinned host copies, each grad copied to the host as it is
+    accumulated, the host AdamW's step, the weights copied back); the combinations the estimate refuses are refused
+    here too, in one line."""
     if getattr(spec, "offload_optimizer", False):
-        if spec.device_type != "cpu":
-            raise ConfigError("--offload-optimizer is measured with --device cpu (a plain-torch equivalent of torchao's "
-                              "CPUOffloadOptimizer); on " + spec.device_type + " it is " + NOT_MEASURED
-                              + " (use estimate train --device cuda)")
         check_offload_optimizer(spec)
 
 
@@ -105,8 +105,10 @@ def estimate_offload_optimizer(cfg, spec, estimate_training):
     host = host_bytes(cfg, spec)
     if cuda:
         how = ("pinned param and grad copies, rounded up to powers of two by PyTorch's CachingHostAllocator, and the "
-               "CPU AdamW's states). Device and host figures are estimated, " + NOT_MEASURED + "; the step runs on the "
-               "CPU (slower: every grad crosses PCIe and AdamW runs on host cores)")
+               "CPU AdamW's states). Device and host figures are estimated, " + NOT_MEASURED + ": the CUDA check has "
+               "to show the device's live bytes without the offloaded states and their 512 B blocks, and the pinned "
+               "host allocator's allocated_bytes.peak (torch.cuda.host_memory_stats) equal to the pinned line; the "
+               "step runs on the CPU (slower: every grad crosses PCIe and AdamW runs on host cores)")
     else:
         how = ("param and grad copies, unpinned on a CPU build, and the CPU AdamW's states), measured with the "
                "plain-torch equivalent (planner/routines/offload_optim.py); device figure: for the CUDA check (there "

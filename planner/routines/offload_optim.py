@@ -1,9 +1,9 @@
-"""`--offload-optimizer` on the CPU: a plain-torch equivalent of torchao's CPUOffloadOptimizer (issue #24).
+"""`--offload-optimizer`: a plain-torch equivalent of torchao's CPUOffloadOptimizer (issue #24).
 
 torchao's `CPUOffloadOptimizer(params, torch.optim.AdamW, fused=True)` (torchao/optim/cpu_offload.py, torchao 0.18.0;
 defaults offload_gradients=False, minimal_size=4096) asserts a CUDA or XPU device ("CPU Offload currently only
 supports CUDA & XPU"), so it cannot run on a CPU-only build. This class does what it does, tensor for tensor and in
-the same order, with the "device" being the CPU:
+the same order, with the "device" being the CPU (or, pinned, a CUDA device):
 
   __init__   per trainable parameter of >= minimal_size elements: `p_host = torch.empty_like(p, device="cpu")`,
              `p_host.grad = torch.empty_like(p_host)`, `p_host.copy_(p.detach())`, a post-accumulate-grad hook on p
@@ -13,10 +13,11 @@ the same order, with the "device" being the CPU:
   step       d_opt.step(); then, in the order the grads arrived, the host AdamW's step and `p.copy_(p_host)`.
   zero_grad  the device grads to None (the host grads are overwritten by the next copy).
 
-Differences, all CUDA-check terms: torchao pins the host copies (`pin_memory=True`; PyTorch's CachingHostAllocator
-rounds pinned requests up to a power of two); pinning needs CUDA, so here pin_memory is False and the host bytes are
-the tensors' own sizes. The side stream and its events (the copies overlap backward on CUDA) have no CPU meaning: the
-copies run inline. `host_tensors()` names what lives on the host, so the live-bytes tracker counts it apart
+On a CUDA device the host copies are pinned as torchao pins them (`pin_memory=True` for p_host and p_host.grad;
+PyTorch's CachingHostAllocator rounds pinned requests up to a power of two); pinning needs CUDA, so on the CPU
+pin_memory is False and the host bytes are the tensors' own sizes. torchao's side stream and its events (the copies
+overlap backward on CUDA) are left out: the copies run inline on the current stream (a synchronous D2H / H2D copy
+makes no device tensor, so the device's live bytes are the same; only the timing differs). `host_tensors()` names what lives on the host, so the live-bytes tracker counts it apart
 (planner/measure/tracker.py host_scope).
 """
 from __future__ import annotations
@@ -43,8 +44,9 @@ class HostOffloadAdamW:
             if p.numel() < minimal_size:
                 retained.append(p)
                 continue
-            p_host = torch.empty_like(p, device="cpu")  # torchao: pin_memory=True (CUDA only)
-            p_host.grad = torch.empty_like(p_host)
+            pin = p.device.type == "cuda"  # torchao: pin_memory=True (pinning needs CUDA)
+            p_host = torch.empty_like(p, device="cpu", pin_memory=pin)
+            p_host.grad = torch.empty_like(p_host, pin_memory=pin)
             p_host.copy_(p.detach())
             self.param_d2h_map[p] = p_host
             p.register_post_accumulate_grad_hook(self._backward_hook)

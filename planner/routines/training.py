@@ -145,7 +145,7 @@ class TrainingStep:
         self.model.train()
         from ..estimate.offload import refuse_run
 
-        refuse_run(spec)  # --offload-optimizer runs only on the CPU here (planner/estimate/offload.py)
+        refuse_run(spec)  # --offload-optimizer: the combinations the estimate refuses (planner/estimate/offload.py)
         if spec.checkpointing:  # the policy: planner/checkpointing.py (full is the family's own)
             from .checkpointing import enable_policy
 
