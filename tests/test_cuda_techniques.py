@@ -1,0 +1,99 @@
+"""Issue #24's techniques on CUDA, against the H200 run's records (tests/data/cuda/2026-11-27-h200; no GPU needed):
+selective checkpointing's kept outputs follow the SDPA kernel CUDA dispatches (planner/arch/decoder.py
+attention_op / cuda_sdpa_kernel), every recorded selective row within 1% of the GPU's tracked live bytes."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+
+import pytest
+
+from planner.arch.decoder import attention_op, cuda_sdpa_kernel
+from planner.bench.gpu_grids import RECORDS_DIR, live_error, read_records
+from planner.checkpointing import saved_ops
+from planner.config import config_from_dict
+from planner.estimate.activations import Widths
+from planner.arch import family_of
+from planner.spec import TrainSpec
+
+AMP = ("bf16-amp", "fp16-amp")
+
+
+def _selective_rows() -> list[dict]:
+    """The policies grid's selective rows, less GPT-2 under autocast (CUDA autocast's fp32 ops: another change)."""
+    rows = [r for r in read_records(RECORDS_DIR / "cuda-rows.jsonl")
+            if r["grid"] == "policies" and "error" not in r and r["spec"].get("checkpointing")
+            and r["spec"].get("checkpoint_policy") == "selective"]
+    return [r for r in rows if not (r["config"]["arch"] in ("gpt2", "gpt2-hf") and r["spec"]["precision"] in AMP)]
+
+
+SELECTIVE = _selective_rows()
+
+
+def test_the_records_hold_the_selective_rows():
+    # every decoder family, fp32, bf16, bf16-AMP, LoRA, last:N, QLoRA and gradient accumulation
+    assert len(SELECTIVE) >= 60
+    archs = {r["config"]["arch"] for r in SELECTIVE}
+    assert {"llama", "qwen3", "gemma", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "phi3", "gpt2"} <= archs
+    assert {r["spec"]["precision"] for r in SELECTIVE} >= {"fp32", "bf16", "bf16-amp"}
+    assert any(r["spec"].get("quantize_base") == "nf4" for r in SELECTIVE)
+
+
+@pytest.mark.parametrize("rec", SELECTIVE, ids=[f"{r['label']}|{r['spec']['precision']}" for r in SELECTIVE])
+def test_selective_row_within_one_percent_of_the_gpu_live_bytes(rec):
+    est, tracked, err = live_error(rec)
+    assert abs(err) <= 1.0, (rec["label"], est, tracked)
+
+
+def _kernels():
+    return json.loads(gzip.open(RECORDS_DIR / "sdpa-kernels.json.gz", "rt").read())
+
+
+def test_cuda_kernel_rule_is_the_measured_dispatch():
+    """cuda_sdpa_kernel against the grad_fn SDPA left on the H200 for every dtype / GQA / mask / dropout case."""
+    names = {"cuDNN": "ScaledDotProductCudnnAttentionBackward0", "efficient": "ScaledDotProductEfficientAttentionBackward0",
+             "math": "UnsafeViewBackward0"}  # the math kernel is a composite: its last op's node
+    rows = _kernels()
+    assert len(rows) >= 48
+    for row in rows:
+        e_m = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}[row["dtype"]]
+        w = dataclasses.replace(Widths.of(TrainSpec(1, 8, "fp32")), e_m=e_m)
+        assert names[cuda_sdpa_kernel(w, row["gqa"])] == row["fn"], row
+
+
+def test_kept_kernels_are_the_routines_list():
+    """The estimate keeps a kernel's output under selective exactly when the routine's torchtitan list names its aten
+    op (planner/routines/checkpointing.py _SAVE): the CPU's flash kernel and CUDA's memory-efficient one, not cuDNN's
+    and not the math kernel's composite ops."""
+    import torch
+
+    from planner.routines.checkpointing import _SAVE
+
+    aten = {"cuDNN": torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+            "efficient": torch.ops.aten._scaled_dot_product_efficient_attention.default}
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in _SAVE
+    for e_m, gqa in ((2, False), (2, True), (4, False), (4, True)):
+        w = dataclasses.replace(Widths.of(TrainSpec(1, 8, "fp32")), e_m=e_m)
+        kernel = cuda_sdpa_kernel(w, gqa)
+        op = attention_op("sdpa", 2, 16, 4, 8, w, TrainSpec(2, 16, device="cuda"), gqa)
+        kept = bool(saved_ops([op]))
+        assert kept == (kernel in aten and aten[kernel] in _SAVE), (e_m, gqa, kernel)
+        cpu = attention_op("sdpa", 2, 16, 4, 8, w, TrainSpec(2, 16, device="cpu"), gqa)
+        assert saved_ops([cpu]) == [cpu] and cpu[2] == op[2]  # the CPU keeps its kernel's output, same bytes
+
+
+def test_cpu_selective_estimate_keeps_the_attention_output():
+    """A recorded CUDA row run as --device cpu: the kept outputs are the CUDA ones plus the SDPA output and logsumexp
+    of every block (the CPU kernel is in the list), so the CPU estimate is the one measured before on the CPU."""
+    rec = next(r for r in SELECTIVE if r["config"]["arch"] == "llama" and r["spec"]["precision"] == "bf16"
+               and r["spec"].get("train_layers", "all") == "all" and not r["spec"].get("lora_r"))
+    cfg = config_from_dict(rec["config"])
+    cuda = TrainSpec(**rec["spec"])
+    cpu = dataclasses.replace(cuda, device="cpu")
+    fam = family_of(cfg)
+    w = Widths.of(cuda)
+    k_cuda = sum(op[2] for op in saved_ops(fam.selective_ops(cfg, cuda, w)))
+    k_cpu = sum(op[2] for op in saved_ops(fam.selective_ops(cfg, cpu, w)))
+    b, s, x = cuda.batch_size, cuda.seq_len, fam.shape(cfg)
+    assert k_cpu - k_cuda == b * s * x.a * x.d * w.e_m + 4 * b * x.a * s
