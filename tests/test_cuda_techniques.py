@@ -97,3 +97,75 @@ def test_cpu_selective_estimate_keeps_the_attention_output():
     k_cpu = sum(op[2] for op in saved_ops(fam.selective_ops(cfg, cpu, w)))
     b, s, x = cuda.batch_size, cuda.seq_len, fam.shape(cfg)
     assert k_cpu - k_cuda == b * s * x.a * x.d * w.e_m + 4 * b * x.a * s
+
+
+# --offload-activations on CUDA: the unpack hook's device copies (planner/estimate/offload_act.py module doc)
+
+def _attention_kernel(rec) -> str | None:
+    """The kernel SDPA runs for a recorded decoder row on CUDA (None: not a decoder with SDPA)."""
+    from planner.arch import parts
+
+    cfg, spec = config_from_dict(rec["config"]), TrainSpec(**rec["spec"])
+    fam = family_of(cfg)
+    if getattr(cfg, "attention", None) != "sdpa" or not hasattr(fam, "masked") or not hasattr(fam, "shape"):
+        return None
+    return cuda_sdpa_kernel(Widths.of(spec), parts.sdpa_enable_gqa(fam.shape(cfg), fam.masked(cfg, spec)))
+
+
+def _offload_rows() -> list[dict]:
+    """The offload-activations rows, less GPT-2 under autocast and the fp32 GQA rows SDPA runs its math kernel for
+    (both other changes' mechanisms)."""
+    rows = [r for r in read_records(RECORDS_DIR / "cuda-rows.jsonl")
+            if r["grid"] == "offload-activations" and "error" not in r]
+    rows = [r for r in rows if not (r["config"]["arch"] in ("gpt2", "gpt2-hf") and r["spec"]["precision"] in AMP)]
+    return [r for r in rows if _attention_kernel(r) != "math" and live_error(r) is not None]
+
+
+OFFLOAD = _offload_rows()
+# the copies of a block's own saved tensors at its nodes without checkpointing are not modelled yet (module doc):
+# the Mixtral row's expert backward is the backward phase's high point
+NOT_MODELLED = {("mixtral V1000 h64 a4 kv2 untied b2 s64 bf16-amp", False)}
+
+
+def _backward(rec) -> tuple[int, int]:
+    from planner.estimate.training import estimate_training
+
+    est = estimate_training(config_from_dict(rec["config"]), TrainSpec(**rec["spec"]))
+    lines = est.transients.get("allocator_rounding", 0) + est.transients.get("cublas_workspace", 0)
+    return est.phase_peak_bytes["backward"] - lines, rec["measured"]["phase_peak_bytes"]["backward"]
+
+
+def test_offload_rows_cover_the_families():
+    assert len(OFFLOAD) >= 30
+    assert {r["config"]["arch"] for r in OFFLOAD} >= {"llama", "qwen2", "qwen3", "gemma", "gemma2", "mistral", "phi3",
+                                                      "mixtral", "qwen2_moe", "qwen3_moe", "gpt2"}
+
+
+@pytest.mark.parametrize("rec", OFFLOAD, ids=[r["label"] for r in OFFLOAD])
+def test_offload_row_peak_and_backward_within_one_percent(rec):
+    """The step's peak and, with the unpack hook's copies (the log-softmax output at the loss backward, the
+    checkpointed block's input), its backward phase: within 1% of the GPU's tracked live bytes."""
+    est, tracked, err = live_error(rec)
+    assert abs(err) <= 1.0, (rec["label"], est, tracked)
+    bwd_est, bwd = _backward(rec)
+    key = (rec["label"], bool(rec["spec"]["checkpointing"]))
+    if key in NOT_MODELLED:
+        assert bwd_est < 0.99 * bwd  # still low: whoever models it moves the row to the held ones
+        return
+    assert abs(bwd_est - bwd) <= 0.01 * bwd, (rec["label"], bwd_est, bwd)
+
+
+def test_offload_unpack_copies_are_cuda_only():
+    """The same row on the CPU device: no unpack copies (`.to("cpu")` returns the host copy itself), so the CUDA
+    backward is the CPU one's plus b*s*V*e_ce at the loss (here its high point) and plus nothing else."""
+    from planner.estimate.training import estimate_training
+
+    rec = next(r for r in OFFLOAD if r["config"]["arch"] == "qwen3" and r["spec"]["precision"] == "bf16-amp"
+               and not r["spec"]["checkpointing"])
+    cfg, cuda = config_from_dict(rec["config"]), TrainSpec(**rec["spec"])
+    cpu = dataclasses.replace(cuda, device="cpu")
+    e_cuda, e_cpu = estimate_training(cfg, cuda), estimate_training(cfg, cpu)
+    lines = e_cuda.transients.get("allocator_rounding", 0) + e_cuda.transients.get("cublas_workspace", 0)
+    bsV = cuda.batch_size * cuda.seq_len * cfg.vocab_size
+    assert e_cuda.phase_peak_bytes["backward"] - lines == e_cpu.phase_peak_bytes["backward"] + 4 * bsV
+    assert e_cuda.transients["host_activation_offload"] == e_cpu.transients["host_activation_offload"]

@@ -406,7 +406,12 @@ class BookGPT2(Family):
         f, bsh, bsV = 4 * h, b * s * h, b * s * c.vocab_size
         bsf = b * s * f
         if spec.checkpointing:
-            outside = 8 * s + (bsh * w.e_r if c.drop_rate > 0 else 0)
+            # the embedding dropout's saved noise as the step without offloading counts it (embed_dropout_terms):
+            # b*s*h*e_r on the CPU, CUDA's native_dropout a 1-byte mask (measured on an H200,
+            # tests/data/cuda/2026-11-27-h200: V1000 h64 a4 p0.1 b2 s64 fp32 checkpointed, the backward 3*b*s*h low
+            # with b*s*h*e_r taken off)
+            noise = bsh * (1 if spec.device_type == "cuda" else w.e_r)
+            outside = 8 * s + (noise if c.drop_rate > 0 else 0)
             return {k: v - outside if "block" in k else v for k, v in points.items()}
         e_p = 2 if spec.precision == "bf16" else 4
         e_w, amp, tail = w.e_m, w.amp, 2 * w.e_ce

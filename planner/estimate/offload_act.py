@@ -18,7 +18,12 @@ no torch). Two figures, two budgets:
 On a CPU device the pack hook still copies (pin_memory=True; with pin_memory=False `tensor.cpu()` returns the CPU
 tensor itself and nothing moves) and the unpack hook's `packed.to("cpu")` returns the host copy itself, so backward
 reads the copies in place. On CUDA the unpack hook makes a device copy of each saved tensor for its node's backward
-(a transient of one node's saved inputs that the CPU run cannot show): the device figure is for the CUDA check.
+(a transient of one node's saved inputs that the CPU run cannot show). Modelled on CUDA (measured on an H200,
+tests/data/cuda/2026-11-27-h200, the backward phase to the byte on every family's bf16-AMP and fp32 rows but the fp32
+GQA ones): the log-softmax output's copy at the loss backward (b*s*V*e_ce) and, under checkpointing, the current
+block's input copy through its recompute and backward (b*s*h*e_r). Not yet: the copies of a block's own saved
+tensors at its nodes without checkpointing (the backward phase low by 393,232 B on Mixtral V1000 h64 b2 s64, by
+24,584 B on Llama V200 h96 b1 s64 bf16-AMP; below the step's peak on the recorded grid, the optimizer's).
 Checkpointing: checkpoint's own hooks are innermost in a checkpointed block, so save_on_cpu sees only each block's
 input (and the tensors outside the blocks); the recompute in backward runs outside save_on_cpu and stays on the
 device.
@@ -218,6 +223,12 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     loss = base + amp_cache + fwd_alive + rope_held + leaf + held + logits + ce_out
     # Backward, start: cross-entropy's two b*s*V gradients (+ the 0-d loss gradient and grad_output: 2*e_ce)
     ce_start = tr.get("cross_entropy_grads", 0) + 2 * w.e_ce + rope_held + leaf
+    # On CUDA the unpack hook (torch/autograd/graph.py save_on_cpu: `tensor.to(device, non_blocking=pin_memory)`)
+    # brings each saved tensor back as a fresh device copy for its node's backward; _log_softmax_backward_data reads
+    # its saved output (b*s*V*e_ce) beside the two gradients (on the CPU `.to("cpu")` returns the host copy itself):
+    # measured on an H200, tests/data/cuda/2026-11-27-h200, the backward phase b*s*V*e_ce above the CPU device's
+    unpacked_ce = bsV * w.e_ce if spec.device_type == "cuda" else 0
+    ce_start += unpacked_ce
 
     def own(points: dict[str, int], ckpt: bool, grads_exist: bool = False) -> dict[str, int]:
         """The family's own backward points where the generic sweep does not hold (planner/arch/<family>.py
@@ -241,11 +252,14 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         if ckpt:
             # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
             # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
-            # measured: the recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back:
-            # for the CUDA check)
+            # measured: the recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back)
+            # On CUDA the unpack hook's device copy of the current block's input (b*s*h*e_r) is alive through its
+            # recompute and backward (measured on an H200, tests/data/cuda/2026-11-27-h200: Gemma 2 and Mixtral
+            # checkpointed, fp32 and bf16-AMP, the backward phase b*s*h*e_r above the CPU device's)
             got = later_sweep_points(cfg, plain) if grads_exist else est.backward_points
-            return own({k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
-                        * bsh * w.e_r for k, v in got.items()}, ckpt, grads_exist)
+            back = 1 if spec.device_type == "cuda" else 0
+            return own({k: v - ((L - back) if k.startswith("last block") else (1 - back) if k.startswith("first block")
+                                else 0) * bsh * w.e_r for k, v in got.items()}, ckpt, grads_exist)
         # every saved tensor is a host copy: the sweep's points with empty saved sets, in the step's own widths
         # with autocast's weight copies gone (each one a saved tensor, so a host copy; the sweep runs as the fp32
         # step does at e_m / e_r: measured, the off-grid sweep's Llama / Qwen 2 / Gemma / Mistral bf16 and
