@@ -157,7 +157,7 @@ def test_offload_row_peak_and_backward_within_one_percent(rec):
 
 def test_offload_unpack_copies_are_cuda_only():
     """The same row on the CPU device: no unpack copies (`.to("cpu")` returns the host copy itself), so the CUDA
-    backward is the CPU one's plus b*s*V*e_ce at the loss (here its high point) and plus nothing else."""
+    backward is the CPU one's plus b*s*V*e_ce at the loss (here its high point)."""
     from planner.estimate.training import estimate_training
 
     rec = next(r for r in OFFLOAD if r["config"]["arch"] == "qwen3" and r["spec"]["precision"] == "bf16-amp"
@@ -168,4 +168,25 @@ def test_offload_unpack_copies_are_cuda_only():
     lines = e_cuda.transients.get("allocator_rounding", 0) + e_cuda.transients.get("cublas_workspace", 0)
     bsV = cuda.batch_size * cuda.seq_len * cfg.vocab_size
     assert e_cuda.phase_peak_bytes["backward"] - lines == e_cpu.phase_peak_bytes["backward"] + 4 * bsV
-    assert e_cuda.transients["host_activation_offload"] == e_cpu.transients["host_activation_offload"]
+    # the host: cuDNN's philox seed and offset a block more than the CPU kernel saves
+    assert (e_cuda.transients["host_activation_offload"]
+            == e_cpu.transients["host_activation_offload"] + 16 * cfg.layers)
+
+
+def test_offload_host_bytes_are_the_packed_copies():
+    """The host figure against the pack hook's bytes the GPU run counted (measured.host_activation_offload_bytes), to
+    the byte: CUDA's 1-byte dropout masks (the book's GPT-2) and cuDNN attention's saved philox seed and offset
+    included. Not held: without checkpointing, the fp32 rows whose SDPA runs the memory-efficient kernel (what it
+    saves beside q, k, v, output and logsumexp is the SDPA change's) and the book's GPT-2 at fp32 with dropout
+    (196,608 B over, unexplained: no saved-tensor inventory of it on a GPU yet)."""
+    from planner.estimate.training import estimate_training
+
+    held = 0
+    for rec in OFFLOAD:
+        ckpt = bool(rec["spec"]["checkpointing"])
+        if not ckpt and (_attention_kernel(rec) == "efficient" or rec["config"]["arch"] == "gpt2"):
+            continue
+        est = estimate_training(config_from_dict(rec["config"]), TrainSpec(**rec["spec"]))
+        assert est.transients["host_activation_offload"] == rec["measured"]["host_activation_offload_bytes"], rec["label"]
+        held += 1
+    assert held >= 28

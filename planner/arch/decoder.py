@@ -553,6 +553,11 @@ class RMSDecoder(HFCausalLM):
                           b * s * (2 * q + 2 * kvs) * w.e_m + 4 * b * x.a * lse, True)]
             if masked:
                 terms.append(Term("host: SDPA's mask in the query's dtype", "b*s^2*e_m", b * s * s * w.e_m, True))
+            if spec.device_type == "cuda" and cuda_sdpa_kernel(w, parts.sdpa_enable_gqa(x, masked)) == "cuDNN":
+                # cuDNN attention also saves its philox seed and offset, two one-element int64 tensors
+                # (ScaledDotProductCudnnAttentionBackward0's philox_seed / philox_offset; measured on an H200,
+                # tests/data/cuda/2026-11-27-h200: every bf16-AMP offload row's host bytes 16 B a block above)
+                terms.append(Term("host: cuDNN attention philox seed and offset (int64)", "2*8", 16, True))
             return terms
         return [Term("host: eager attention q, k^T, v (repeated)", "3*b*a*s*d*e_m", 3 * b * s * q * w.e_m, True),
                 Term("host: softmax output (fp32) and the probabilities the second matmul saves",

@@ -355,14 +355,18 @@ class BookGPT2(Family):
                 Term("host: feed-forward: Linear inputs and weights, GELU's x, 0.5*x, tanh, 1 + tanh (e_m) and "
                      "sqrt(2/pi) (0-d fp32)", "b*s*h*e_m + 5*b*s*f*e_m + 2*h*f*e_m + 4",
                      bsh * w.e_m + 5 * bsf * w.e_m + 2 * h * f * w.e_m + 4, True, "mlp")]
+        # a dropout's saved noise: CUDA's native_dropout saves a 1-byte bool mask (the device walk's e_k, _resid_mask)
+        e_k = 1 if spec.device_type == "cuda" else w.e_m
         if p:
-            blk.append(Term("host: residual dropout noise (attention and feed-forward)", "2*b*s*h*e_m",
-                            2 * bsh * w.e_m, True, "mlp"))
+            blk.append(Term("host: residual dropout noise (attention and feed-forward)", "2*b*s*h*e_k",
+                            2 * bsh * e_k, True, "mlp"))
         if spec.checkpointing:
             blk = [parts.offload_checkpointed_input(b, s, h, w)]
         out = [Term("host: token ids and positions (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
-        if p:
-            out.append(Term("host: embedding dropout noise", "b*s*h*e_r", bsh * w.e_r, where="embed"))
+        if p:  # (CUDA: the 1-byte mask, measured on an H200, tests/data/cuda/2026-11-27-h200: V1000 h64 a4 p0.1 b2
+            # s64 fp32 checkpointed, the host bytes exact, 3*b*s*h over with b*s*h*e_r)
+            out.append(Term("host: embedding dropout noise", "b*s*h*e_k",
+                            bsh * (1 if spec.device_type == "cuda" else w.e_r), where="embed"))
         out += [ln("final_norm", per_layer=False, where="head"),
                 Term("host: out_head input and weight", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
                      where="head"),
