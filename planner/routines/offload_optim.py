@@ -23,6 +23,7 @@ makes no device tensor, so the device's live bytes are the same; only the timing
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 MINIMAL_SIZE = 4096  # torchao's default minimal_size (planner/estimate/offload.py uses the same)
 
@@ -44,7 +45,8 @@ class HostOffloadAdamW:
             if p.numel() < minimal_size:
                 retained.append(p)
                 continue
-            pin = p.device.type == "cuda"  # torchao: pin_memory=True (pinning needs CUDA)
+            # torchao: pin_memory=True (pinning needs CUDA; a simulation's fake tensors own no memory to pin)
+            pin = p.device.type == "cuda" and not is_fake(p)
             p_host = torch.empty_like(p, device="cpu", pin_memory=pin)
             p_host.grad = torch.empty_like(p_host, pin_memory=pin)
             p_host.copy_(p.detach())
