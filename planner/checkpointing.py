@@ -9,7 +9,9 @@ block keeps.
   selective   every block checkpointed with torch.utils.checkpoint's create_selective_checkpoint_contexts and
               torchtitan's op policy (torchtitan/models/llama3/infra/parallelize.py `_save_list` and
               `_custom_policy`): the outputs of matmuls (aten.mm, every second one recomputed) and of the fused
-              attention kernels are saved, pointwise ops are recomputed
+              attention kernels the list names are saved, pointwise ops are recomputed; on CUDA the kernel SDPA
+              dispatches decides (planner/arch/decoder.py cuda_sdpa_kernel): cuDNN's (bf16 / fp16) and the math
+              kernel's composite ops (fp32 with enable_gqa) are not in the list, so they are recomputed
 every:K and selective are measured and simulated (the real step) and estimated (planner/estimate/ckpt_policy.py,
 from the full-checkpointing estimate and the family's selective_ops: planner/arch/<family>.py; with gradient
 accumulation, a later micro-batch's sweep with every .grad alive; with fine-tuning, planner/estimate/finetune.py
@@ -53,7 +55,8 @@ def checkpointed_blocks(policy: str, layers: int) -> list[int]:
 def selective_saved(ops) -> int:
     """Bytes torchtitan's policy keeps of one block's forward: ops are the block's (label, kind, bytes, flops) in
     order (planner/arch/<family>.py selective_ops); every "mm" output whose count in the block is odd and every
-    "sdpa" output (the fused attention kernels) is saved (torchtitan/models/llama3/infra/parallelize.py
+    "sdpa" output (the fused attention kernels in the list; a CUDA kernel outside it is "sdpa-recomputed") is
+    saved (torchtitan/models/llama3/infra/parallelize.py
     _custom_policy: `meta[mm_count_key] % 2 == 0` recomputes every second mm); other kinds (addmm, bmm,
     _grouped_mm: not in _save_list) are recomputed."""
     return sum(nbytes for _, _, nbytes, _ in saved_ops(ops))

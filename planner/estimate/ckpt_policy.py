@@ -88,7 +88,8 @@ def estimate_policy(cfg, spec, estimate_training, grad_numels, autocast_weight_b
         none_points = {}
         kinds = ["c"] * L
         note = (f"selective checkpointing: every block keeps its input and the outputs torchtitan's policy saves "
-                f"({cache:,} B a block: every second aten.mm and the fused attention kernel's), the rest is "
+                f"({cache:,} B a block: every second aten.mm and the fused attention kernel's where the policy's "
+                "list names it: not CUDA's cuDNN or math kernels), the rest is "
                 "recomputed in backward")
     else:
         k = every_k(policy)

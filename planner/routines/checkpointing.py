@@ -1,7 +1,6 @@
 """The checkpointing policies' real code (planner/checkpointing.py says what each is and whom it follows)."""
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -9,7 +8,11 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from ..checkpointing import every_k
 
 # torchtitan's _save_list (torchtitan/models/llama3/infra/parallelize.py), with the CPU's fused attention kernel
-# added beside the CUDA ones (SDPA runs _scaled_dot_product_flash_attention_for_cpu on the CPU)
+# added beside the CUDA ones (SDPA runs _scaled_dot_product_flash_attention_for_cpu on the CPU). On CUDA, SDPA runs
+# cuDNN attention for bf16 / fp16 and the math kernel for fp32 with enable_gqa (measured on an H200), neither in this
+# list: their outputs are recomputed (the estimate follows: planner/arch/decoder.py attention_op). torchtitan's later
+# list (torchtitan/distributed/activation_checkpoint.py _op_sac_save_list) adds _scaled_dot_product_cudnn_attention and
+# _scaled_dot_product_attention_math; adding them here changes what a CUDA run keeps (and needs a GPU re-measure).
 _SAVE = {
     torch.ops.aten.mm.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
