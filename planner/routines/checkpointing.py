@@ -1,7 +1,6 @@
 """The checkpointing policies' real code (planner/checkpointing.py says what each is and whom it follows)."""
 from __future__ import annotations
 
-
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
