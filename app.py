@@ -612,13 +612,15 @@ loss = st.selectbox("Loss", LOSSES, LOSSES.index(START.loss), key="loss", bind="
 ckpt_policy = st.selectbox("Checkpointing policy", CKPT_POLICIES, key="ckpt_policy", bind="query-params",
                            disabled=not ckpt,
                            help="full: every block keeps only its input; selective: torchtitan's op policy (every "
-                                "second matmul's output and the fused attention's kept, the rest recomputed); every:K: "
+                                "second matmul's output and the fused attention's kept (on cuda not cuDNN's: recomputed), the "
+                                "rest recomputed); every:K: "
                                 "transformers' every_n_layers, only every K-th block checkpointed")
 offload_opt = st.toggle("Optimizer on the host", False, key="offload_opt", bind="query-params",
                         help="--offload-optimizer: torchao's CPUOffloadOptimizer keeps AdamW's states on the host (the "
-                             "host's bytes are their own line). On cuda: torchao's own run, estimated (not yet measured "
-                             "on a GPU); on cpu: its plain-torch equivalent, the mechanism measured here "
-                             "(planner/routines/offload_optim.py; docs/accuracy.md, Optimizer offloading)")
+                             "host's bytes are their own line). On cuda: estimated as torchao runs it (measure runs the plain-torch "
+                             "equivalent with pinned host copies; not yet recorded on a GPU); on cpu: the equivalent, "
+                             "the mechanism measured here (planner/routines/offload_optim.py; docs/accuracy.md, "
+                             "Optimizer offloading)")
 offload_act = st.toggle("Activations on the host", False, key="offload_act", bind="query-params",
                         help="--offload-activations: torch.autograd.graph.save_on_cpu(pin_memory=True) copies every "
                              "saved tensor to the host in forward (weights the matmuls save included) and back in "
