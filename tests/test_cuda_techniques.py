@@ -73,14 +73,15 @@ def test_kept_kernels_are_the_routines_list():
     aten = {"cuDNN": torch.ops.aten._scaled_dot_product_cudnn_attention.default,
             "efficient": torch.ops.aten._scaled_dot_product_efficient_attention.default}
     assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in _SAVE
-    for e_m, gqa in ((2, False), (2, True), (4, False), (4, True)):
+    for e_m in (2, 4):  # (the math kernel, fp32 with enable_gqa, is a composite its callers pass as "eager")
         w = dataclasses.replace(Widths.of(TrainSpec(1, 8, "fp32")), e_m=e_m)
-        kernel = cuda_sdpa_kernel(w, gqa)
-        op = attention_op("sdpa", 2, 16, 4, 8, w, TrainSpec(2, 16, device="cuda"), gqa)
+        kernel = cuda_sdpa_kernel(w, False)
+        op = attention_op("sdpa", 2, 16, 4, 8, w, spec=TrainSpec(2, 16, device="cuda"))
         kept = bool(saved_ops([op]))
-        assert kept == (kernel in aten and aten[kernel] in _SAVE), (e_m, gqa, kernel)
-        cpu = attention_op("sdpa", 2, 16, 4, 8, w, TrainSpec(2, 16, device="cpu"), gqa)
+        assert kept == (aten[kernel] in _SAVE), (e_m, kernel)
+        cpu = attention_op("sdpa", 2, 16, 4, 8, w, spec=TrainSpec(2, 16, device="cpu"))
         assert saved_ops([cpu]) == [cpu] and cpu[2] == op[2]  # the CPU keeps its kernel's output, same bytes
+    assert not saved_ops([attention_op("eager", 2, 16, 4, 8, w, spec=TrainSpec(2, 16, device="cuda"))])
 
 
 def test_cpu_selective_estimate_keeps_the_attention_output():
