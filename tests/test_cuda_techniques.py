@@ -102,30 +102,21 @@ def test_cpu_selective_estimate_keeps_the_attention_output():
 
 # --offload-activations on CUDA: the unpack hook's device copies (planner/estimate/offload_act.py module doc)
 
-def _attention_kernel(rec) -> str | None:
-    """The kernel SDPA runs for a recorded decoder row on CUDA (None: not a decoder with SDPA)."""
-    from planner.arch import parts
-
-    cfg, spec = config_from_dict(rec["config"]), TrainSpec(**rec["spec"])
-    fam = family_of(cfg)
-    if getattr(cfg, "attention", None) != "sdpa" or not hasattr(fam, "masked") or not hasattr(fam, "shape"):
-        return None
-    return cuda_sdpa_kernel(Widths.of(spec), parts.sdpa_enable_gqa(fam.shape(cfg), fam.masked(cfg, spec)))
-
-
 def _offload_rows() -> list[dict]:
-    """The offload-activations rows, less GPT-2 under autocast and the fp32 GQA rows SDPA runs its math kernel for
-    (both other changes' mechanisms)."""
+    """The offload-activations rows, less GPT-2 under autocast (CUDA autocast's fp32 ops: another change)."""
     rows = [r for r in read_records(RECORDS_DIR / "cuda-rows.jsonl")
             if r["grid"] == "offload-activations" and "error" not in r]
     rows = [r for r in rows if not (r["config"]["arch"] in ("gpt2", "gpt2-hf") and r["spec"]["precision"] in AMP)]
-    return [r for r in rows if _attention_kernel(r) != "math" and live_error(r) is not None]
+    return [r for r in rows if live_error(r) is not None]
 
 
 OFFLOAD = _offload_rows()
-# the copies of a block's own saved tensors at its nodes without checkpointing are not modelled yet (module doc):
-# the Mixtral row's expert backward is the backward phase's high point
-NOT_MODELLED = {("mixtral V1000 h64 a4 kv2 untied b2 s64 bf16-amp", False)}
+# the copies of a block's own saved tensors at its nodes without checkpointing are not modelled yet
+# (planner/estimate/offload_act.py module doc): where a block node's backward is the backward phase's high point
+# (Mixtral's experts; SDPA's math kernel, whose saved softmax output comes back at its node), that phase is low
+NOT_MODELLED = {("mixtral V1000 h64 a4 kv2 untied b2 s64 bf16-amp", False),
+                ("mixtral V1000 h64 a4 kv2 untied b2 s64 fp32", False),
+                ("llama V200 h96 a6 kv2 f256 L2 b1 s64 fp32", False), ("llama V300 h48 a6 kv2 f96 L2 b2 s32 fp32", False)}
 
 
 def _backward(rec) -> tuple[int, int]:
@@ -137,7 +128,7 @@ def _backward(rec) -> tuple[int, int]:
 
 
 def test_offload_rows_cover_the_families():
-    assert len(OFFLOAD) >= 30
+    assert len(OFFLOAD) >= 45
     assert {r["config"]["arch"] for r in OFFLOAD} >= {"llama", "qwen2", "qwen3", "gemma", "gemma2", "mistral", "phi3",
                                                       "mixtral", "qwen2_moe", "qwen3_moe", "gpt2"}
 
@@ -176,18 +167,17 @@ def test_offload_unpack_copies_are_cuda_only():
 
 def test_offload_host_bytes_are_the_packed_copies():
     """The host figure against the pack hook's bytes the GPU run counted (measured.host_activation_offload_bytes), to
-    the byte: CUDA's 1-byte dropout masks (the book's GPT-2) and cuDNN attention's saved philox seed and offset
-    included. Not held: without checkpointing, the fp32 rows whose SDPA runs the memory-efficient kernel (what it
-    saves beside q, k, v, output and logsumexp is the SDPA change's) and the book's GPT-2 at fp32 with dropout
-    (196,608 B over, unexplained: no saved-tensor inventory of it on a GPU yet)."""
+    the byte: CUDA's 1-byte dropout masks (the book's GPT-2), the fused kernels' saved philox seed and offset and
+    the memory-efficient kernel's mask expanded to the heads included. Not held: the book's GPT-2 at fp32 with
+    dropout and without checkpointing (196,608 B over, unexplained: no saved-tensor inventory of it on a GPU yet)."""
     from planner.estimate.training import estimate_training
 
     held = 0
     for rec in OFFLOAD:
         ckpt = bool(rec["spec"]["checkpointing"])
-        if not ckpt and (_attention_kernel(rec) == "efficient" or rec["config"]["arch"] == "gpt2"):
+        if not ckpt and rec["config"]["arch"] == "gpt2":
             continue
         est = estimate_training(config_from_dict(rec["config"]), TrainSpec(**rec["spec"]))
         assert est.transients["host_activation_offload"] == rec["measured"]["host_activation_offload_bytes"], rec["label"]
         held += 1
-    assert held >= 28
+    assert held >= 40

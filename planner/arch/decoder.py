@@ -551,13 +551,24 @@ class RMSDecoder(HFCausalLM):
             terms = [Term("host: SDPA q, k, v, output and fp32 logsumexp",
                           "b*s*(2*a*d + 2*kv*d)*e_m + 4*b*a*s" if kvs == kv else "4*b*s*a*d*e_m + 4*b*a*s",
                           b * s * (2 * q + 2 * kvs) * w.e_m + 4 * b * x.a * lse, True)]
+            efficient = parts.sdpa_efficient(x, masked, spec, w)
             if masked:
-                terms.append(Term("host: SDPA's mask in the query's dtype", "b*s^2*e_m", b * s * s * w.e_m, True))
-            if spec.device_type == "cuda" and cuda_sdpa_kernel(w, parts.sdpa_enable_gqa(x, masked)) == "cuDNN":
-                # cuDNN attention also saves its philox seed and offset, two one-element int64 tensors
-                # (ScaledDotProductCudnnAttentionBackward0's philox_seed / philox_offset; measured on an H200,
-                # tests/data/cuda/2026-11-27-h200: every bf16-AMP offload row's host bytes 16 B a block above)
-                terms.append(Term("host: cuDNN attention philox seed and offset (int64)", "2*8", 16, True))
+                # CUDA's memory-efficient kernel saves the mask as preprocess_mask leaves it, expanded to
+                # (b, a, s, s) (aten/src/ATen/native/transformers/attention.cpp: a view of the (b, 1, s, s) mask),
+                # and the pack hook copies the view's own numel: a heads (measured on an H200,
+                # tests/data/cuda/2026-11-27-h200: Mistral and Phi-3 V1000 h64 a4 b2 s64 fp32, the host bytes
+                # (a - 1)*b*s^2*4 + 16 a block above with one head's)
+                heads = x.a if efficient else 1
+                terms.append(Term("host: SDPA's mask in the query's dtype" + (" (expanded to the heads)" if efficient
+                                                                              else ""),
+                                  "b*a*s^2*e_m" if efficient else "b*s^2*e_m", b * heads * s * s * w.e_m, True))
+            if efficient or (spec.device_type == "cuda" and cuda_sdpa_kernel(w, False) == "cuDNN"
+                             and not parts.sdpa_math(x, masked, spec, w)):
+                # CUDA's fused kernels (cuDNN, memory-efficient) also save their philox seed and offset, two
+                # one-element int64 tensors (ScaledDotProduct{Cudnn,Efficient}AttentionBackward0's philox_seed /
+                # philox_offset; measured on an H200, tests/data/cuda/2026-11-27-h200: every bf16-AMP offload
+                # row's host bytes 16 B a block above without them)
+                terms.append(Term("host: SDPA philox seed and offset (int64)", "2*8", 16, True))
             return terms
         return [Term("host: eager attention q, k^T, v (repeated)", "3*b*a*s*d*e_m", 3 * b * s * q * w.e_m, True),
                 Term("host: softmax output (fp32) and the probabilities the second matmul saves",
