@@ -22,8 +22,9 @@ reads the copies in place. On CUDA the unpack hook makes a device copy of each s
 tests/data/cuda/2026-11-27-h200, the backward phase to the byte on every family's bf16-AMP and fp32 rows but the fp32
 GQA ones): the log-softmax output's copy at the loss backward (b*s*V*e_ce) and, under checkpointing, the current
 block's input copy through its recompute and backward (b*s*h*e_r). Not yet: the copies of a block's own saved
-tensors at its nodes without checkpointing (the backward phase low by 393,232 B on Mixtral V1000 h64 b2 s64, by
-24,584 B on Llama V200 h96 b1 s64 bf16-AMP; below the step's peak on the recorded grid, the optimizer's).
+tensors at its nodes without checkpointing (the backward phase low by 393,232 B on Mixtral V1000 h64 b2 s64 fp32 and
+bf16-AMP, by 73,736 B and 147,464 B on Llama V300 h48 b2 s32 / V200 h96 b1 s64 fp32 under SDPA's math kernel, by
+24,584 B on Llama V200 h96 b1 s64 bf16-AMP; each below the step's peak on the recorded grid, the optimizer's).
 Checkpointing: checkpoint's own hooks are innermost in a checkpointed block, so save_on_cpu sees only each block's
 input (and the tensors outside the blocks); the recompute in backward runs outside save_on_cpu and stays on the
 device.
