@@ -8,7 +8,13 @@ no torch). Two figures, two budgets:
           lists the copies (planner/arch/<family>.py `offload_copies`); their sum is the host's peak (all alive at
           the end of the loss). On CUDA pinned memory comes from PyTorch's CachingHostAllocator, which rounds each
           request up to a power of two (aten/src/ATen/core/CachingHostAllocator.h): `host_pinned_rounded` says how
-          much that adds; the CPU mechanism measured here has no pinning (is_pinnable needs CUDA).
+          much that adds; the CPU mechanism measured here has no pinning (is_pinnable needs CUDA). Against the
+          H200 record (tests/data/cuda/2026-11-27-h200, pinned_host allocated_bytes.peak per row) it is a rough
+          figure, -54%..+14%: it rounds each Term, where a Term can sum several saved tensors that are each their
+          own pinned block (Qwen 2 / Qwen 3 V1000 h64 b2 s64 fp32 checkpointed: per tensor 1,510,660 B against
+          1,510,661 measured, per Term 1,573,888), and the allocator counts a freed block until the event of its
+          non_blocking H2D copy is processed, so other rows' peaks hold blocks of an earlier step too (Mistral /
+          Gemma at the same shape: 1,937,159 B).
   device  the step without the saved activations: what the device still holds is the persistent state, autocast's
           cached weight copies (alive until the autocast region exits), the tensors alive but not saved
           (transformers' KV cache, the last hidden state and the labels while the loss runs inside the model), and
