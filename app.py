@@ -139,8 +139,11 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
                         "peak above (the plain-torch equivalent of torchao measured here, unpinned copies)."
                         if spec.device_type == "cpu" else "."))
     if p.cuda_context_bytes:
+        reserve = (f" − the allocator's reserve {fmt_bytes(p.allocator_reserve_bytes)} (blocks it caches beyond the "
+                   "tensors: the worst share of a training peak measured on an H200, docs/gpu.md)"
+                   if p.allocator_reserve_bytes else "")
         lines.insert(0, f"Budget {fmt_bytes(budget)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} (driver and "
-                        f"kernels, outside PyTorch's allocator, so not in the estimate) = "
+                        f"kernels, outside PyTorch's allocator, so not in the estimate){reserve} = "
                         f"{fmt_bytes(p.tensor_budget_bytes)} for tensors.")
     st.caption("  \n".join(lines))
     st.vega_lite_chart(breakdown_spec(p.breakdown))

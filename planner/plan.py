@@ -59,6 +59,11 @@ class Plan:
     def fits(self) -> bool:
         return self.peak_bytes <= self.tensor_budget_bytes
 
+    @property
+    def allocator_reserve_bytes(self) -> int:
+        """On cuda, what the fit keeps free for the caching allocator's reserve (planner/fit.py ALLOCATOR_RESERVE)."""
+        return self.budget_bytes - self.cuda_context_bytes - self.tensor_budget_bytes
+
 
 def nice_ceil(x: float) -> int:
     """The smallest 1, 2, 2.5 or 5 x 10^k at or above x (an axis end a reader can take in)."""
