@@ -182,8 +182,7 @@ class BookGPT2(Family):
             Term("q/k/v projection input" + (" (3 autocast copies)" if w.amp else ""),
                  ("3" if w.amp else "1") + "*b*s*h*e_m", (3 if w.amp else 1) * bsh * w.e_m, True),
             Term("feed-forward input", "b*s*h*e_m", bsh * w.e_m, True, where="mlp"),
-            Term("GELU saved tensors (x, 0.5x, tanh, 1+tanh) and its output", "5 * b*s*4h*e_m", 20 * bsh * w.e_m,
-                 True, where="mlp"),
+            self._gelu_term(spec, w, bsh),
             Term("GELU sqrt(2/pi) constant", "4 B (0-d fp32)", 4, True),
         ]
         if c.attention == "sdpa" and not (p and spec.device_type == "cpu"):
@@ -199,9 +198,22 @@ class BookGPT2(Family):
             e_ks = 4 if math_path else w.e_k
             terms += [Term("attention q, k^T, v" + (" (fp32 upcasts)" if math_path else ""), "3*b*s*h*" +
                            ("4" if math_path else "e_m"), 3 * bsh * e_s, True),
-                      Term("attention context copy (out_proj input)", "b*s*h*e_m", bsh * w.e_m, True),
-                      Term("softmax output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s, True)]
-            if p:
+                      Term("attention context copy (out_proj input)", "b*s*h*e_m", bsh * w.e_m, True)]
+            if self._cuda_amp(spec, w) and not math_path:
+                # CUDA autocast's fp32 list has softmax (torch.softmax(x, dim) without dtype: fp32_set_opt_dtype,
+                # aten/src/ATen/autocast_mode.cpp; measured on an H200, tests/data/cuda/2026-11-27-h200
+                # autocast-dtypes.json): its output is fp32, and `attn_weights @ values` saves autocast's e_m cast
+                # of the probabilities (with dropout: of the fp32 dropped probabilities, whose bool keep-mask the
+                # fused native_dropout saves; the fp32 dropped copy itself is not saved). Measured: the book's
+                # GPT-2 V1000 h120 a5 b3 s200 eager fp16-AMP, trf_blocks.*.att: softmax fp32 + its fp16 cast
+                terms += [Term("softmax output (fp32: CUDA autocast)", "b*a*s^2*4", bas2 * 4, True),
+                          Term("probabilities' autocast cast (the second matmul's input)", "b*a*s^2*e_m",
+                               bas2 * w.e_m, True)]
+                if p:
+                    terms.append(Term("attention dropout keep-mask (bool)", "b*a*s^2*1", bas2, True))
+            else:
+                terms.append(Term("softmax output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s, True))
+            if p and not (self._cuda_amp(spec, w) and not math_path):
                 terms += [Term("attention dropout keep-mask", "b*a*s^2*" + ("4" if math_path else "e_k"),
                                bas2 * e_ks, True),
                           Term("attention dropout output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s,
@@ -224,6 +236,25 @@ class BookGPT2(Family):
             terms.insert(0, Term("embedding dropout keep-mask", "b*s*h*e_k",
                                  bsh * (1 if spec.device_type == "cuda" else w.e_r), where="embed"))
         return terms
+
+    @staticmethod
+    def _cuda_amp(spec, w) -> bool:
+        """fp16/bf16 autocast on CUDA, whose fp32 list is longer than the CPU's (pow, softmax, layer_norm, ...)."""
+        return w.amp and spec.device_type == "cuda"
+
+    def _gelu_term(self, spec, w, bsh: int) -> Term:
+        """The written-out tanh GELU's saved tensors, 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3)))),
+        and its output as ff.layers.2 saves it. CPU (every precision): x (pow), 0.5x, tanh's output, 1 + tanh and
+        the output, e_m each. CUDA autocast has pow in its fp32 list (aten/src/ATen/autocast_mode.cpp KERNEL_CUDA(pow,
+        fp32); measured on an H200, tests/data/cuda/2026-11-27-h200 autocast-dtypes.json: pow -> float32): pow
+        saves autocast's fp32 copy of x, and the chain after it is fp32 by type promotion: tanh's output and
+        1 + tanh are fp32; 0.5x stays e_m; ff.layers.2 saves its e_m cast of the fp32 output (measured: the book's
+        GPT-2 V1000 h120 b3 s200 fp16-AMP, ff.layers.1 = 3 fp32 + 1 fp16 b*s*4h and the 0-d constant)."""
+        if self._cuda_amp(spec, w):
+            return Term("GELU saved tensors (x's fp32 copy, tanh, 1+tanh: fp32 under CUDA autocast; 0.5x) and its "
+                        "output's cast", "4*b*s*h*(12 + 2*e_m)", 4 * bsh * (12 + 2 * w.e_m), True, where="mlp")
+        return Term("GELU saved tensors (x, 0.5x, tanh, 1+tanh) and its output", "5 * b*s*4h*e_m", 20 * bsh * w.e_m,
+                    True, where="mlp")
 
     def _resid_mask(self, c: GPT2Config, spec, w) -> int:
         if c.drop_rate == 0:

@@ -252,6 +252,18 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
     return (param_count(cfg) + 2 * embed) * e_p
 
 
+def cuda_amp_cross_entropy(spec: TrainSpec, w: Widths, loss_kind: str) -> bool:
+    """F.cross_entropy on the autocast-dtype logits under CUDA autocast. cross_entropy_loss is on the CPU's fp32
+    autocast list but not on CUDA's, so on CUDA it runs in its composite form (aten/src/ATen/native/LossNLL.cpp
+    cross_entropy_loss: nll_loss_nd(log_softmax(self, class_dim, self.scalar_type()), ...)): log_softmax with an
+    explicit dtype keeps the logits' e_m (fp32_set_opt_dtype leaves a given dtype alone), and nll_loss, on CUDA's
+    fp32 list (autocast_mode.cpp KERNEL_CUDA(nll_loss, fp32)), saves autocast's fp32 copy of that output. Measured
+    on an H200 (tests/data/cuda/2026-11-27-h200, explain.jsonl.gz: the book's GPT-2 V1000 h120 b3 s200 fp16-AMP,
+    (loss): _log_softmax fp16 (b*s, V) and _to_copy fp32 (b*s, V) saved; the backward's top at nll_loss_backward's
+    fp32 output, before NllLossBackward releases the fp32 copy)."""
+    return spec.device_type == "cuda" and w.amp and loss_kind == "cross-entropy"
+
+
 def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
     """What the forward and loss save: (the block's terms, the terms outside the blocks, the fused loss or None,
     the saved autocast weight copies, the loss's saved bytes, every saved byte)."""
@@ -273,6 +285,8 @@ def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
     # shifted labels (pad(labels, (0, 1))[..., 1:].contiguous(): an int64 b*s copy) as nll_loss's target.
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     ce_saved = bsV * w.e_ce + w.e_ce + shifted_labels
+    if cuda_amp_cross_entropy(spec, w, loss_kind):  # log_softmax's e_m output and nll_loss's fp32 copy of it
+        ce_saved = bsV * (w.e_m + 4) + 4
     if spec.checkpointing:
         # Non-reentrant checkpoint saves only each block's input; everything else is recomputed.
         ckpt_input = b * s * cfg.hidden * w.e_r
@@ -358,6 +372,11 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # ForCausalLMLoss's logits.float() (transformers/loss/loss_utils.py), which pure bf16 pays too.
     logits_fp32_copy = bsV * 4 if (w.amp or (loss_kind == "labels" and w.e_m < 4)) else 0
     ce_grads = 2 * bsV * w.e_ce  # nll_loss_backward output and _log_softmax_backward_data output
+    if cuda_amp_cross_entropy(spec, w, loss_kind):
+        # the fp32 copy nll_loss saves is in ce_saved (no cast for a fp32-list cross_entropy); the backward's top
+        # is nll_loss_backward's fp32 output beside the saved set (then the fp32 copy is released, and the
+        # ToCopyBackward and log_softmax backward's e_m grads are smaller)
+        logits_fp32_copy, ce_grads = 0, bsV * 4
     if fused is not None:  # never whole: a chunk's are in fused.loss_point / fused.backward_point
         logits = logits_fp32_copy = ce_grads = 0
     opt_tmp, opt_tmp_formula = optimizer_temporary_bytes(cfg, spec)
