@@ -169,12 +169,33 @@ class HFGPT2(HFCausalLM):
         terms += ln("ln_2", "norm.mlp")
         terms += [Term("c_fc input" + (" (autocast copy)" if w.amp else ""), "b*s*h*e_m", bsh * w.e_m, True,
                        where="mlp"),
-                  Term(f"{c.activation_function} saved tensors", f"{ACTIVATION_SAVED[c.activation_function]}*b*s*f*e_m",
-                       ACTIVATION_SAVED[c.activation_function] * bsf * w.e_m, True, where="mlp"),
+                  self._act_term(c, spec, w, bsf),
                   Term("MLP c_proj input (activation output)", "b*s*f*e_m", bsf * w.e_m, True, where="mlp")]
         if c.resid_pdrop > 0:
             terms.append(Term("MLP residual dropout noise", "b*s*h*e_k", bsh * e_k, True, where="mlp"))
         return terms
+
+    # transformers' Python tanh GELUs (activations.py NewGELUActivation, GELUTanh(use_gelu_tanh_python)):
+    # 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+    TANH_GELUS = ("gelu_new", "gelu_python_tanh")
+
+    @staticmethod
+    def _cuda_amp(spec, w) -> bool:
+        """fp16/bf16 autocast on CUDA, whose fp32 list is longer than the CPU's (pow, softmax, layer_norm, ...)."""
+        return w.amp and spec.device_type == "cuda"
+
+    def _act_term(self, c: HFGPT2Config, spec, w, bsf: int) -> Term:
+        """The activation's saved tensors besides its output (ACTIVATION_SAVED). Under CUDA autocast a Python tanh
+        GELU's pow is on the fp32 list (aten/src/ATen/autocast_mode.cpp KERNEL_CUDA(pow, fp32); measured on an H200,
+        tests/data/cuda/2026-11-27-h200 autocast-dtypes.json: pow -> float32), so pow saves autocast's fp32 copy of x
+        and the chain after it is fp32 by type promotion: tanh's output and 1 + tanh are fp32, 0.5 * x stays e_m
+        (the output, fp32, is cast by c_proj, which saves the e_m cast: the term after this one)."""
+        act = c.activation_function
+        if act in self.TANH_GELUS and self._cuda_amp(spec, w):
+            return Term(f"{act} saved tensors (x's fp32 copy, tanh, 1+tanh: fp32 under CUDA autocast; 0.5x)",
+                        "b*s*f*(12 + e_m)", bsf * (12 + w.e_m), True, where="mlp")
+        return Term(f"{act} saved tensors", f"{ACTIVATION_SAVED[act]}*b*s*f*e_m", ACTIVATION_SAVED[act] * bsf * w.e_m,
+                    True, where="mlp")
 
     def attention_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
         """GPT2Attention: q, k, v split from c_attn's output; k and v go through the DynamicCache (torch.cat
