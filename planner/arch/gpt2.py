@@ -263,7 +263,8 @@ class HFGPT2(HFCausalLM):
             # a later micro-batch (x.g == 0) has added c_proj's grad to its .grad in place and freed it
             # before the GELU's backward starts
             "ffn": x.current + (x.down_n * x.e_p if x.g else 0) + x.bsh * w.e_r + 2 * b * s * f * w.e_m - resid
-            - (2 * f * h if w.amp else 0),
+            - (2 * f * h if w.amp else 0) + (6 * b * s * f if c.activation_function in self.TANH_GELUS
+                                             and self._cuda_amp(spec, w) else 0),
             # c_proj's backward (its input grad, then its weight and bias grads, computed in the weight's
             # working dtype: bf16 under autocast), before it releases its saved input: the MLP output's grad
             # (the residual dropout's backward output, a tensor of its own when there is dropout) and the

@@ -275,7 +275,7 @@ class BookGPT2(Family):
             # place and freed them before the GELU's backward starts (op timeline: V500 h48 L4 b2 s32 fp32 ckpt
             # accum2, the down projection's f*h + h grads freed before the GELU's two b*s*f muls; +37,048 B before)
             "ffn": x.current + (x.down_n * x.e_p if x.g else 0) + x.bsh * w.e_r + 2 * b * s * f * w.e_m
-            - resid_mask - (2 * f * h if w.amp else 0),
+            - resid_mask - (2 * f * h if w.amp else 0) + (6 * b * s * f if self._cuda_amp(spec, w) else 0),
             # ff.layers.2's backward at its weight grad's matmul (the bias grad's sum not run yet), before it
             # releases its saved input: the residual's grad (b*s*h*e_r), the input grad (b*s*f*e_m) and the
             # weight grad (f*h, in the weight's working dtype: bf16 under autocast); with residual dropout its
