@@ -263,8 +263,7 @@ class HFGPT2(HFCausalLM):
             # a later micro-batch (x.g == 0) has added c_proj's grad to its .grad in place and freed it
             # before the GELU's backward starts
             "ffn": x.current + (x.down_n * x.e_p if x.g else 0) + x.bsh * w.e_r + 2 * b * s * f * w.e_m - resid
-            - (2 * f * h if w.amp else 0) + (6 * b * s * f if c.activation_function in self.TANH_GELUS
-                                             and self._cuda_amp(spec, w) else 0),
+            - (2 * f * h if w.amp else 0),
             # c_proj's backward (its input grad, then its weight and bias grads, computed in the weight's
             # working dtype: bf16 under autocast), before it releases its saved input: the MLP output's grad
             # (the residual dropout's backward output, a tensor of its own when there is dropout) and the
@@ -275,6 +274,10 @@ class HFGPT2(HFCausalLM):
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if c.activation_function in self.TANH_GELUS and self._cuda_amp(spec, w):
+            # the GELU's fp32 chain (parts.cuda_amp_tanh_gelu_backward) in place of the CPU's two e_m-wide b*s*f grads
+            points["ffn"] += (parts.cuda_amp_tanh_gelu_backward(b * s * f, w.e_m, spec.checkpointing)
+                              - 2 * b * s * f * w.e_m)
         if c.attention == "eager" or not self._flash(c, spec):
             points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid
                                    - x.bsh * w.e_m  # c_proj's input copy, freed by its backward
@@ -292,6 +295,9 @@ class HFGPT2(HFCausalLM):
             # 3*b*s*f*e_m = 2*f*h*2).
             points["mlp_cast"] = (x.current - resid + x.bsh * w.e_r + f * h * x.e_p
                                   + (x.down_n - f * h) * x.g)
+            if c.activation_function in self.TANH_GELUS and self._cuda_amp(spec, w):
+                # the input grad is the GELU's fp32 grad by then (parts.cuda_amp_cast_input_grad)
+                points["mlp_cast"] += parts.cuda_amp_cast_input_grad(b * s * f, w.e_m)
         return points
 
     @staticmethod

@@ -275,7 +275,7 @@ class BookGPT2(Family):
             # place and freed them before the GELU's backward starts (op timeline: V500 h48 L4 b2 s32 fp32 ckpt
             # accum2, the down projection's f*h + h grads freed before the GELU's two b*s*f muls; +37,048 B before)
             "ffn": x.current + (x.down_n * x.e_p if x.g else 0) + x.bsh * w.e_r + 2 * b * s * f * w.e_m
-            - resid_mask - (2 * f * h if w.amp else 0) + (6 * b * s * f if self._cuda_amp(spec, w) else 0),
+            - resid_mask - (2 * f * h if w.amp else 0),
             # ff.layers.2's backward at its weight grad's matmul (the bias grad's sum not run yet), before it
             # releases its saved input: the residual's grad (b*s*h*e_r), the input grad (b*s*f*e_m) and the
             # weight grad (f*h, in the weight's working dtype: bf16 under autocast); with residual dropout its
@@ -293,6 +293,10 @@ class BookGPT2(Family):
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if self._cuda_amp(spec, w):  # the GELU's fp32 chain (parts.cuda_amp_tanh_gelu_backward) in place of the
+            # CPU's two e_m-wide b*s*f grads
+            points["ffn"] += (parts.cuda_amp_tanh_gelu_backward(b * s * f, w.e_m, spec.checkpointing)
+                              - 2 * b * s * f * w.e_m)
         if w.amp:
             # ff.layers.2's weight grad made in bf16, then copied to fp32 (ToCopyBackward of autocast's cast): its
             # node has released what it saved (its input, offset by its input grad, and the bf16 weight copy, which
@@ -302,6 +306,8 @@ class BookGPT2(Family):
             # the same point, planner/arch/gpt2.py mlp_cast, with its Conv1D's bias grad already fp32)
             points["ff out cast"] = (x.current - resid_mask + x.bsh * w.e_r + f * h * x.e_p
                                      + (x.down_n - f * h) * w.e_m)
+            if self._cuda_amp(spec, w):  # the input grad is the GELU's fp32 grad by then (parts.cuda_amp_cast_input_grad)
+                points["ff out cast"] += parts.cuda_amp_cast_input_grad(b * s * f, w.e_m)
         if c.attention == "eager" or (c.drop_rate > 0 and spec.device_type == "cpu"):
             points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid_mask
                                    - x.bsh * w.e_m  # the output projection's input copy, freed by its backward
