@@ -381,29 +381,55 @@ class BookGPT2(Family):
         elif c.attention == "sdpa":
             blk.append(Term("host: SDPA math kernel (dropout): fp32 q, k^T, v, softmax output, noise, dropped "
                             "probabilities", "3*b*s*h*4 + 3*b*a*s^2*4", 3 * bsh * 4 + 3 * bas2 * 4, True))
+        elif self._cuda_amp(spec, w):
+            # CUDA autocast (block_terms): softmax's fp32 output (saved by softmax), the second matmul's e_m cast of
+            # the (dropped) probabilities, native_dropout's bool keep-mask
+            blk.append(Term("host: eager attention q, k^T, v, the (s, s) bool mask, softmax output (fp32: CUDA "
+                            "autocast), " + ("the dropout's bool mask, " if p else "") + "the probabilities' e_m cast",
+                            f"3*b*s*h*e_m + s^2 + b*a*s^2*(4 + e_m{' + 1' if p else ''})",
+                            3 * bsh * w.e_m + s * s + bas2 * (4 + w.e_m + (1 if p else 0)), True))
         else:
             n_s2 = 3 if p else 2
+            e_k = w.e_k if spec.device_type == "cuda" else w.e_m  # CUDA's native_dropout saves a bool mask
             blk.append(Term("host: eager attention q, k^T, v, the (s, s) bool mask, softmax output"
                             + (", dropout noise" if p else "") + ", the probabilities",
-                            f"3*b*s*h*e_m + s^2 + {n_s2}*b*a*s^2*e_m", 3 * bsh * w.e_m + s * s + n_s2 * bas2 * w.e_m,
-                            True))
+                            f"3*b*s*h*e_m + s^2 + {n_s2}*b*a*s^2*e_m" + (" (the mask e_k)" if p and e_k != w.e_m else ""),
+                            3 * bsh * w.e_m + s * s + n_s2 * bas2 * w.e_m - (bas2 * (w.e_m - e_k) if p else 0), True))
         blk += [Term("host: out_proj input and weight", "b*s*h*e_m + h*h*e_m", bsh * w.e_m + h * h * w.e_m, True),
                 ln("norm2"),
                 Term("host: feed-forward: Linear inputs and weights, GELU's x, 0.5*x, tanh, 1 + tanh (e_m) and "
                      "sqrt(2/pi) (0-d fp32)", "b*s*h*e_m + 5*b*s*f*e_m + 2*h*f*e_m + 4",
-                     bsh * w.e_m + 5 * bsf * w.e_m + 2 * h * f * w.e_m + 4, True, "mlp")]
+                     bsh * w.e_m + 5 * bsf * w.e_m + 2 * h * f * w.e_m + 4, True, "mlp")
+                if not self._cuda_amp(spec, w) else
+                # CUDA autocast: pow saves x's fp32 copy, tanh and 1 + tanh are fp32 (_gelu_term)
+                Term("host: feed-forward: Linear inputs and weights, GELU's fp32 x copy, 0.5*x (e_m), fp32 tanh and "
+                     "1 + tanh (CUDA autocast), sqrt(2/pi) (0-d fp32)", "b*s*h*e_m + b*s*f*(2*e_m + 12) + 2*h*f*e_m + 4",
+                     bsh * w.e_m + bsf * (2 * w.e_m + 12) + 2 * h * f * w.e_m + 4, True, "mlp")]
+        e_k = w.e_k if spec.device_type == "cuda" else w.e_m  # CUDA's native_dropout saves a bool mask
         if p:
-            blk.append(Term("host: residual dropout noise (attention and feed-forward)", "2*b*s*h*e_m",
-                            2 * bsh * w.e_m, True, "mlp"))
+            blk.append(Term("host: residual dropout noise (attention and feed-forward)" + (" (bool masks)" if e_k == 1
+                                                                                          else ""), "2*b*s*h*e_k",
+                            2 * bsh * e_k, True, "mlp"))
         if spec.checkpointing:
             blk = [parts.offload_checkpointed_input(b, s, h, w)]
         out = [Term("host: token ids and positions (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
         if p:
-            out.append(Term("host: embedding dropout noise", "b*s*h*e_r", bsh * w.e_r, where="embed"))
+            e_e = 1 if spec.device_type == "cuda" else w.e_r  # (CUDA: native_dropout's bool mask)
+            out.append(Term("host: embedding dropout noise", "b*s*h*" + ("1" if e_e == 1 else "e_r"), bsh * e_e,
+                            where="embed"))
+        loss = parts.offload_loss_copies(b, s, V, w)
+        from ..losses import cuda_amp_cross_entropy
+        from .base import resolved_loss
+
+        if cuda_amp_cross_entropy(spec, w, resolved_loss(self, spec)):
+            # CUDA autocast's cross_entropy composite (planner/losses.py cuda_amp_cross_entropy): log_softmax's
+            # e_m output (saved by itself) and nll_loss's fp32 copy of it, the int64 target, the 0-d total_weight
+            loss = Term("host: log_softmax output (e_m), nll_loss's fp32 copy, target, total_weight",
+                        "b*s*V*(e_m + 4) + 8*b*s + 4", b * s * V * (w.e_m + 4) + 8 * b * s + 4, where="loss")
         out += [ln("final_norm", per_layer=False, where="head"),
                 Term("host: out_head input and weight", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
                      where="head"),
-                parts.offload_loss_copies(b, s, V, w)]
+                loss]
         return blk + out
 
     def offload_alive(self, c: GPT2Config, spec, w) -> tuple[int, int, int]:
@@ -443,7 +469,7 @@ class BookGPT2(Family):
         f, bsh, bsV = 4 * h, b * s * h, b * s * c.vocab_size
         bsf = b * s * f
         if spec.checkpointing:
-            outside = 8 * s + (bsh * w.e_r if c.drop_rate > 0 else 0)
+            outside = 8 * s + (bsh * (1 if spec.device_type == "cuda" else w.e_r) if c.drop_rate > 0 else 0)
             return {k: v - outside if "block" in k else v for k, v in points.items()}
         e_p = 2 if spec.precision == "bf16" else 4
         e_w, amp, tail = w.e_m, w.amp, 2 * w.e_ce

@@ -244,7 +244,14 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
             # measured: the recompute reads the copy in place on the CPU, on CUDA the unpack hook brings one back:
             # for the CUDA check)
             got = later_sweep_points(cfg, plain) if grads_exist else est.backward_points
-            return own({k: v - (L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
+            # on CUDA the current block's input is the unpack hook's device copy (torch/autograd/graph.py
+            # save_on_cpu unpack_from_cpu: packed.to(device, non_blocking=pin_memory)), alive through its recompute
+            # and backward: one host stash fewer off the sweep's count (measured on an H200, tests/data/cuda/
+            # 2026-11-27-h200: the book's GPT-2 V1000 h64 a4 p0.1 b2 s64 checkpointed, fp32 and bf16-AMP, b*s*h*4
+            # missing from both without it)
+            back = 1 if spec.device_type == "cuda" else 0
+            return own({k: v - ((L if k.startswith("last block") else 1 if k.startswith("first block") else 0)
+                                - (back if k.startswith(("last block", "first block")) else 0))
                         * bsh * w.e_r for k, v in got.items()}, ckpt, grads_exist)
         # every saved tensor is a host copy: the sweep's points with empty saved sets, in the step's own widths
         # with autocast's weight copies gone (each one a saved tensor, so a host copy; the sweep runs as the fp32

@@ -18,7 +18,7 @@ from ..arch.base import resolved_loss
 from ..config import ModelConfig
 from ..spec import TrainSpec
 from . import bnb_optim
-from ..losses import is_fused
+from ..losses import cuda_amp_cross_entropy, is_fused
 from .losses import HEAD_SAVES, fused_loss
 from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
@@ -250,18 +250,6 @@ def tied_embedding_accumulation(cfg: ModelConfig, spec: TrainSpec) -> int:
     e_p = DTYPE_BYTES[spec.param_dtype]
     embed = sum(t.numel for t in tensor_inventory(cfg) if t.role == "embed")
     return (param_count(cfg) + 2 * embed) * e_p
-
-
-def cuda_amp_cross_entropy(spec: TrainSpec, w: Widths, loss_kind: str) -> bool:
-    """F.cross_entropy on the autocast-dtype logits under CUDA autocast. cross_entropy_loss is on the CPU's fp32
-    autocast list but not on CUDA's, so on CUDA it runs in its composite form (aten/src/ATen/native/LossNLL.cpp
-    cross_entropy_loss: nll_loss_nd(log_softmax(self, class_dim, self.scalar_type()), ...)): log_softmax with an
-    explicit dtype keeps the logits' e_m (fp32_set_opt_dtype leaves a given dtype alone), and nll_loss, on CUDA's
-    fp32 list (autocast_mode.cpp KERNEL_CUDA(nll_loss, fp32)), saves autocast's fp32 copy of that output. Measured
-    on an H200 (tests/data/cuda/2026-11-27-h200, explain.jsonl.gz: the book's GPT-2 V1000 h120 b3 s200 fp16-AMP,
-    (loss): _log_softmax fp16 (b*s, V) and _to_copy fp32 (b*s, V) saved; the backward's top at nll_loss_backward's
-    fp32 output, before NllLossBackward releases the fp32 copy)."""
-    return spec.device_type == "cuda" and w.amp and loss_kind == "cross-entropy"
 
 
 def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
