@@ -241,7 +241,10 @@ class HFGPT2(HFCausalLM):
         fp32 upcasts of them instead."""
         b, s, h, L = spec.batch_size, spec.seq_len, c.n_embd, c.n_layer
         terms = []
-        if c.attention == "sdpa" and c.attn_pdrop > 0 and w.e_m < 4 and not spec.checkpointing:
+        # (the math kernel is the CPU's with dropout; CUDA's SDPA kernels save the cache's k, v themselves, counted in
+        # attention_terms: measured on an H200, tests/data/cuda/2026-11-27-h200, V1000 h64 a4 p0.1 b2 s64 and V97
+        # h96 a3 p0.1 b4 s8 SDPA bf16/fp16-AMP, the loss phase +1.2..1.7% with these copies counted twice)
+        if c.attention == "sdpa" and not self._flash(c, spec) and w.e_m < 4 and not spec.checkpointing:
             terms.append(Term("DynamicCache k, v copies (use_cache)", "2*L*b*s*h*e_m", 2 * L * b * s * h * w.e_m,
                               where="forward"))
         if w.amp:
