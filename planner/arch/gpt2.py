@@ -319,6 +319,13 @@ class HFGPT2(HFCausalLM):
         e_soft = 4 if w.amp else w.e_m
         if c.attn_pdrop == 0:
             return (e_soft + w.e_m) * bas2
+        if HFGPT2._cuda_amp(spec, w):
+            # CUDA's native_dropout saves a bool mask: its backward releases the mask (1) and the second matmul's
+            # backward the e_m dropped probabilities it saved; the e_m grad goes through .type(value.dtype)'s
+            # ToCopyBackward to fp32 (4) and softmax's backward makes its fp32 output (4) beside the saved fp32
+            # softmax output (measured to the byte on the op timeline of a CPU run with CUDA's list differences and
+            # native_dropout's bool mask: V97 h32 a4 b2 s256 eager p0.1 bf16-AMP, b*a*s^2 under before)
+            return (4 + 4 - 1 - w.e_m) * bas2
         return (4 if w.amp else w.e_m) * bas2
 
     def selective_ops(self, c: HFGPT2Config, spec, w) -> list:

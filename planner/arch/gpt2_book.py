@@ -312,7 +312,7 @@ class BookGPT2(Family):
             points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid_mask
                                    - x.bsh * w.e_m  # the output projection's input copy, freed by its backward
                                    + (x.mlp_n + x.attn_n) * x.g + x.bsh * w.e_r
-                                   + self._s2_bytes(c, w) * b * c.n_heads * s * s)
+                                   + self._s2_bytes(c, w, spec) * b * c.n_heads * s * s)
         if spec.checkpointing and c.attention == "eager":
             # the recompute's forward softmax (the block's first unpack starts it): the block's output grad
             # (b*s*h*e_r) beside norm1's saved x (the stash), x - mean and norm_x (3*b*s*h*e_r) and std (b*s*e_r),
@@ -325,6 +325,12 @@ class BookGPT2(Family):
             points["recompute attention"] = (x.bsh * w.e_r + 3 * x.bsh * w.e_r + b * s * w.e_r
                                              + (3 if w.amp else 1) * x.bsh * w.e_m + 5 * x.bsh * w.e_m
                                              + c.context_length ** 2 + (4 if c.drop_rate > 0 else 3) * bas2 * w.e_m)
+            if self._cuda_amp(spec, w):
+                # CUDA autocast: the scores (e_m), softmax's fp32 output and the second bmm's e_m cast; with dropout
+                # native_dropout's bool mask and its fp32 output (a local until forward returns) beside them, in
+                # place of the CPU's e_m scores, scaled copy, softmax output (noise and dropped copy)
+                points["recompute attention"] += bas2 * ((2 * w.e_m + 9 if c.drop_rate > 0 else 2 * w.e_m + 4)
+                                                         - (4 if c.drop_rate > 0 else 3) * w.e_m)
             if c.drop_rate > 0:  # the recompute runs on to the context (its high point there, measured: the same
                 # shape with drop_rate 0.1 fp32, -178,052 B before): v's bmm copy, the context and its copy (b*s*h*e_m
                 # each) beside the softmax output, the noise, the dropped copy and the scores
@@ -336,13 +342,20 @@ class BookGPT2(Family):
                                                   + 3 * (c.emb_dim + (1 if c.qkv_bias else 0)) * c.emb_dim * w.e_m)
         return points
 
-    @staticmethod
-    def _s2_bytes(c: GPT2Config, w) -> int:
+    def _s2_bytes(self, c: GPT2Config, w, spec) -> int:
         """Net bytes per b*a*s^2 the attention backward adds at its high point (_softmax_backward_data):
         without dropout the probabilities' gradient and the softmax backward's output, both e_m wide;
         with dropout the output and keep-mask die before the softmax backward, which offsets the two
         gradients (measured +0.1..0.35 B, within the bar). SDPA's math fallback below fp32 peaks at the
-        matmul backward, where the probabilities' fp32 gradient (4 B) joins the saved set."""
+        matmul backward, where the probabilities' fp32 gradient (4 B) joins the saved set.
+        CUDA autocast, eager (softmax on the fp32 list: block_terms): the second bmm's backward releases the e_m
+        cast it saved, and the grad goes through that cast's ToCopyBackward to fp32 (4); with dropout, the dropout's
+        backward makes a second fp32 grad (4) beside it and the bool mask, without dropout the softmax backward's
+        fp32 output does (4): 8 - e_m either way (measured to the byte on the op timeline of a CPU run with CUDA's
+        list differences, the book's GPT-2 V97 h32 a4 b2 s256 bf16-AMP, drop_rate 0 and 0.1, checkpointed or not;
+        the CPU's figure was 2 (resp. 6) b*a*s^2 under)."""
+        if self._cuda_amp(spec, w) and c.attention == "eager":
+            return 8 - w.e_m
         if c.drop_rate == 0:
             return 2 * w.e_m
         return 4 if (c.attention == "sdpa" and w.e_m < 4) else 0
