@@ -114,3 +114,29 @@ def emulated_phase_peaks(cfg, spec) -> dict[str, int]:
             del loss
         phase("end")
     return peaks
+
+
+def emulated_saved_bytes(cfg, spec) -> int:
+    """The bytes save_on_cpu would copy to the host: every saved tensor the pack hook sees, one copy each (as
+    torch/autograd/graph.py save_on_cpu packs them), over one forward and loss under the emulated CUDA autocast."""
+    from planner.arch import family_of
+    from planner.arch.base import resolved_loss
+
+    torch.manual_seed(0)
+    fam = family_of(cfg)
+    model = fam.build(cfg, "cpu", "float32")
+    model.train()
+    b, s = spec.batch_size, spec.seq_len
+    x, y = torch.randint(0, cfg.vocab_size, (b, s)), torch.randint(0, cfg.vocab_size, (b, s))
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    dtype = torch.bfloat16 if spec.precision == "bf16-amp" else torch.float16
+    with cuda_autocast_lists(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=dtype):
+            fam.loss(model, x, y, resolved_loss(fam, spec), lambda _: None)
+    return total

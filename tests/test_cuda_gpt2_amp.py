@@ -154,3 +154,16 @@ def test_attention_heavy_points_against_the_emulation(name, cfg, prec, ckpt):
     for ph in ("loss", "backward"):
         assert abs(est.phase_peak_bytes[ph] - lines - got[ph]) <= 0.001 * got[ph], (ph, est.phase_peak_bytes[ph] - lines,
                                                                                       got[ph])
+
+
+@pytest.mark.parametrize("cfg,b,s", [(HF_S256 | {"attention": "sdpa"}, 2, 256),
+                                     ({**BOOK_S256, "vocab_size": 1000, "emb_dim": 64, "drop_rate": 0.1}, 2, 64),
+                                     (BOOK_S256, 2, 128)])
+def test_offload_host_copies_against_the_emulation(cfg, b, s):
+    """--offload-activations' host line under CUDA autocast (the GELU's fp32 chain, the book's fp32 softmax and
+    cross-entropy composite) equals the saved bytes the pack hook sees in the emulated step; the book's V1000 h64
+    p0.1 b2 s64 is the H200's record (3,428,108 B, test_offload_activations_book_host_and_device)."""
+    from cuda_amp_emulation import emulated_saved_bytes
+
+    c, spec = config_from_dict(cfg), TrainSpec(b, s, "bf16-amp", "sgd", device="cuda", offload_activations=True)
+    assert estimate_training(c, spec).transients["host_activation_offload"] == emulated_saved_bytes(c, spec)

@@ -395,10 +395,11 @@ class HFGPT2(HFCausalLM):
         blk.append(Term("host: attention c_proj input and weight", "b*s*h*e_m + h*h*e_m", bsh * w.e_m + h * h * w.e_m,
                         True))
         n_act = ACTIVATION_SAVED[c.activation_function]
+        act = self._act_term(c, spec, w, bsf)  # (CUDA autocast: the tanh GELU's fp32 chain)
         mlp = [ln("ln_2"),
                Term(f"host: c_fc input and weight, {c.activation_function}'s {n_act} tensors, c_proj input and weight",
-                    f"b*s*h*e_m + {n_act + 1}*b*s*f*e_m + 2*h*f*e_m",
-                    bsh * w.e_m + (n_act + 1) * bsf * w.e_m + 2 * h * f * w.e_m, True, "mlp")]
+                    f"b*s*h*e_m + {act.formula} + b*s*f*e_m + 2*h*f*e_m",
+                    bsh * w.e_m + act.bytes + bsf * w.e_m + 2 * h * f * w.e_m, True, "mlp")]
         if c.resid_pdrop > 0:
             mlp.append(Term("host: residual dropout noise (attention and MLP)", "2*b*s*h*e_m", 2 * bsh * w.e_m, True,
                             "mlp"))
