@@ -85,7 +85,9 @@ def emulated_phase_peaks(cfg, spec) -> dict[str, int]:
     model = fam.build(cfg, "cpu", "float32")
     model.train()
     if spec.checkpointing:
-        fam.enable_checkpointing(model)
+        from planner.routines.checkpointing import enable_policy
+
+        enable_policy(fam, model, spec.checkpoint_policy)
     b, s = spec.batch_size, spec.seq_len
     x, y = torch.randint(0, cfg.vocab_size, (b, s)), torch.randint(0, cfg.vocab_size, (b, s))
     tr = LiveBytesTracker()

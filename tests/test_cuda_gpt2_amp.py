@@ -167,3 +167,26 @@ def test_offload_host_copies_against_the_emulation(cfg, b, s):
 
     c, spec = config_from_dict(cfg), TrainSpec(b, s, "bf16-amp", "sgd", device="cuda", offload_activations=True)
     assert estimate_training(c, spec).transients["host_activation_offload"] == emulated_saved_bytes(c, spec)
+
+
+POLICIES = [(name, {**cfg, **drop, ("n_layers" if name == "book" else "n_layer"): 4}, kw)
+            for name, cfg, drop in (("book", BOOK_S256, {"drop_rate": 0.1}),
+                                    ("hf", HF_S256, {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}))
+            for kw in ({"checkpointing": True, "checkpoint_policy": "every:2"},
+                       {"checkpointing": True, "checkpoint_policy": "selective"}, {"grad_accum": 2},
+                       {"checkpointing": True, "grad_accum": 2})]
+
+
+@pytest.mark.parametrize("name,cfg,kw", POLICIES, ids=[f"{n} {kw}" for n, _, kw in POLICIES])
+def test_policies_and_accumulation_against_the_emulation(name, cfg, kw):
+    """every:2 and selective (eager attention: the policy keeps no attention op) and a later micro-batch, L4 s256
+    with dropout, bf16-AMP: the loss and backward phases to 0.2%."""
+    from cuda_amp_emulation import emulated_phase_peaks
+
+    c, spec = config_from_dict(cfg), TrainSpec(2, 256, "bf16-amp", "sgd", device="cuda", **kw)
+    got = emulated_phase_peaks(c, spec)
+    est = estimate_training(c, spec)
+    lines = est.transients.get("allocator_rounding", 0) + est.transients.get("cublas_workspace", 0)
+    for ph in ("loss", "backward"):
+        assert abs(est.phase_peak_bytes[ph] - lines - got[ph]) <= 0.002 * got[ph], (ph, est.phase_peak_bytes[ph] - lines,
+                                                                                      got[ph])
