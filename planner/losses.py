@@ -61,3 +61,16 @@ def chunk_tokens(loss: str, n_tokens: int, vocab: int, hidden: int) -> int:
 
 def cce_blocks(n_tokens: int, vocab: int) -> tuple[int, int]:
     return min(CCE_BLOCK_TOKENS, n_tokens), min(CCE_BLOCK_VOCAB, vocab)
+
+
+def cuda_amp_cross_entropy(spec, w, loss_kind: str) -> bool:
+    """F.cross_entropy on the autocast-dtype logits under CUDA autocast (spec: a TrainSpec; w: its Widths,
+    planner/arch/terms.py). cross_entropy_loss is on the CPU's fp32 autocast list but not on CUDA's, so on CUDA it
+    runs in its composite form (aten/src/ATen/native/LossNLL.cpp cross_entropy_loss:
+    nll_loss_nd(log_softmax(self, class_dim, self.scalar_type()), ...)): log_softmax with an
+    explicit dtype keeps the logits' e_m (fp32_set_opt_dtype leaves a given dtype alone), and nll_loss, on CUDA's
+    fp32 list (autocast_mode.cpp KERNEL_CUDA(nll_loss, fp32)), saves autocast's fp32 copy of that output. Measured
+    on an H200 (tests/data/cuda/2026-11-27-h200, explain.jsonl.gz: the book's GPT-2 V1000 h120 b3 s200 fp16-AMP,
+    (loss): _log_softmax fp16 (b*s, V) and _to_copy fp32 (b*s, V) saved; the backward's top at nll_loss_backward's
+    fp32 output, before NllLossBackward releases the fp32 copy)."""
+    return spec.device_type == "cuda" and w.amp and loss_kind == "cross-entropy"

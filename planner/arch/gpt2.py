@@ -169,12 +169,33 @@ class HFGPT2(HFCausalLM):
         terms += ln("ln_2", "norm.mlp")
         terms += [Term("c_fc input" + (" (autocast copy)" if w.amp else ""), "b*s*h*e_m", bsh * w.e_m, True,
                        where="mlp"),
-                  Term(f"{c.activation_function} saved tensors", f"{ACTIVATION_SAVED[c.activation_function]}*b*s*f*e_m",
-                       ACTIVATION_SAVED[c.activation_function] * bsf * w.e_m, True, where="mlp"),
+                  self._act_term(c, spec, w, bsf),
                   Term("MLP c_proj input (activation output)", "b*s*f*e_m", bsf * w.e_m, True, where="mlp")]
         if c.resid_pdrop > 0:
             terms.append(Term("MLP residual dropout noise", "b*s*h*e_k", bsh * e_k, True, where="mlp"))
         return terms
+
+    # transformers' Python tanh GELUs (activations.py NewGELUActivation, GELUTanh(use_gelu_tanh_python)):
+    # 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+    TANH_GELUS = ("gelu_new", "gelu_python_tanh")
+
+    @staticmethod
+    def _cuda_amp(spec, w) -> bool:
+        """fp16/bf16 autocast on CUDA, whose fp32 list is longer than the CPU's (pow, softmax, layer_norm, ...)."""
+        return w.amp and spec.device_type == "cuda"
+
+    def _act_term(self, c: HFGPT2Config, spec, w, bsf: int) -> Term:
+        """The activation's saved tensors besides its output (ACTIVATION_SAVED). Under CUDA autocast a Python tanh
+        GELU's pow is on the fp32 list (aten/src/ATen/autocast_mode.cpp KERNEL_CUDA(pow, fp32); measured on an H200,
+        tests/data/cuda/2026-11-27-h200 autocast-dtypes.json: pow -> float32), so pow saves autocast's fp32 copy of x
+        and the chain after it is fp32 by type promotion: tanh's output and 1 + tanh are fp32, 0.5 * x stays e_m
+        (the output, fp32, is cast by c_proj, which saves the e_m cast: the term after this one)."""
+        act = c.activation_function
+        if act in self.TANH_GELUS and self._cuda_amp(spec, w):
+            return Term(f"{act} saved tensors (x's fp32 copy, tanh, 1+tanh: fp32 under CUDA autocast; 0.5x)",
+                        "b*s*f*(12 + e_m)", bsf * (12 + w.e_m), True, where="mlp")
+        return Term(f"{act} saved tensors", f"{ACTIVATION_SAVED[act]}*b*s*f*e_m", ACTIVATION_SAVED[act] * bsf * w.e_m,
+                    True, where="mlp")
 
     def attention_terms(self, c: HFGPT2Config, spec, w) -> list[Term]:
         """GPT2Attention: q, k, v split from c_attn's output; k and v go through the DynamicCache (torch.cat
@@ -220,7 +241,10 @@ class HFGPT2(HFCausalLM):
         fp32 upcasts of them instead."""
         b, s, h, L = spec.batch_size, spec.seq_len, c.n_embd, c.n_layer
         terms = []
-        if c.attention == "sdpa" and c.attn_pdrop > 0 and w.e_m < 4 and not spec.checkpointing:
+        # (the math kernel is the CPU's with dropout; CUDA's SDPA kernels save the cache's k, v themselves, counted in
+        # attention_terms: measured on an H200, tests/data/cuda/2026-11-27-h200, V1000 h64 a4 p0.1 b2 s64 and V97
+        # h96 a3 p0.1 b4 s8 SDPA bf16/fp16-AMP, the loss phase +1.2..1.7% with these copies counted twice)
+        if c.attention == "sdpa" and not self._flash(c, spec) and w.e_m < 4 and not spec.checkpointing:
             terms.append(Term("DynamicCache k, v copies (use_cache)", "2*L*b*s*h*e_m", 2 * L * b * s * h * w.e_m,
                               where="forward"))
         if w.amp:
@@ -253,6 +277,10 @@ class HFGPT2(HFCausalLM):
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if c.activation_function in self.TANH_GELUS and self._cuda_amp(spec, w):
+            # the GELU's fp32 chain (parts.cuda_amp_tanh_gelu_backward) in place of the CPU's two e_m-wide b*s*f grads
+            points["ffn"] += (parts.cuda_amp_tanh_gelu_backward(b * s * f, w.e_m, spec.checkpointing)
+                              - 2 * b * s * f * w.e_m)
         if c.attention == "eager" or not self._flash(c, spec):
             points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid
                                    - x.bsh * w.e_m  # c_proj's input copy, freed by its backward
@@ -270,6 +298,9 @@ class HFGPT2(HFCausalLM):
             # 3*b*s*f*e_m = 2*f*h*2).
             points["mlp_cast"] = (x.current - resid + x.bsh * w.e_r + f * h * x.e_p
                                   + (x.down_n - f * h) * x.g)
+            if c.activation_function in self.TANH_GELUS and self._cuda_amp(spec, w):
+                # the input grad is the GELU's fp32 grad by then (parts.cuda_amp_cast_input_grad)
+                points["mlp_cast"] += parts.cuda_amp_cast_input_grad(b * s * f, w.e_m)
         return points
 
     @staticmethod
@@ -288,6 +319,13 @@ class HFGPT2(HFCausalLM):
         e_soft = 4 if w.amp else w.e_m
         if c.attn_pdrop == 0:
             return (e_soft + w.e_m) * bas2
+        if HFGPT2._cuda_amp(spec, w):
+            # CUDA's native_dropout saves a bool mask: its backward releases the mask (1) and the second matmul's
+            # backward the e_m dropped probabilities it saved; the e_m grad goes through .type(value.dtype)'s
+            # ToCopyBackward to fp32 (4) and softmax's backward makes its fp32 output (4) beside the saved fp32
+            # softmax output (measured to the byte on the op timeline of a CPU run with CUDA's list differences and
+            # native_dropout's bool mask: V97 h32 a4 b2 s256 eager p0.1 bf16-AMP, b*a*s^2 under before)
+            return (4 + 4 - 1 - w.e_m) * bas2
         return (4 if w.amp else w.e_m) * bas2
 
     def selective_ops(self, c: HFGPT2Config, spec, w) -> list:
@@ -357,10 +395,11 @@ class HFGPT2(HFCausalLM):
         blk.append(Term("host: attention c_proj input and weight", "b*s*h*e_m + h*h*e_m", bsh * w.e_m + h * h * w.e_m,
                         True))
         n_act = ACTIVATION_SAVED[c.activation_function]
+        act = self._act_term(c, spec, w, bsf)  # (CUDA autocast: the tanh GELU's fp32 chain)
         mlp = [ln("ln_2"),
                Term(f"host: c_fc input and weight, {c.activation_function}'s {n_act} tensors, c_proj input and weight",
-                    f"b*s*h*e_m + {n_act + 1}*b*s*f*e_m + 2*h*f*e_m",
-                    bsh * w.e_m + (n_act + 1) * bsf * w.e_m + 2 * h * f * w.e_m, True, "mlp")]
+                    f"b*s*h*e_m + {act.formula} + b*s*f*e_m + 2*h*f*e_m",
+                    bsh * w.e_m + act.bytes + bsf * w.e_m + 2 * h * f * w.e_m, True, "mlp")]
         if c.resid_pdrop > 0:
             mlp.append(Term("host: residual dropout noise (attention and MLP)", "2*b*s*h*e_m", 2 * bsh * w.e_m, True,
                             "mlp"))

@@ -182,8 +182,7 @@ class BookGPT2(Family):
             Term("q/k/v projection input" + (" (3 autocast copies)" if w.amp else ""),
                  ("3" if w.amp else "1") + "*b*s*h*e_m", (3 if w.amp else 1) * bsh * w.e_m, True),
             Term("feed-forward input", "b*s*h*e_m", bsh * w.e_m, True, where="mlp"),
-            Term("GELU saved tensors (x, 0.5x, tanh, 1+tanh) and its output", "5 * b*s*4h*e_m", 20 * bsh * w.e_m,
-                 True, where="mlp"),
+            self._gelu_term(spec, w, bsh),
             Term("GELU sqrt(2/pi) constant", "4 B (0-d fp32)", 4, True),
         ]
         if c.attention == "sdpa" and not (p and spec.device_type == "cpu"):
@@ -199,9 +198,22 @@ class BookGPT2(Family):
             e_ks = 4 if math_path else w.e_k
             terms += [Term("attention q, k^T, v" + (" (fp32 upcasts)" if math_path else ""), "3*b*s*h*" +
                            ("4" if math_path else "e_m"), 3 * bsh * e_s, True),
-                      Term("attention context copy (out_proj input)", "b*s*h*e_m", bsh * w.e_m, True),
-                      Term("softmax output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s, True)]
-            if p:
+                      Term("attention context copy (out_proj input)", "b*s*h*e_m", bsh * w.e_m, True)]
+            if self._cuda_amp(spec, w) and not math_path:
+                # CUDA autocast's fp32 list has softmax (torch.softmax(x, dim) without dtype: fp32_set_opt_dtype,
+                # aten/src/ATen/autocast_mode.cpp; measured on an H200, tests/data/cuda/2026-11-27-h200
+                # autocast-dtypes.json): its output is fp32, and `attn_weights @ values` saves autocast's e_m cast
+                # of the probabilities (with dropout: of the fp32 dropped probabilities, whose bool keep-mask the
+                # fused native_dropout saves; the fp32 dropped copy itself is not saved). Measured: the book's
+                # GPT-2 V1000 h120 a5 b3 s200 eager fp16-AMP, trf_blocks.*.att: softmax fp32 + its fp16 cast
+                terms += [Term("softmax output (fp32: CUDA autocast)", "b*a*s^2*4", bas2 * 4, True),
+                          Term("probabilities' autocast cast (the second matmul's input)", "b*a*s^2*e_m",
+                               bas2 * w.e_m, True)]
+                if p:
+                    terms.append(Term("attention dropout keep-mask (bool)", "b*a*s^2*1", bas2, True))
+            else:
+                terms.append(Term("softmax output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s, True))
+            if p and not (self._cuda_amp(spec, w) and not math_path):
                 terms += [Term("attention dropout keep-mask", "b*a*s^2*" + ("4" if math_path else "e_k"),
                                bas2 * e_ks, True),
                           Term("attention dropout output", "b*a*s^2*" + ("4" if math_path else "e_m"), bas2 * e_s,
@@ -224,6 +236,25 @@ class BookGPT2(Family):
             terms.insert(0, Term("embedding dropout keep-mask", "b*s*h*e_k",
                                  bsh * (1 if spec.device_type == "cuda" else w.e_r), where="embed"))
         return terms
+
+    @staticmethod
+    def _cuda_amp(spec, w) -> bool:
+        """fp16/bf16 autocast on CUDA, whose fp32 list is longer than the CPU's (pow, softmax, layer_norm, ...)."""
+        return w.amp and spec.device_type == "cuda"
+
+    def _gelu_term(self, spec, w, bsh: int) -> Term:
+        """The written-out tanh GELU's saved tensors, 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3)))),
+        and its output as ff.layers.2 saves it. CPU (every precision): x (pow), 0.5x, tanh's output, 1 + tanh and
+        the output, e_m each. CUDA autocast has pow in its fp32 list (aten/src/ATen/autocast_mode.cpp KERNEL_CUDA(pow,
+        fp32); measured on an H200, tests/data/cuda/2026-11-27-h200 autocast-dtypes.json: pow -> float32): pow
+        saves autocast's fp32 copy of x, and the chain after it is fp32 by type promotion: tanh's output and
+        1 + tanh are fp32; 0.5x stays e_m; ff.layers.2 saves its e_m cast of the fp32 output (measured: the book's
+        GPT-2 V1000 h120 b3 s200 fp16-AMP, ff.layers.1 = 3 fp32 + 1 fp16 b*s*4h and the 0-d constant)."""
+        if self._cuda_amp(spec, w):
+            return Term("GELU saved tensors (x's fp32 copy, tanh, 1+tanh: fp32 under CUDA autocast; 0.5x) and its "
+                        "output's cast", "4*b*s*h*(12 + 2*e_m)", 4 * bsh * (12 + 2 * w.e_m), True, where="mlp")
+        return Term("GELU saved tensors (x, 0.5x, tanh, 1+tanh) and its output", "5 * b*s*4h*e_m", 20 * bsh * w.e_m,
+                    True, where="mlp")
 
     def _resid_mask(self, c: GPT2Config, spec, w) -> int:
         if c.drop_rate == 0:
@@ -262,6 +293,10 @@ class BookGPT2(Family):
             "mlp_done": x.current - x.mlp_saved - x.casts_mlp + x.mlp_n * x.g + x.pending
             + x.bsh * (w.e_r + w.e_m) + b * s * f * w.e_m,
         }
+        if self._cuda_amp(spec, w):  # the GELU's fp32 chain (parts.cuda_amp_tanh_gelu_backward) in place of the
+            # CPU's two e_m-wide b*s*f grads
+            points["ffn"] += (parts.cuda_amp_tanh_gelu_backward(b * s * f, w.e_m, spec.checkpointing)
+                              - 2 * b * s * f * w.e_m)
         if w.amp:
             # ff.layers.2's weight grad made in bf16, then copied to fp32 (ToCopyBackward of autocast's cast): its
             # node has released what it saved (its input, offset by its input grad, and the bf16 weight copy, which
@@ -271,11 +306,13 @@ class BookGPT2(Family):
             # the same point, planner/arch/gpt2.py mlp_cast, with its Conv1D's bias grad already fp32)
             points["ff out cast"] = (x.current - resid_mask + x.bsh * w.e_r + f * h * x.e_p
                                      + (x.down_n - f * h) * w.e_m)
+            if self._cuda_amp(spec, w):  # the input grad is the GELU's fp32 grad by then (parts.cuda_amp_cast_input_grad)
+                points["ff out cast"] += parts.cuda_amp_cast_input_grad(b * s * f, w.e_m)
         if c.attention == "eager" or (c.drop_rate > 0 and spec.device_type == "cpu"):
             points["attention"] = (x.current - x.mlp_saved - x.casts_mlp - x.norm_mlp_saved - resid_mask
                                    - x.bsh * w.e_m  # the output projection's input copy, freed by its backward
                                    + (x.mlp_n + x.attn_n) * x.g + x.bsh * w.e_r
-                                   + self._s2_bytes(c, w) * b * c.n_heads * s * s)
+                                   + self._s2_bytes(c, w, spec) * b * c.n_heads * s * s)
         if spec.checkpointing and c.attention == "eager":
             # the recompute's forward softmax (the block's first unpack starts it): the block's output grad
             # (b*s*h*e_r) beside norm1's saved x (the stash), x - mean and norm_x (3*b*s*h*e_r) and std (b*s*e_r),
@@ -288,6 +325,12 @@ class BookGPT2(Family):
             points["recompute attention"] = (x.bsh * w.e_r + 3 * x.bsh * w.e_r + b * s * w.e_r
                                              + (3 if w.amp else 1) * x.bsh * w.e_m + 5 * x.bsh * w.e_m
                                              + c.context_length ** 2 + (4 if c.drop_rate > 0 else 3) * bas2 * w.e_m)
+            if self._cuda_amp(spec, w):
+                # CUDA autocast: the scores (e_m), softmax's fp32 output and the second bmm's e_m cast; with dropout
+                # native_dropout's bool mask and its fp32 output (a local until forward returns) beside them, in
+                # place of the CPU's e_m scores, scaled copy, softmax output (noise and dropped copy)
+                points["recompute attention"] += bas2 * ((2 * w.e_m + 9 if c.drop_rate > 0 else 2 * w.e_m + 4)
+                                                         - (4 if c.drop_rate > 0 else 3) * w.e_m)
             if c.drop_rate > 0:  # the recompute runs on to the context (its high point there, measured: the same
                 # shape with drop_rate 0.1 fp32, -178,052 B before): v's bmm copy, the context and its copy (b*s*h*e_m
                 # each) beside the softmax output, the noise, the dropped copy and the scores
@@ -299,13 +342,20 @@ class BookGPT2(Family):
                                                   + 3 * (c.emb_dim + (1 if c.qkv_bias else 0)) * c.emb_dim * w.e_m)
         return points
 
-    @staticmethod
-    def _s2_bytes(c: GPT2Config, w) -> int:
+    def _s2_bytes(self, c: GPT2Config, w, spec) -> int:
         """Net bytes per b*a*s^2 the attention backward adds at its high point (_softmax_backward_data):
         without dropout the probabilities' gradient and the softmax backward's output, both e_m wide;
         with dropout the output and keep-mask die before the softmax backward, which offsets the two
         gradients (measured +0.1..0.35 B, within the bar). SDPA's math fallback below fp32 peaks at the
-        matmul backward, where the probabilities' fp32 gradient (4 B) joins the saved set."""
+        matmul backward, where the probabilities' fp32 gradient (4 B) joins the saved set.
+        CUDA autocast, eager (softmax on the fp32 list: block_terms): the second bmm's backward releases the e_m
+        cast it saved, and the grad goes through that cast's ToCopyBackward to fp32 (4); with dropout, the dropout's
+        backward makes a second fp32 grad (4) beside it and the bool mask, without dropout the softmax backward's
+        fp32 output does (4): 8 - e_m either way (measured to the byte on the op timeline of a CPU run with CUDA's
+        list differences, the book's GPT-2 V97 h32 a4 b2 s256 bf16-AMP, drop_rate 0 and 0.1, checkpointed or not;
+        the CPU's figure was 2 (resp. 6) b*a*s^2 under)."""
+        if self._cuda_amp(spec, w) and c.attention == "eager":
+            return 8 - w.e_m
         if c.drop_rate == 0:
             return 2 * w.e_m
         return 4 if (c.attention == "sdpa" and w.e_m < 4) else 0
@@ -344,33 +394,55 @@ class BookGPT2(Family):
         elif c.attention == "sdpa":
             blk.append(Term("host: SDPA math kernel (dropout): fp32 q, k^T, v, softmax output, noise, dropped "
                             "probabilities", "3*b*s*h*4 + 3*b*a*s^2*4", 3 * bsh * 4 + 3 * bas2 * 4, True))
+        elif self._cuda_amp(spec, w):
+            # CUDA autocast (block_terms): softmax's fp32 output (saved by softmax), the second matmul's e_m cast of
+            # the (dropped) probabilities, native_dropout's bool keep-mask
+            blk.append(Term("host: eager attention q, k^T, v, the (s, s) bool mask, softmax output (fp32: CUDA "
+                            "autocast), " + ("the dropout's bool mask, " if p else "") + "the probabilities' e_m cast",
+                            f"3*b*s*h*e_m + s^2 + b*a*s^2*(4 + e_m{' + 1' if p else ''})",
+                            3 * bsh * w.e_m + s * s + bas2 * (4 + w.e_m + (1 if p else 0)), True))
         else:
             n_s2 = 3 if p else 2
+            e_k = w.e_k if spec.device_type == "cuda" else w.e_m  # CUDA's native_dropout saves a bool mask
             blk.append(Term("host: eager attention q, k^T, v, the (s, s) bool mask, softmax output"
                             + (", dropout noise" if p else "") + ", the probabilities",
-                            f"3*b*s*h*e_m + s^2 + {n_s2}*b*a*s^2*e_m", 3 * bsh * w.e_m + s * s + n_s2 * bas2 * w.e_m,
-                            True))
+                            f"3*b*s*h*e_m + s^2 + {n_s2}*b*a*s^2*e_m" + (" (the mask e_k)" if p and e_k != w.e_m else ""),
+                            3 * bsh * w.e_m + s * s + n_s2 * bas2 * w.e_m - (bas2 * (w.e_m - e_k) if p else 0), True))
         blk += [Term("host: out_proj input and weight", "b*s*h*e_m + h*h*e_m", bsh * w.e_m + h * h * w.e_m, True),
                 ln("norm2"),
                 Term("host: feed-forward: Linear inputs and weights, GELU's x, 0.5*x, tanh, 1 + tanh (e_m) and "
                      "sqrt(2/pi) (0-d fp32)", "b*s*h*e_m + 5*b*s*f*e_m + 2*h*f*e_m + 4",
-                     bsh * w.e_m + 5 * bsf * w.e_m + 2 * h * f * w.e_m + 4, True, "mlp")]
-        # a dropout's saved noise: CUDA's native_dropout saves a 1-byte bool mask (the device walk's e_k, _resid_mask)
-        e_k = 1 if spec.device_type == "cuda" else w.e_m
+                     bsh * w.e_m + 5 * bsf * w.e_m + 2 * h * f * w.e_m + 4, True, "mlp")
+                if not self._cuda_amp(spec, w) else
+                # CUDA autocast: pow saves x's fp32 copy, tanh and 1 + tanh are fp32 (_gelu_term)
+                Term("host: feed-forward: Linear inputs and weights, GELU's fp32 x copy, 0.5*x (e_m), fp32 tanh and "
+                     "1 + tanh (CUDA autocast), sqrt(2/pi) (0-d fp32)", "b*s*h*e_m + b*s*f*(2*e_m + 12) + 2*h*f*e_m + 4",
+                     bsh * w.e_m + bsf * (2 * w.e_m + 12) + 2 * h * f * w.e_m + 4, True, "mlp")]
+        e_k = w.e_k if spec.device_type == "cuda" else w.e_m  # CUDA's native_dropout saves a bool mask
         if p:
-            blk.append(Term("host: residual dropout noise (attention and feed-forward)", "2*b*s*h*e_k",
+            blk.append(Term("host: residual dropout noise (attention and feed-forward)" + (" (bool masks)" if e_k == 1
+                                                                                          else ""), "2*b*s*h*e_k",
                             2 * bsh * e_k, True, "mlp"))
         if spec.checkpointing:
             blk = [parts.offload_checkpointed_input(b, s, h, w)]
         out = [Term("host: token ids and positions (int64)", "8*b*s + 8*s", 8 * b * s + 8 * s, where="embed")]
-        if p:  # (CUDA: the 1-byte mask, measured on an H200, tests/data/cuda/2026-11-27-h200: V1000 h64 a4 p0.1 b2
-            # s64 fp32 checkpointed, the host bytes exact, 3*b*s*h over with b*s*h*e_r)
-            out.append(Term("host: embedding dropout noise", "b*s*h*e_k",
-                            bsh * (1 if spec.device_type == "cuda" else w.e_r), where="embed"))
+        if p:
+            e_e = 1 if spec.device_type == "cuda" else w.e_r  # (CUDA: native_dropout's bool mask)
+            out.append(Term("host: embedding dropout noise", "b*s*h*" + ("1" if e_e == 1 else "e_r"), bsh * e_e,
+                            where="embed"))
+        loss = parts.offload_loss_copies(b, s, V, w)
+        from ..losses import cuda_amp_cross_entropy
+        from .base import resolved_loss
+
+        if cuda_amp_cross_entropy(spec, w, resolved_loss(self, spec)):
+            # CUDA autocast's cross_entropy composite (planner/losses.py cuda_amp_cross_entropy): log_softmax's
+            # e_m output (saved by itself) and nll_loss's fp32 copy of it, the int64 target, the 0-d total_weight
+            loss = Term("host: log_softmax output (e_m), nll_loss's fp32 copy, target, total_weight",
+                        "b*s*V*(e_m + 4) + 8*b*s + 4", b * s * V * (w.e_m + 4) + 8 * b * s + 4, where="loss")
         out += [ln("final_norm", per_layer=False, where="head"),
                 Term("host: out_head input and weight", "b*s*h*e_m + V*h*e_m", bsh * w.e_m + V * h * w.e_m,
                      where="head"),
-                parts.offload_loss_copies(b, s, V, w)]
+                loss]
         return blk + out
 
     def offload_alive(self, c: GPT2Config, spec, w) -> tuple[int, int, int]:

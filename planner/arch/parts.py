@@ -213,3 +213,32 @@ def offload_loss_copies(b: int, s: int, V: int, w) -> Term:
     copies of b*s*V*e_ce), its int64 target and the 0-d total_weight (measured, every family with offload_copies)."""
     return Term("host: log_softmax output (saved twice), target, total_weight", "2*b*s*V*e_ce + 8*b*s + e_ce",
                 2 * b * s * V * w.e_ce + 8 * b * s + w.e_ce, where="loss")
+
+
+def cuda_amp_tanh_gelu_backward(bsf: int, e_m: int, checkpointed: bool) -> int:
+    """The Python tanh GELU's backward top under CUDA autocast (the book's GELU and transformers' NewGELUActivation:
+    0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3)))), pow on CUDA's fp32 autocast list, so the chain is
+    fp32 from pow on): what is alive beside the block's saved set at MulBackward0 of (0.5 * x) * (1 + tanh), in
+    place of the CPU's two e_m-wide b*s*f grads. The incoming grad is fp32 (ToCopyBackward of the next Linear's
+    e_m input cast, whose saved cast its addmm/linear backward has released: - e_m), and mul_tensor_backward makes
+    both products in the fp32 of the output (torch/csrc/autograd/FunctionsManual.cpp mul_tensor_backward: grad *
+    other, no cast): 4 + 4 + 4. The engine then casts the grad of the e_m 0.5 * x to e_m (engine.cpp
+    validate_outputs) with the incoming grad still alive; not checkpointed, the node's saved 0.5 * x and 1 + tanh
+    are held until release_variables after that, so the cast (e_m) is the top; checkpointed, the recomputed saved
+    tensors die with the unpacked values when the node returns, and the second product is the top. Measured on an
+    H200 (tests/data/cuda/2026-11-27-h200): the book's GPT-2 V97 h96 a3 b4 s8 bf16-AMP and transformers' GPT-2 V97
+    h96 a3 b4 s8 bf16-AMP (not checkpointed, 3,087,184 and 2,236,872 B), transformers' V97 h32 a4 b2 s256 SDPA
+    bf16-AMP checkpointed (2,774,536 B), each to the byte on the op timeline of a CPU run with CUDA's list
+    differences applied (pow and softmax in fp32, the e_m cross-entropy composite, native_dropout's bool mask)."""
+    return (12 - e_m + (0 if checkpointed else e_m)) * bsf
+
+
+def cuda_amp_cast_input_grad(bsf: int, e_m: int) -> int:
+    """Under CUDA autocast the Python tanh GELU's output is fp32 (pow on the fp32 list: cuda_amp_tanh_gelu_backward),
+    so the next Linear saves autocast's e_m cast of it, and its input grad (e_m) goes through that cast's
+    ToCopyBackward to fp32. The engine runs the input cast's ToCopyBackward before the weight cast's, so at the
+    weight grad's fp32 copy (the MLP output projection's "cast" point, where the CPU's e_m input grad offsets the
+    freed saved input) the fp32 input grad is alive instead: (4 - e_m) per b*s*f more. Measured on an H200
+    (tests/data/cuda/2026-11-27-h200): the book's GPT-2 V97 h96 a3 b4 s8 SDPA fp16-AMP accum2 (the later
+    micro-batch's top, 6,065,360 B), to the byte on the op timeline of a CPU run with CUDA's list differences."""
+    return (4 - e_m) * bsf

@@ -57,6 +57,7 @@ from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..arch.terms import Widths
 from ..checkpointing import checkpointed_blocks, every_k, policy_of, selective_saved
+from ..losses import cuda_amp_cross_entropy
 from ..validation import ConfigError
 from . import step
 from .offload_ft import (check_offload_finetune, finetune_host_terms, ft_cache, ft_embed_trains,
@@ -208,6 +209,11 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     leaf = bsh * w.e_r if ft and spec.checkpointing else 0
     labels = 8 * b * (s + 1)  # ForCausalLMLoss's padded labels, alive during the loss (training.py in_model_loss)
     ce_out = bsV * w.e_ce + w.e_ce  # log_softmax output, total_weight (alive in the loss)
+    if cuda_amp_cross_entropy(spec, w, resolved_loss(family, spec)):
+        # CUDA autocast's cross_entropy composite (planner/losses.py): log_softmax's e_m output and nll_loss's fp32
+        # copy (measured on an H200, tests/data/cuda/2026-11-27-h200: the book's GPT-2 V1000 h64 a4 p0.1 b2 s64
+        # bf16-AMP, the loss phase 2*b*s*V under without the copy, checkpointed or not)
+        ce_out = bsV * (w.e_m + 4) + 4
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
     # the last hidden state (b*s*h*e_r) stays referenced while the loss runs inside the model's forward
     # and the family's points inside the last block (eager attention's s x s scores: planner/arch/decoder.py

@@ -18,7 +18,7 @@ from ..arch.base import resolved_loss
 from ..config import ModelConfig
 from ..spec import TrainSpec
 from . import bnb_optim
-from ..losses import is_fused
+from ..losses import cuda_amp_cross_entropy, is_fused
 from .losses import HEAD_SAVES, fused_loss
 from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
@@ -277,6 +277,8 @@ def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
     # shifted labels (pad(labels, (0, 1))[..., 1:].contiguous(): an int64 b*s copy) as nll_loss's target.
     shifted_labels = 8 * b * s if loss_kind == "labels" else 0
     ce_saved = bsV * w.e_ce + w.e_ce + shifted_labels
+    if cuda_amp_cross_entropy(spec, w, loss_kind):  # log_softmax's e_m output and nll_loss's fp32 copy of it
+        ce_saved = bsV * (w.e_m + 4) + 4
     if spec.checkpointing:
         # Non-reentrant checkpoint saves only each block's input; everything else is recomputed.
         ckpt_input = b * s * cfg.hidden * w.e_r
@@ -362,6 +364,11 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # ForCausalLMLoss's logits.float() (transformers/loss/loss_utils.py), which pure bf16 pays too.
     logits_fp32_copy = bsV * 4 if (w.amp or (loss_kind == "labels" and w.e_m < 4)) else 0
     ce_grads = 2 * bsV * w.e_ce  # nll_loss_backward output and _log_softmax_backward_data output
+    if cuda_amp_cross_entropy(spec, w, loss_kind):
+        # the fp32 copy nll_loss saves is in ce_saved (no cast for a fp32-list cross_entropy); the backward's top
+        # is nll_loss_backward's fp32 output beside the saved set (then the fp32 copy is released, and the
+        # ToCopyBackward and log_softmax backward's e_m grads are smaller)
+        logits_fp32_copy, ce_grads = 0, bsV * 4
     if fused is not None:  # never whole: a chunk's are in fused.loss_point / fused.backward_point
         logits = logits_fp32_copy = ce_grads = 0
     opt_tmp, opt_tmp_formula = optimizer_temporary_bytes(cfg, spec)
