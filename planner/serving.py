@@ -129,7 +129,8 @@ def kv_tokens(est: dict, budget: int) -> tuple[int, int]:
 
 # The estimate's components as the breakdown chart names them (planner/charts.py COMPONENT_ORDER)
 CHART_COMPONENTS = {"weights": "params", "buffers": "buffers", "inputs": "inputs", "kv_cache": "kv cache",
-                    "activations": "activations", "logits": "transients"}
+                    "activations": "activations", "logits": "transients",
+                    "cublas_workspace": "transients"}  # (CUDA: planner/estimate/inference.py with_cublas_workspace)
 
 
 def breakdown(est: dict) -> list[dict]:

@@ -721,8 +721,9 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
                           part="mask"))
         terms.append(Term("softmax output", "b*a*s^2*e", bas2 * e, True, part="softmax"))
     probs_saved_by_softmax = scores
+    ek = parts.dropout_mask_bytes(spec, e)  # the dropout's saved noise (e), on CUDA native_dropout's bool mask
     if p and scores:
-        terms.append(Term("attention dropout noise", "b*a*s^2*e", bas2 * e, True, part="attn.dropout"))
+        terms.append(Term("attention dropout noise", "b*a*s^2*e_k", bas2 * ek, True, part="attn.dropout"))
     if v:
         # attn_weights @ values saves the weights for v's grad: the dropout's output, or (p = 0) the softmax
         # output itself when softmax saved it
@@ -734,7 +735,7 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
     o = linear_group("attn.out", ("att.out_proj",), ctx_rg, h, "ctx")
     o_rg = o["att.out_proj"]
     if p and o_rg:
-        terms.append(Term("attention residual dropout noise", "b*s*h*e", bsh * e, True, part="resid.dropout1"))
+        terms.append(Term("attention residual dropout noise", "b*s*h*e_k", bsh * ek, True, part="resid.dropout1"))
     r_rg = g or o_rg
     terms += _layernorm("norm2", "norm2", b, s, h, e, r_rg, f"{pre}.norm2.scale" in trains)
     n2 = r_rg or f"{pre}.norm2.scale" in trains
@@ -744,7 +745,7 @@ def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tu
         terms.append(Term("GELU sqrt(2/pi) constant", "4 B (0-d fp32)", 4, True, part="gelu"))
     down = linear_group("mlp.out", ("ff.layers.2",), up, f, "gelu")["ff.layers.2"]
     if p and down:
-        terms.append(Term("feed-forward residual dropout noise", "b*s*h*e", bsh * e, True, part="resid.dropout2"))
+        terms.append(Term("feed-forward residual dropout noise", "b*s*h*e_k", bsh * ek, True, part="resid.dropout2"))
     return terms, r_rg or down
 
 
@@ -849,7 +850,10 @@ def _forward_attention_point(cfg, spec, w, blocks: list[list[Term]], held: int, 
     under checkpointing), norm1's output unless saved, the locals queries, keys, values (b*s*h each) and
     mask_bool (the c x c bool copy), the bmm operands q and k^T when saved, and the s x s tensors alive:
     at the softmax the scores, their scaled copy and the softmax output; with dropout after it the scores,
-    the softmax output, the dropout's noise and its output (b*a*s^2 each)."""
+    the softmax output, the dropout's noise and its output (b*a*s^2 each; on CUDA native_dropout's bool mask in
+    place of the noise, b*a*s^2 bytes: measured on an H200, tests/data/cuda/2026-11-27-h200 explain.jsonl.gz,
+    V97 h32 a4 s128 p0.1 head fp32, alive at the peak: bmm's scores, _softmax's and native_dropout's fp32
+    [2, 4, 128, 128] and its bool mask)."""
     b, s, h, a = spec.batch_size, spec.seq_len, cfg.emb_dim, cfg.n_heads
     e = w.e_r
     bsh, bas2 = b * s * h, b * a * s * s
@@ -857,8 +861,9 @@ def _forward_attention_point(cfg, spec, w, blocks: list[list[Term]], held: int, 
     n1_saved = any(t.part == "attn.in" and ("input (weights train)" in t.name or "LoRA input x" in t.name)
                    for t in last)
     qk = sum(t.bytes for t in last if t.part == "scores")
+    drop = bas2 * parts.dropout_mask_bytes(spec, e) if cfg.drop_rate > 0 else 0
     return (held + fixed + _upto(last, "attn.in") + (0 if n1_saved else bsh * e) + 3 * bsh * e + qk
-            + cfg.context_length ** 2 + (4 if cfg.drop_rate > 0 else 3) * bas2 * e)
+            + cfg.context_length ** 2 + 3 * bas2 * e + drop)
 
 
 def _forward_head_points(cfg, spec, w, blocks: list[list[Term]], terms: list[Term]) -> dict[str, int]:

@@ -180,6 +180,17 @@ def forward_only(x: Shape, L: int, b: int, s: int, spec, w, masked: bool) -> lis
 ADAPTER_BYTES = 4
 
 
+def dropout_mask_bytes(spec, e_in: int) -> int:
+    """Bytes per element that a dropout saves for its backward when its input needs grad. torch's at::dropout
+    (aten/src/ATen/native/Dropout.cpp) takes the fused kernel when is_fused_kernel_acceptable (a CUDA input,
+    0 < p < 1): native_dropout returns the output and a bool mask, and native_dropout_backward(grad, mask, scale)
+    saves only the mask, 1 byte (derivatives.yaml). Elsewhere _dropout<false> draws `noise` in the input's
+    dtype (empty_like(input).bernoulli_) and returns input * noise, which saves the noise: e_in bytes.
+    Measured on an H200 (tests/data/cuda/2026-11-27-h200, explain.jsonl.gz: llama V97 h96 b4 s8 LoRA p0.1,
+    lora_dropout's native_dropout holds a fp32 [4, 8, 256] output and 8,192 B beside it)."""
+    return 1 if spec.device_type == "cuda" else e_in
+
+
 def lora_adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: bool, shared: set, key,
                  where: str = "block", part: str = "") -> list[Term]:
     """One LoRA adapter's saved tensors on input x (n_in wide, e_x bytes per element). `shared` holds
@@ -191,8 +202,11 @@ def lora_adapter(label: str, b: int, s: int, n_in: int, spec, e_x: int, rg_in: b
     r, p = spec.lora_r, spec.lora_dropout
     terms = []
     if p > 0:
-        terms.append(Term(f"{label} LoRA dropout output" + (" and noise" if rg_in else ""),
-                          "(1 + rg)*b*s*in*4", (2 if rg_in else 1) * b * s * n_in * ADAPTER_BYTES, True, where, part))
+        e_k = dropout_mask_bytes(spec, ADAPTER_BYTES)  # the saved noise (fp32) or, on CUDA, bool mask
+        terms.append(Term(f"{label} LoRA dropout output" + ((" and noise" if e_k == ADAPTER_BYTES else " and bool mask")
+                                                            if rg_in else ""),
+                          "b*s*in*4 + rg*b*s*in*e_k", b * s * n_in * (ADAPTER_BYTES + (e_k if rg_in else 0)),
+                          True, where, part))
     elif e_x != ADAPTER_BYTES:
         terms.append(Term(f"{label} LoRA fp32 copy of x", "b*s*in*4", b * s * n_in * ADAPTER_BYTES, True, where, part))
     elif key not in shared:

@@ -43,7 +43,9 @@ def adapter_amp(label: str, b: int, s: int, n_in: int, n_out: int, spec, e_m: in
     r, p = spec.lora_r, spec.lora_dropout
     terms = []
     if p > 0 and rg_in:
-        terms.append(Term(f"{label} LoRA dropout noise (fp32)", "b*s*in*4", b * s * n_in * 4, True, where, part))
+        e_k = parts.dropout_mask_bytes(spec, 4)  # its fp32 noise; on CUDA native_dropout's bool mask
+        terms.append(Term(f"{label} LoRA dropout " + ("noise (fp32)" if e_k == 4 else "mask (bool)"), "b*s*in*e_k",
+                          b * s * n_in * e_k, True, where, part))
     terms.append(Term(f"{label} LoRA autocast copy of x", "b*s*in*e_m", b * s * n_in * e_m, True, where, part))
     terms.append(Term(f"{label} lora_A output", "b*s*r*e_m", b * s * r * e_m, True, where, part))
     terms.append(Term(f"{label} lora_B weight copy" + (", lora_A weight copy" if rg_in else "") + " (trains: autocast-cached)",

@@ -179,8 +179,8 @@ def read_records(path) -> list[dict]:
 
 
 def live_error(rec: dict) -> tuple[int, int, float] | None:
-    """A training row's estimate of live tensor bytes (its peak without the CUDA allocator's own lines: the
-    512-B rounding and the cuBLAS workspaces) against the tracked live tensor bytes of the real step on the GPU:
+    """A training (or inference) row's estimate of live tensor bytes (its peak without the CUDA allocator's own
+    lines: the 512-B rounding and the cuBLAS workspaces) against the tracked live tensor bytes of the real step on the GPU:
     (estimate, measured, error %), None for a refused estimate or a row without a tracked peak. This is the
     comparison a shard's row supports exactly (a shard's `max_memory_allocated` also holds what earlier rows in
     the same process left behind: planner/bench/gpu_grids.py module doc)."""
@@ -190,6 +190,16 @@ def live_error(rec: dict) -> tuple[int, int, float] | None:
     from ..validation import ConfigError
 
     tracked = (rec.get("measured") or {}).get("tracked_peak_bytes")
+    if rec.get("kind") == "infer" and tracked:  # generate(): its one cuBLAS workspace is the allocator's line
+        from ..infer_spec import InferSpec
+        from ..estimate.inference import estimate_inference
+
+        try:
+            est = estimate_inference(config_from_dict(rec["config"]), InferSpec(**rec["spec"]))
+        except ConfigError:
+            return None
+        live = est["peak_bytes"] - est.get("cublas_workspace_bytes", 0)
+        return live, tracked, 100 * (live - tracked) / tracked
     if rec.get("kind") != "train" or not tracked:
         return None
     try:

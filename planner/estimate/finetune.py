@@ -526,6 +526,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
         for name, value in family.block_points(cfg, spec, w, ctx).items():
             if name == "input_norm" and not input_rg:
                 continue  # the block's input needs no grad: its input norm's backward makes no input grad
+            if name == "attn_in" and not input_rg:
+                value = _attn_in_frozen_input(cfg, spec, w, i, blk, ctx)
             if name == "ffn":
                 # the down projection's adapter middle (lora_A's b*s*r output) is freed by its backward,
                 # before the activation's (the family's point counts the block's whole saved set)
@@ -585,6 +587,35 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             points["final norm"] = (family.head_point(cfg, spec, w, ctx) + bsh * w.e_m - head_input - softcap
                                     + (bsh * w.e_r if w.e_r < 4 else 0))
     return points
+
+
+def _attn_in_frozen_input(cfg, spec, w, i: int, blk: list[Term], ctx) -> int:
+    """The family's attn_in point (the last attention input projection's backward) in a block whose input needs no
+    grad (the first block backward reaches past a frozen prefix: its input norm's input is a frozen block's output or
+    the frozen embeddings'). No input grad is made there, so none of the family's point's b*s*h grads (the
+    residual's, the summed and the new input grad) exist; backward meets the first projection of the forward
+    (q_proj) last, when the others' saved tensors are freed. Alive beside the block's grads (all but the input
+    norm's): the input norm's saves (a trainable weight's normed x), what the first projection saved (its input,
+    or its adapter's lora_A input), and the grad its weight-grad matmul reads: the adapter's lora_A output grad
+    (b*s*r*4, fp32), or the projection's output grad (b*s*out*e_m). Measured on the op timeline (CPU and an H200
+    alike, tests/data/cuda/2026-11-27-h200): llama V97 h96 a3 kv1 b4 s8 LoRA r64 all-linear sdpa bf16 AdamW8bit,
+    the backward's peak at block 0's q_proj lora_A weight grad, 2,681,160 B (the family's point gave 65,528 B
+    more: 3*b*s*h*e_m + b*s*a*d*e_m, less q's lora_A output grad)."""
+    family = family_of(cfg)
+    b, s = spec.batch_size, spec.seq_len
+    projs = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i and lin.role == "attn.in"]
+    others = tuple(f"{lin.short} " for lin in projs[1:])
+    first_saved = sum(t.bytes for t in blk if t.part == "attn.in" and not t.name.startswith(others)
+                      and not t.name.endswith("lora_A output"))
+    if projs:
+        grad = b * s * spec.lora_r * ADAPTER_BYTES
+    else:  # a trainable projection: its output grad (the first attn.in linear of the inventory)
+        from ..finetune import linears
+
+        first = next((lin for lin in linears(tensor_inventory(cfg)) if lin.block == i and lin.role == "attn.in"), None)
+        grad = b * s * first.n_out * w.e_m if first else 0
+    return ((ctx.block_n - ctx.norm_attn_n) * ctx.g + ctx.norm_attn_saved + first_saved + grad
+            - (ctx.rope_bytes if ctx.first else 0))
 
 
 def _forward_mlp_point(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], a_before_loss: int,

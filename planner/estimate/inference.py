@@ -37,10 +37,33 @@ def estimate_inference(cfg: ModelConfig, ispec: InferSpec) -> dict:
     kv_cache, activations, logits) at the peak, with the terms and their formulas. A family whose file does not
     model generate() yet is refused in one line (ConfigError): measure and simulate still run it."""
     try:
-        return _estimate(cfg, ispec)
+        est = _estimate(cfg, ispec)
     except NotImplementedError as exc:
         raise ConfigError(f"{exc}: the estimate of generate() covers {', '.join(estimated_families())}; "
                           "measure or simulate this model instead") from None
+    return with_cublas_workspace(est) if ispec.device_type == "cuda" else est
+
+
+def with_cublas_workspace(est: dict) -> dict:
+    """A generate() call on CUDA holds one cuBLAS workspace beside its tensors: cuBLAS keeps one per (handle,
+    stream) and handles are per thread (aten/src/ATen/cuda/CublasHandlePool.cpp), and generate() runs every
+    matmul on the Python thread under no_grad (no autograd device thread: a training step holds two,
+    planner/estimate/training.py CUBLAS_WORKSPACE_BYTES). The workspace is allocated through the caching
+    allocator at the first matmul and kept for the process's life, so max_memory_allocated counts it in every
+    phase. Measured on an H200 (tests/data/cuda/2026-11-27-h200/explain.jsonl.gz, its first row, an inference
+    row run first in a fresh process: llama V2000 h48 b2 s48 sdpa bf16 dynamic, max_memory_allocated 34,068,480 B
+    = the tracked tensors' 499,728 B + 33,554,432 B + 14,320 B of 512-B block rounding, not modelled here)."""
+    from .training import CUBLAS_WORKSPACE_BYTES_PER_HANDLE, CUDA_CONTEXT_BYTES
+
+    ws = CUBLAS_WORKSPACE_BYTES_PER_HANDLE
+    phase = {k: v + ws for k, v in est["phase_peak_bytes"].items()}
+    terms = est["terms"] + [dict(vars(Term("cuBLAS workspace (one handle: the Python thread's)", "32 MiB (sm_90)",
+                                           ws, where="kept")))]
+    notes = est["notes"] + [f"CUDA: one cuBLAS workspace ({ws // 2**20} MiB) is included; the CUDA context "
+                            f"(~{CUDA_CONTEXT_BYTES // 2**20} MiB) is not, as max_memory_allocated does not count it."]
+    return {**est, "peak_bytes": est["peak_bytes"] + ws, "phase_peak_bytes": phase,
+            "components": {**est["components"], "cublas_workspace": ws}, "cublas_workspace_bytes": ws,
+            "cuda_context_not_counted": CUDA_CONTEXT_BYTES, "terms": terms, "notes": notes}
 
 
 def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:

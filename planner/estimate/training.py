@@ -146,6 +146,63 @@ def cuda_rounding_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
             + 2 * (_round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes))
 
 
+def _rounded(nbytes: int) -> int:
+    """What the caching allocator's 512-B blocks add to one tensor of nbytes."""
+    return _round_up(nbytes, CUDA_BLOCK_BYTES) - nbytes
+
+
+def finetune_rounding_bytes(cfg: ModelConfig, spec: TrainSpec, train: list[tuple[str, int, int]]) -> int:
+    """cuda_rounding_bytes for a fine-tuning step, whose persistent tensors differ from full training's: every
+    weight and buffer of the base (a quantized linear's packed weight instead of its full one: QLoRA; its
+    statistics are small tensors left out, as the activations are), and a grad and the optimizer's states only
+    for `train` (planner/estimate/finetune.py trainable_params: (name, numel, bytes per element), the LoRA
+    adapters included), and the two int64 index tensors."""
+    from ..bnb import quantized_linear_bytes
+    from ..finetune import quantized_linears
+
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    quantized = ({f"{lin.module}.weight": lin for lin in quantized_linears(cfg)}
+                 if getattr(spec, "quantize_base", "none") != "none" else {})
+    extra = 0
+    for t in tensor_inventory(cfg):
+        lin = quantized.get(t.name)
+        extra += _rounded(quantized_linear_bytes(lin.n_out, lin.n_in, spec) if lin else
+                          t.numel * (DTYPE_BYTES[t.dtype] if t.dtype else e_p))
+    copies = 1 + {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(spec.optimizer, 0)  # the grad and the states
+    for _, n, eb in train:
+        extra += copies * _rounded(n * eb)
+        if spec.optimizer in ("adam", "adamw"):
+            extra += CUDA_BLOCK_BYTES - 4  # the 0-d fp32 step tensor
+    if bnb_optim.is_bnb(spec.optimizer):  # bitsandbytes' state tensors, rounded the same way
+        extra += bnb_optim.cuda_rounding_bytes(spec.optimizer, [n for _, n, _ in train])
+    nbytes = 8 * spec.batch_size * spec.seq_len  # the two int64 index tensors
+    return extra + 2 * _rounded(nbytes)
+
+
+def cuda_lines(rounding: int) -> dict[str, int]:
+    """The CUDA allocator's own lines of a training step (full training and fine-tuning alike): the 512-B
+    rounding, the two cuBLAS workspaces (CUBLAS_WORKSPACE_BYTES: every training step runs matmuls on the Python
+    thread and on autograd's device thread; docs/gpu.md) and the context, outside the allocator's count."""
+    return {"allocator_rounding": rounding, "cublas_workspace": CUBLAS_WORKSPACE_BYTES,
+            "cuda_context_not_counted": CUDA_CONTEXT_BYTES}
+
+
+def with_cuda_lines(est: TrainEstimate, lines: dict[str, int]) -> TrainEstimate:
+    """An estimate whose phases were built without the CUDA lines (fine-tuning: planner/estimate/finetune.py,
+    quantized.py), with them added to every phase (as Step.every_phase adds them to full training's)."""
+    from . import step
+
+    phase = step.shifted(est.phase_peak_bytes, every=lines["allocator_rounding"] + lines["cublas_workspace"])
+    peak_phase = step.peak(phase)[0]
+    est.transients.update(lines)
+    est.notes.append(CUDA_NOTE)
+    return dataclasses.replace(est, phase_peak_bytes=phase, peak_phase=peak_phase, peak_bytes=phase[peak_phase])
+
+
+CUDA_NOTE = ("CUDA: 512-B allocator rounding and the two cuBLAS workspaces are included; the CUDA context "
+             f"(~{CUDA_CONTEXT_BYTES // 2**20} MiB) is not, as max_memory_allocated does not count it.")
+
+
 @per_config
 def _persistent_rounding_bytes(cfg: ModelConfig, optimizer: str, param_dtype: str) -> int:
     """Bytes the allocator's 512-B rounding adds to the persistent tensors: weights, buffers, grads,
@@ -339,6 +396,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
             est = estimate_finetune(cfg, spec)
         if bnb_optim.is_bnb(spec.optimizer):  # its notes and paged line, over the trainable tensors
             est.transients.update(bnb_extra_lines(spec, [n for _, n, _ in trainable_params(cfg, spec)], est.notes))
+        if spec.device_type == "cuda":  # the allocator's lines, as full training's (cuda_lines)
+            est = with_cuda_lines(est, cuda_lines(finetune_rounding_bytes(cfg, spec, trainable_params(cfg, spec))))
         est.categories = estimate_categories(est, spec)
         return est
     family = family_of(cfg)
@@ -398,12 +457,11 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
-    cuda_lines = {}
+    dev_lines = {}
     if spec.device_type == "cuda":
         # 512-B rounding and the two cuBLAS workspaces measured on an H100 (docs/gpu.md); the step's other CUDA
         # terms are from PyTorch's source, not yet checked against max_memory_allocated [GPU-verify].
-        cuda_lines = {"allocator_rounding": cuda_rounding_bytes(cfg, spec), "cublas_workspace": CUBLAS_WORKSPACE_BYTES,
-                      "cuda_context_not_counted": CUDA_CONTEXT_BYTES}
+        dev_lines = cuda_lines(cuda_rounding_bytes(cfg, spec))
     # The phases (planner/estimate/step.py), above the base:
     step = Step(
         base=base, grads=grads, optimizer_tmp=opt_tmp,
@@ -413,7 +471,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         # allocates its output: the shifted labels are gone at that high point.
         backward=[accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point, sweep, grads,
                   tied_embedding_accumulation(cfg, spec)],
-        every_phase=cuda_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES if cuda_lines else 0)
+        every_phase=dev_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES if dev_lines else 0)
 
     terms = blk + out + fwd
     notes = []
@@ -437,9 +495,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
               Term("transient: optimizer step", opt_tmp_formula, opt_tmp, where="transient")]
     terms = [dict(vars(t)) for t in terms]  # its fields are plain values: asdict's deep copy is 10x the cost
     if spec.device_type == "cuda":
-        notes.append("CUDA: 512-B allocator rounding and one cuBLAS workspace are included; the CUDA context "
-                     f"(~{CUDA_CONTEXT_BYTES // 2**20} MiB) is not, as max_memory_allocated does not count it. "
-                     "These CUDA terms come from PyTorch's source and are not yet verified on a GPU.")
+        notes.append(CUDA_NOTE)
     if spec.checkpointing:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
@@ -447,7 +503,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     est = step_record(
         step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
-                    "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **cuda_lines, **bnb_lines},
+                    "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **dev_lines, **bnb_lines},
         terms=terms, notes=notes, backward_points=backward_points)
     est.categories = estimate_categories(est, spec)
     return est
