@@ -459,8 +459,9 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     fused_bwd_point = fused.backward_point if fused is not None else 0
     dev_lines = {}
     if spec.device_type == "cuda":
-        # 512-B rounding and the two cuBLAS workspaces measured on an H100 (docs/gpu.md); the step's other CUDA
-        # terms are from PyTorch's source, not yet checked against max_memory_allocated [GPU-verify].
+        # 512-B rounding and the two cuBLAS workspaces measured on an H100 (docs/gpu.md); the step's CUDA terms
+        # (dropout masks, SDPA's kernels, autocast's fp32 ops, foreach temporaries) held to the live bytes of every
+        # recorded grid run on an H200 (tests/data/cuda/2026-11-27-h200, tests/test_cuda_*.py)
         dev_lines = cuda_lines(cuda_rounding_bytes(cfg, spec))
     # The phases (planner/estimate/step.py), above the base:
     step = Step(
