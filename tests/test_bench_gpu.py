@@ -53,5 +53,9 @@ def test_gpu_rows_are_the_recorded_and_inference_grids_on_cuda(tmp_path):
     bad = {**infer[0], "error": "RuntimeError: boom"}
     (tmp_path / ROWS_FILE).write_text(json.dumps(rec) + "\n" + json.dumps(bad) + "\n")
     text = "\n".join(rows_markdown(str(tmp_path), 1.0))
-    assert "2 rows" in text and "+2.00% / +2.00%" in text and "| -1.000 |" in text
+    # per grid: the error against allocated (-1%); the worst rows: the live-bytes error (live_error)
+    from planner.bench.gpu_grids import live_error
+
+    assert "2 rows" in text and "+2.00% / +2.00%" in text and "| 1.000% |" in text
+    assert f"| {live_error(rec)[2]:+.3f} |" in text
     assert "Rows that failed on CUDA (1)" in text and "RuntimeError: boom" in text

@@ -190,6 +190,8 @@ def live_error(rec: dict) -> tuple[int, int, float] | None:
     from ..validation import ConfigError
 
     tracked = (rec.get("measured") or {}).get("tracked_peak_bytes")
+    if rec.get("kind") == "infer" and (rec.get("spec") or {}).get("cache") == "offloaded":
+        return None  # its tracked bytes hold the host copies too; its device figure is compared with allocated
     if rec.get("kind") == "infer" and tracked:  # generate(): its one cuBLAS workspace is the allocator's line
         from ..infer_spec import InferSpec
         from ..estimate.inference import estimate_inference
@@ -254,8 +256,9 @@ def rows_markdown(records_dir: str, bar_pct: float) -> list[str]:
         cpu = r.get("cpu", {}).get("peak_bytes")
         dev = 100 * (m["tracked_peak_bytes"] - cpu) / cpu if cpu and m.get("tracked_peak_bytes") else None
         g.append((err, dev, phase if est is not None else None))
-        if err is not None:
-            worst_rows.append((abs(err), r, est, alloc, err, phase))
+        live = live_error(r)
+        if live is not None:
+            worst_rows.append((abs(live[2]), r, live[0], live[1], live[2], phase))
     lines = ["## Every recorded grid and the inference grids on CUDA", "",
              f"{len(recs)} rows (planner/bench/gpu_grids.py; each row's device set to cuda, in shards of one process "
              "each; allocated peak reset before each row). Error = estimate against `max_memory_allocated`, which in a "
@@ -274,7 +277,8 @@ def rows_markdown(records_dir: str, bar_pct: float) -> list[str]:
                      if errs else f"| {grid} | {fam} | {len(g)} | 0 | — | — | "
                      + (f"{min(devs):+.2f}% / {max(devs):+.2f}%" if devs else "—") + " |")
     worst_rows.sort(key=lambda t: -t[0])
-    lines += ["", "Worst rows:", "", "| grid | row | estimate (B) | allocated (B) | err % | phase est / meas |",
+    lines += ["", "Worst rows in live bytes (the estimate less its allocator lines against the tensors alive in the "
+              "real step):", "", "| grid | row | estimate (B) | live (B) | err % | phase est / meas |",
               "|---|---|---:|---:|---:|---|"]
     for _, r, est, alloc, err, phase in worst_rows[:25]:
         lines.append(f"| {r['grid']} | {r['label']} | {est:,} | {alloc:,} | {err:+.3f} | "
