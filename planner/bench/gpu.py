@@ -328,6 +328,9 @@ def gpu_markdown(records_dir: str) -> str:
         keep = sorted({k.split()[0] for k, v in out.items() if k.endswith("bfloat16") and v == "torch.bfloat16"})
         lines += ["## Output dtypes under `torch.autocast(\"cuda\", torch.bfloat16)` (bf16 input)", "",
                   f"float32: {', '.join(fp32)}. bfloat16: {', '.join(keep)}.", ""]
+    notes = d / "notes.md"  # what a run contradicted and what changed after it, written beside its records
+    if notes.exists():
+        lines += [notes.read_text().rstrip(), ""]
     grid_lines = rows_markdown(records_dir, TRAIN_BAR_PCT)
     recs = _read_jsonl(d / "cuda-rows.jsonl")
     if recs:
@@ -336,8 +339,10 @@ def gpu_markdown(records_dir: str) -> str:
             le = live_error(r) if "error" not in r else None
             if le is not None:
                 groups.setdefault((r["grid"], r["config"].get("arch", "?")), []).append(le[2])
-        lines += ["## Live bytes: every recorded training grid on CUDA", "",
-                  "The estimate less its allocator lines against the tensor bytes alive in the real step on the GPU "
+        lines += ["## Live bytes: every recorded grid on CUDA", "",
+                  "The estimate less its allocator lines against the tensor bytes alive in the real step (training) or "
+                  "generate() call (inference; not the offloaded cache, whose tracked bytes hold its host copies) on the "
+                  "GPU "
                   "(bar 1%).", "", "| grid | family | rows | worst \\|error\\| | within 1% |", "|---|---|---:|---:|---:|"]
         for (grid, fam), errs in sorted(groups.items()):
             lines.append(f"| {grid} | {fam} | {len(errs)} | {max(map(abs, errs)):.3f}% | {sum(abs(e) <= 1 for e in errs)} |")
