@@ -248,7 +248,23 @@ class RMSDecoder(HFCausalLM):
             return any(trains is None or t.name in trains for t in params if t.role == role)
 
         g = trains is None or spec.checkpointing or role_trains("embed")
-        if spec.checkpointing:
+        every = spec.checkpointing and trains is not None and getattr(spec, "checkpoint_policy", "full") not in (
+            "full", "selective")
+        if every:
+            # fine-tuning under every:K: a checkpointed block copies its input, one not checkpointed saves through
+            # save_on_cpu's hook, its input needing grad (enable_input_require_grads): its whole walk (measured:
+            # every dense RMSNorm decoder's grid shape, LoRA r8 / last:1 every:2, host bytes exact;
+            # planner/bench/offload_act.py finetune_mix_rows)
+            from ..checkpointing import checkpointed_blocks
+
+            ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
+            none = dataclasses.replace(spec, checkpointing=False, checkpoint_policy="full")
+            blk = []
+            for i in range(L):
+                got = ([parts.offload_checkpointed_input(b, s, h, w)] if i in ckpt
+                       else block_host(self, c, none, w, i, True, trains, adapted, quantized)[0])
+                blk += [dataclasses.replace(t, name=f"{t.name} (block {i})", per_layer=False) for t in got]
+        elif spec.checkpointing:
             blk = [parts.offload_checkpointed_input(b, s, h, w)]
             if trains is not None:
                 blk = [dataclasses.replace(blk[0], bytes=L * blk[0].bytes, per_layer=False, formula="L*b*s*h*e_r",

@@ -47,7 +47,7 @@ from ..arch.terms import Widths
 from ..checkpointing import checkpointed_blocks, every_k, policy_of, selective_saved
 from ..validation import ConfigError
 from . import step
-from .offload_ft import (check_offload_finetune, finetune_host_terms, ft_cache, ft_embed_trains,
+from .offload_ft import (check_offload_finetune, ft_policy_ops, finetune_host_terms, ft_cache, ft_embed_trains,
                          ft_head_trains, ft_pending, ft_sweep)
 
 DEVICE_NOTE = "device figure: for the CUDA check"
@@ -236,8 +236,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
         already there (a later one of --grad-accum: new grads are transients added in place); ckpt: the blocks
         checkpointed, else not."""
-        if ft:
-            return ft_sweep(cfg, spec, w, est)
+        if ft:  # (its own policies: offload_ft.py)
+            return ft_sweep(cfg, spec, w, est, grads_exist)
         if ckpt:
             # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
             # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
@@ -267,7 +267,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # every block keeps the outputs torchtitan's policy saves on the device (the checkpoint's own cache, not a
         # saved-tensor hook): L caches through the forward, loss and the backward's start, blocks 0..i-1's at block i
         # (the current block's are the recompute's own), as without offloading (planner/estimate/ckpt_policy.py)
-        cache = selective_saved(family.selective_ops(cfg, spec, w))
+        # (fine-tuning: the block's ops with LoRA's adapter matmuls, planner/estimate/finetune.py policy_ops)
+        cache = selective_saved(ft_policy_ops(cfg, spec, w) if ft else family.selective_ops(cfg, spec, w))
         forward, loss, ce_start = forward + L * cache, loss + L * cache, ce_start + L * cache
         # and the current block's cached output its recompute never replays (planner/arch/base.py)
         tail = family.selective_unconsumed(cfg, spec, w)
@@ -293,6 +294,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     def policy_points(grads_exist: bool) -> dict[str, int]:
         """The sweep's points under the policy (grads_exist: a later micro-batch, whose grads the caller counts)."""
         pts = sweep(grads_exist)
+        if ft or policy == "full":  # (fine-tuning's sweep is the policy's own: offload_ft.py ft_sweep)
+            return pts
         if policy == "selective":
             return {k: v + (L if k == "final norm" else L - 1 if k.startswith("last block") else 0) * cache
                     + (tail if k != "final norm" else 0) for k, v in pts.items()}
