@@ -152,12 +152,15 @@ def copy_seconds(host: int, bytes_per_s: float = PCIE_GEN4_X16_BYTES_PER_S) -> f
 
 
 def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, autocast_weight_bytes,
-                                 autocast_bias_bytes, later_sweep_points):
-    """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
+                                 autocast_bias_bytes, later_sweep_points, quantized: bool = False):
+    """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up).
+    quantized: QLoRA's fp32 twin (offload_qlora), whose selective policy sees the quantized base's custom ops
+    (planner/estimate/finetune.py policy_ops)."""
     check_offload_activations(cfg, spec)
     if spec.quantize_base != "none":
         return offload_qlora(cfg, spec, lambda twin: estimate_offload_activations(
-            cfg, twin, estimate_training, backward_sweep, autocast_weight_bytes, autocast_bias_bytes, later_sweep_points))
+            cfg, twin, estimate_training, backward_sweep, autocast_weight_bytes, autocast_bias_bytes, later_sweep_points,
+            quantized=True))
     policy = policy_of(spec)
     # the step without offloading under full checkpointing (or none); a policy's own terms are added below
     plain = dataclasses.replace(spec, offload_activations=False, checkpoint_policy="full")
@@ -237,7 +240,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         already there (a later one of --grad-accum: new grads are transients added in place); ckpt: the blocks
         checkpointed, else not."""
         if ft:  # (its own policies: offload_ft.py)
-            return ft_sweep(cfg, spec, w, est, grads_exist)
+            return ft_sweep(cfg, spec, w, est, grads_exist, quantized)
         if ckpt:
             # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
             # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
@@ -268,7 +271,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # saved-tensor hook): L caches through the forward, loss and the backward's start, blocks 0..i-1's at block i
         # (the current block's are the recompute's own), as without offloading (planner/estimate/ckpt_policy.py)
         # (fine-tuning: the block's ops with LoRA's adapter matmuls, planner/estimate/finetune.py policy_ops)
-        cache = selective_saved(ft_policy_ops(cfg, spec, w) if ft else family.selective_ops(cfg, spec, w))
+        cache = selective_saved(ft_policy_ops(cfg, spec, w, quantized) if ft else family.selective_ops(cfg, spec, w))
         forward, loss, ce_start = forward + L * cache, loss + L * cache, ce_start + L * cache
         # and the current block's cached output its recompute never replays (planner/arch/base.py)
         tail = family.selective_unconsumed(cfg, spec, w)

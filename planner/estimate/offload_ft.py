@@ -104,25 +104,27 @@ def ft_pending(cfg, spec, w) -> tuple[int, int]:
     return of(("attn.out", "mlp.in", "mlp.out"), last) + head, of(("mlp.out",), last) + head
 
 
-def ft_policy_ops(cfg, spec, w) -> list:
+def ft_policy_ops(cfg, spec, w, quantized: bool = False) -> list:
     """The block's ops as torchtitan's selective policy sees them under fine-tuning (LoRA's adapter matmuls among
-    them: planner/estimate/finetune.py policy_ops)."""
+    them: planner/estimate/finetune.py policy_ops; quantized: QLoRA's fp32 twin, its base linears bitsandbytes'
+    gemm_4bit, neither saved nor counted among the mms)."""
     from .finetune import policy_ops
 
-    return policy_ops(cfg, spec, w)
+    return policy_ops(cfg, spec, w, quantized)
 
 
 LATER = "later micro-batch: "  # planner/estimate/finetune.py estimate_finetune's key for a later micro-batch's points
 
 
-def ft_sweep(cfg, spec, w, est, grads_exist: bool = False) -> dict[str, int]:
+def ft_sweep(cfg, spec, w, est, grads_exist: bool = False, quantized: bool = False) -> dict[str, int]:
     """Fine-tuning's backward points with the saved tensors on the host. Without checkpointing: the fine-tuning
     sweep (planner/estimate/finetune.py _sweep) with every saved set emptied, so each point is what the backward
     holds beyond the saved tensors (the grads made, the residual's grad, the node's own temporaries; the CPU
     backward reads the host copies in place; measured: every fine-tuning row of `bench offload-activations`, the
     backward phase within 0.01% where it is not the peak's phase too). With checkpointing: below. grads_exist: a
     later micro-batch of --grad-accum (every trainable .grad alive, counted by the caller: the fine-tuning sweep's
-    own grads_exist, planner/estimate/finetune.py _sweep, whose new grads are added in place)."""
+    own grads_exist, planner/estimate/finetune.py _sweep, whose new grads are added in place). quantized: QLoRA's
+    fp32 twin (its selective policy's ops)."""
     import dataclasses as dc
 
     from .finetune import _sweep, finetune_activations, trainable_params
@@ -140,15 +142,15 @@ def ft_sweep(cfg, spec, w, est, grads_exist: bool = False) -> dict[str, int]:
                if grads_exist else {k: v for k, v in est.backward_points.items() if not k.startswith(LATER)})
         return {k: v - (int(k.split()[1]) * bsh * w.e_r if k.startswith("block ") else 0) for k, v in got.items()}
     plain = dc.replace(spec, offload_activations=False)
-    terms, ce_saved, per_block = finetune_activations(cfg, plain, w)
+    terms, ce_saved, per_block = finetune_activations(cfg, plain, w, quantized)
     if spec.checkpointing:
-        return _policy_sweep(cfg, plain, w, terms, ce_saved, per_block, grads_exist)
+        return _policy_sweep(cfg, plain, w, terms, ce_saved, per_block, grads_exist, quantized)
     zero = [dc.replace(t, bytes=0) for t in terms]
     blocks = [[dc.replace(t, bytes=0) for t in blk] for blk in per_block]
     return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain), grads_exist=grads_exist)
 
 
-def _policy_sweep(cfg, spec, w, terms, ce_saved, per_block, grads_exist: bool) -> dict[str, int]:
+def _policy_sweep(cfg, spec, w, terms, ce_saved, per_block, grads_exist: bool, quantized: bool) -> dict[str, int]:
     """Fine-tuning's backward points under every:K or selective with the saved tensors on the host: the fine-tuning
     sweep of the policy (planner/estimate/finetune.py _sweep, policy_kept) with what save_on_cpu moved taken off.
     A block not checkpointed (every:K) saved through save_on_cpu's hook: its saved set is on the host, so its points
@@ -169,7 +171,8 @@ def _policy_sweep(cfg, spec, w, terms, ce_saved, per_block, grads_exist: bool) -
     # the saved sets of the blocks not checkpointed are among the terms the loss's point counts: on the host here
     moved = sum(t.bytes for i, blk in enumerate(per_block) if i not in ckpt for t in blk)
     a_before_loss = sum(t.bytes for t in terms) - ce_saved - moved
-    got = _sweep(cfg, spec, w, terms, blocks, a_before_loss, trainable_params(cfg, spec), grads_exist=grads_exist)
+    got = _sweep(cfg, spec, w, terms, blocks, a_before_loss, trainable_params(cfg, spec), grads_exist=grads_exist,
+                 quantized=quantized)
     stash = b * s * cfg.hidden * w.e_r
 
     def below(k: str) -> int:
