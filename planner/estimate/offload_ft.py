@@ -10,8 +10,12 @@ planner/estimate/offload_act.py takes where a fine-tuned step differs from full 
           where the embedding trains (ft_embed_trains); the backward is the fine-tuning sweep with the saved sets
           on the host (ft_sweep)
 Measured: every dense RMSNorm decoder family, LoRA q,v / all-linear, last:1, QLoRA nf4; fp32 and bf16-AMP;
-checkpointing off and on (planner/bench/offload_act.py finetune_rows; tests/test_offload_finetune.py). The MoE
-families and GPT-2 are refused (check_offload_finetune; planner/arch/moe.py offload_finetune).
+checkpointing off and on (planner/bench/offload_act.py finetune_rows; tests/test_offload_finetune.py); in
+combination, --grad-accum 2 (a later micro-batch: ft_sweep's grads_exist), --checkpointing every:2 / selective
+(_policy_sweep; every:K's host copies in planner/arch/decoder.py offload_walk) and --offload-optimizer (planner/
+estimate/offload.py over the trainable tensors) (planner/bench/offload_act.py finetune_mix_rows; tests/
+test_offload_finetune_mix.py). The MoE families and GPT-2 are refused (check_offload_finetune; planner/arch/moe.py
+offload_finetune).
 """
 from __future__ import annotations
 
@@ -32,9 +36,6 @@ def check_offload_finetune(cfg, spec) -> None:
         raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
                           "(measured for the dense RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, "
                           "Gemma 2)")
-    if False:
-        raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
-                          "checkpointing or none, and the optimizer on the device")
 
 
 def finetune_host_terms(cfg, spec) -> list:
