@@ -461,10 +461,10 @@ def finetune_mix_lines(rs: list[dict] | None = None) -> list[str]:
              "block's weights; the adapters in fp32 whatever the base: planner/estimate/offload.py `trainable_sizes`). "
              "The forward phase of Gemma 2 under checkpointing and autocast is high by up to a few percent (never the "
              "step's peak; the fine-tuning table above has it too).", "",
-             f"{len(rs)} runs. Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation "
-             f"copies); optimizer host bytes exact: {'yes' if opt_exact else 'NO'}; simulate = measure to the byte "
-             f"(device and host): {'yes' if sim_equal else 'NO'}. Bar: 1%. \"without offload\" is the same run "
-             "without --offload-activations.", ""]
+             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); optimizer "
+             f"host bytes exact: {'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "
+             f"{'yes' if sim_equal else 'NO'}. Bar: 1%. {len(rs)} runs; \"without offload\" is the same run without "
+             "--offload-activations.", ""]
     opt_column = ("host (optimizer): estimate / measured", "---:", lambda r: f"{r['est_opt_host']:,} / "
                   f"{r['meas_opt_host']:,}" if r["est_opt_host"] is not None else "-")
     lines += table([("model", "---", lambda r: r["model"]), ("combination", "---", lambda r: r["kind"]),
