@@ -32,12 +32,14 @@ MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer's default minimal_size: small
 NOT_MEASURED = "not measured here (needs a GPU)"
 
 
-def check_offload_optimizer(spec) -> None:
-    """One line for the combinations not modelled."""
+def check_offload_optimizer(spec, estimating: bool = True) -> None:
+    """One line for the combinations not modelled; estimating False: what a measurement or simulation can run (the
+    plain-torch equivalent runs any trainable set, fine-tuning's alone too: the beside-it run of a fine-tuning
+    row, planner/bench/offload_act.py finetune_mix_rows)."""
     if spec.optimizer not in ("adam", "adamw"):
         raise ConfigError(f"--offload-optimizer is modelled for adam / adamw (torchao CPUOffloadOptimizer's default "
                           f"optimizer_class), not {spec.optimizer}")
-    if spec.finetuning and not getattr(spec, "offload_activations", False):
+    if estimating and spec.finetuning and not getattr(spec, "offload_activations", False):
         # (measured with --offload-activations beside it: planner/bench/offload_act.py finetune_mix_rows)
         raise ConfigError("--offload-optimizer with fine-tuning is modelled with --offload-activations beside it "
                           "(the dense RMSNorm decoders), not alone yet")
@@ -61,7 +63,7 @@ def refuse_run(spec) -> None:
             raise ConfigError("--offload-optimizer is measured with --device cpu (a plain-torch equivalent of torchao's "
                               "CPUOffloadOptimizer); on " + spec.device_type + " it is " + NOT_MEASURED
                               + " (use estimate train --device cuda)")
-        check_offload_optimizer(spec)
+        check_offload_optimizer(spec, estimating=False)
 
 
 def pow2_ceil(n: int) -> int:

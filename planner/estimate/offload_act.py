@@ -24,7 +24,8 @@ input (and the tensors outside the blocks); the recompute in backward runs outsi
 device.
 Fine-tuning (LoRA, --train-layers): planner/estimate/offload_ft.py (the walk's host view, autocast's cache of the
 trainable copies, the fine-tuning sweep); QLoRA its fp32 twin's offloaded step (offload_qlora, as
-planner/estimate/quantized.py).
+planner/estimate/quantized.py). With --grad-accum, every:K / selective and --offload-optimizer too: the fine-tuning
+sweep's own later micro-batch and policies with the saved sets on the host (offload_ft.py ft_sweep, _policy_sweep).
 Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
 micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
 Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
