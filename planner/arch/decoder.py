@@ -362,8 +362,13 @@ class RMSDecoder(HFCausalLM):
         b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
         x = self.shape(c)
         bas2 = b * x.a * s * s
-        kv_own = 2 * b * s * x.kv * x.d * w.e_r if spec.checkpointing else 0  # else in the KV cache already
-        kv_rep = 2 * b * s * x.a * x.d * w.e_r if x.kv < x.a else 0
+        # k after RoPE (e_r) and v: under checkpointing v as v_proj made it (e_m: no cache to promote it), else the
+        # cache's (e_r), and repeat_kv's copies of both (measured: the forward's op timeline of Gemma 2 V1000 h64 a4
+        # kv2 b2 s64 LoRA r8 bf16-AMP checkpointed, v_proj's bf16 output and repeat_kv's bf16 copy of it at the
+        # softmax, 49,152 B = b*s*kv*d*2 + b*s*a*d*2 high before; as SDPA's e_v, offload_attention_points)
+        e_v = w.e_m if spec.checkpointing else w.e_r
+        kv_own = b * s * x.kv * x.d * (w.e_r + e_v) if spec.checkpointing else 0  # else in the KV cache already
+        kv_rep = b * s * x.a * x.d * (w.e_r + e_v) if x.kv < x.a else 0
         # RoPE's cos and sin and position_ids (under checkpointing: counted as held)
         rope = 0 if spec.checkpointing else 2 * s * x.d * w.e_r + 8 * s
         # under autocast o_proj's, the MLP's and lm_head's weight copies are not made yet (measured: Gemma 2 V97 h32
