@@ -58,17 +58,26 @@ def test_estimate_against_a_real_measurement(arch, prec, kw):
 @pytest.mark.parametrize("arch,prec,kw", [
     ("llama", "bf16", dict(lora_r=8, quantize_base="nf4", checkpointing=True, checkpoint_policy="every:2",
                            grad_accum=2)),  # QLoRA: the twin's every:2 walk without the quantized weights
+    # eager attention's forward under checkpointing: v as v_proj made it (bf16), +1.9% before
     ("gemma2", "bf16-amp", dict(train_layers="last:1", checkpointing=True, checkpoint_policy="every:2")),
 ])
 def test_estimate_against_the_simulation(arch, prec, kw):
     cfg, b, s = family_shape(arch)
     spec = TrainSpec(b, s, prec, "adamw", offload_activations=True, **kw)
+    check_row(estimate_training(cfg, spec), simulate_training(cfg, spec))
+
+
+def test_gemma2_selective_forward_is_held_to_its_bound():
+    """Gemma 2 under selective checkpointing: every phase within 1% but the forward, which is high (the last block's
+    eager attention point counts all L blocks' cached outputs, the last block's gate / up / down not made yet there;
+    never the step's peak), within the 3% planner/arch/gemma2.py offload_bound_note states for checkpointing."""
+    cfg, b, s = family_shape("gemma2")
+    spec = TrainSpec(b, s, "bf16-amp", "adamw", lora_r=8, checkpointing=True, checkpoint_policy="selective",
+                     offload_activations=True)
     est, sim = estimate_training(cfg, spec), simulate_training(cfg, spec)
-    # (Gemma 2's forward under checkpointing and autocast is high by up to 3%, never the step's peak: the
-    # fine-tuning table's known bound; every other phase within 1%)
-    phases = {k: v for k, v in sim["phase_peak_bytes"].items() if not (arch == "gemma2" and k == "forward")}
-    check_row(est, {**sim, "phase_peak_bytes": phases})
-    assert abs(est.phase_peak_bytes["forward"] / sim["phase_peak_bytes"]["forward"] - 1) < 0.03
+    forward = est.phase_peak_bytes["forward"] / sim["phase_peak_bytes"]["forward"] - 1
+    assert 0 <= forward < 0.03 and est.peak_phase != "forward"
+    check_row(est, {**sim, "phase_peak_bytes": {k: v for k, v in sim["phase_peak_bytes"].items() if k != "forward"}})
 
 
 def saved_variables_bytes(cfg, spec) -> int:
