@@ -459,8 +459,12 @@ def finetune_mix_lines(rs: list[dict] | None = None) -> list[str]:
              "`--offload-optimizer`: torchao's CPUOffloadOptimizer is given the trainable tensors only, so only those "
              "of at least 4,096 elements move their AdamW states to the host (LoRA r64's q_proj adapters, the last "
              "block's weights; the adapters in fp32 whatever the base: planner/estimate/offload.py `trainable_sizes`). "
-             "The forward phase of Gemma 2 under checkpointing and autocast is high by up to a few percent (never the "
-             "step's peak; the fine-tuning table above has it too).", "",
+             "Eager attention's forward point under checkpointing holds v as v_proj made it (bf16 under autocast: "
+             "no KV cache to promote it) and repeat_kv's copy of it (planner/arch/decoder.py "
+             "`offload_forward_points`; Gemma 2 bf16-AMP checkpointed was +2.9% in forward before). Gemma 2's forward "
+             "under selective is high by up to 3% (its last block's eager attention point counts every block's cached "
+             "outputs, the last block's gate, up and down not made yet there; never the step's peak: "
+             "planner/arch/gemma2.py `offload_bound_note`).", "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); optimizer "
              f"host bytes exact: {'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "
              f"{'yes' if sim_equal else 'NO'}. Bar: 1%. {len(rs)} runs; \"without offload\" is the same run without "
