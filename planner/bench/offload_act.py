@@ -464,7 +464,10 @@ def finetune_mix_lines(rs: list[dict] | None = None) -> list[str]:
              "`offload_forward_points`; Gemma 2 bf16-AMP checkpointed was +2.9% in forward before). Gemma 2's forward "
              "under selective is high by up to 3% (its last block's eager attention point counts every block's cached "
              "outputs, the last block's gate, up and down not made yet there; never the step's peak: "
-             "planner/arch/gemma2.py `offload_bound_note`).", "",
+             "planner/arch/gemma2.py `offload_bound_note`). LoRA on the last block's MLP input adds peft's "
+             "moment `result + lora_B(lora_A(x)) * scaling`: the base output, lora_B's and the scaled copy alive at "
+             "once (planner/arch/decoder.py `offload_adapter_extra`; Phi-3's fused gate_up was -2.7% to -6.3% in "
+             "forward before, every fine-tuning row of Phi-3 too).", "",
              f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); optimizer "
              f"host bytes exact: {'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "
              f"{'yes' if sim_equal else 'NO'}. Bar: 1%. {len(rs)} runs; \"without offload\" is the same run without "

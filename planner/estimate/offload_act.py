@@ -48,7 +48,7 @@ from ..arch.terms import Widths
 from ..checkpointing import checkpointed_blocks, every_k, policy_of, selective_saved
 from ..validation import ConfigError
 from . import step
-from .offload_ft import (check_offload_finetune, ft_policy_ops, finetune_host_terms, ft_cache, ft_embed_trains,
+from .offload_ft import (check_offload_finetune, ft_last_adapted, ft_policy_ops, finetune_host_terms, ft_cache, ft_embed_trains,
                          ft_head_trains, ft_pending, ft_sweep)
 
 DEVICE_NOTE = "device figure: for the CUDA check"
@@ -188,6 +188,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     pend_all, pend_mlp = ft_pending(cfg, spec, w) if ft else (0, 0)
     if ft and w.amp and not spec.checkpointing:
         mlp_point += h * (cfg.intermediate_size + V) * w.e_m - pend_mlp
+    if ft and hasattr(family, "offload_adapter_extra"):  # LoRA on the last block's MLP input (planner/arch/decoder.py)
+        mlp_point += family.offload_adapter_extra(cfg, spec, w, ft_last_adapted(cfg, spec))
     # ... and the other keyword inputs every checkpointed block holds (parts.checkpoint_inputs: position_ids, the
     # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
     rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")

@@ -75,6 +75,14 @@ def ft_head_trains(cfg, spec) -> bool:
     return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "head")
 
 
+def ft_last_adapted(cfg, spec) -> set:
+    """The short names of the last block's LoRA-wrapped linears (q_proj, gate_up_proj, ...)."""
+    from ..finetune import adapted_linears
+
+    last = cfg.layers - 1
+    return {lin.module.rsplit(".", 1)[1] for lin in adapted_linears(family_of(cfg), cfg, spec) if lin.block == last}
+
+
 def ft_cache(cfg, spec, w) -> int:
     """Fine-tuning under autocast: the cached e_m copies of every trainable autocast leaf (planner/estimate/
     finetune.py autocast_cache_bytes with nothing saved: the saved copies are host copies here)."""
