@@ -70,13 +70,14 @@ def test_estimate_against_the_simulation(arch, prec, kw):
 def test_gemma2_selective_forward_is_held_to_its_bound():
     """Gemma 2 under selective checkpointing: every phase within 1% but the forward, which is high (the last block's
     eager attention point counts all L blocks' cached outputs, the last block's gate / up / down not made yet there;
-    never the step's peak), within the 3% planner/arch/gemma2.py offload_bound_note states for checkpointing."""
+    never the step's peak), within the bound planner/arch/gemma2.py offload_bound_note states for it."""
     cfg, b, s = family_shape("gemma2")
     spec = TrainSpec(b, s, "bf16-amp", "adamw", lora_r=8, checkpointing=True, checkpoint_policy="selective",
                      offload_activations=True)
     est, sim = estimate_training(cfg, spec), simulate_training(cfg, spec)
     forward = est.phase_peak_bytes["forward"] / sim["phase_peak_bytes"]["forward"] - 1
-    assert 0 <= forward < 0.03 and est.peak_phase != "forward"
+    assert 0 <= forward < 0.042 and est.peak_phase != "forward"
+    assert any("high by up to 4.2%" in n for n in est.notes)
     check_row(est, {**sim, "phase_peak_bytes": {k: v for k, v in sim["phase_peak_bytes"].items() if k != "forward"}})
 
 
