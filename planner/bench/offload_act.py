@@ -368,6 +368,118 @@ def finetune_rows() -> list[dict]:
     return out
 
 
+# Fine-tuning under --offload-activations in combination (the combinations table's, above, for full training):
+# --grad-accum 2, the checkpointing policies every:2 and selective, and --offload-optimizer beside it, on the dense
+# RMSNorm decoders' first grid shape (planner/arch/<family>.py offload_finetune). LoRA r8 on peft's default targets
+# (q_proj, v_proj; Phi-3 has none: every linear), the last block alone and QLoRA nf4 (bf16 compute). With
+# --offload-optimizer LoRA is r64: torchao's minimal_size (4,096 elements) keeps r8's adapters (r*h = 512 elements
+# at h64) on the device, r64's q_proj adapters (64*64 = 4,096) move to the host and v_proj's lora_B (32*64) stays.
+FT_MIX_FULL = ("llama", "qwen3", "gemma2")  # every combination; the other dense decoders one row per combination
+FT_MIX_OTHER = ("mistral", "qwen2", "gemma", "phi3")
+
+
+def _ft_lora(arch: str, r: int = 8) -> dict:
+    return dict(lora_r=r, lora_targets="all-linear") if arch == "phi3" else dict(lora_r=r)
+
+
+def finetune_mix_specs(arch: str, b: int, s: int) -> list[tuple[str, TrainSpec]]:
+    """(kind, spec) of every fine-tuning combination run of a family's shape, AdamW, --offload-activations."""
+    lora, lora64 = _ft_lora(arch), _ft_lora(arch, 64)
+    name = "LoRA r8 all-linear" if arch == "phi3" else "LoRA r8 q,v"
+    name64 = name.replace("r8", "r64")
+    qlora = dict(lora_r=8, quantize_base="nf4", **({"lora_targets": "all-linear"} if arch == "phi3" else {}))
+
+    def run(kind: str, ft: str, prec: str, **kw) -> tuple[str, TrainSpec]:
+        return f"{kind}: {ft}", TrainSpec(b, s, prec, "adamw", offload_activations=True, **kw)
+
+    if arch not in FT_MIX_FULL:
+        return [run("grad-accum", name, "bf16-amp", checkpointing=True, grad_accum=2, **lora),
+                run("grad-accum", "QLoRA nf4 r8", "bf16", grad_accum=2, **qlora),
+                run("policy", name, "fp32", checkpointing=True, checkpoint_policy="every:2", **lora),
+                run("policy", name, "bf16-amp", checkpointing=True, checkpoint_policy="selective", **lora),
+                run("+ offload-optimizer", name64, "bf16-amp", checkpointing=True, offload_optimizer=True, **lora64)]
+    out = []
+    for ckpt in (False, True):
+        for prec in ("fp32", "bf16-amp"):
+            out.append(run("grad-accum", name, prec, checkpointing=ckpt, grad_accum=2, **lora))
+            out.append(run("grad-accum", "last:1", prec, checkpointing=ckpt, grad_accum=2, train_layers="last:1"))
+        out.append(run("grad-accum", "QLoRA nf4 r8", "bf16", checkpointing=ckpt, grad_accum=2, **qlora))
+    for policy in ("every:2", "selective"):
+        for prec in ("fp32", "bf16-amp"):
+            out.append(run("policy", name, prec, checkpointing=True, checkpoint_policy=policy, **lora))
+        out.append(run("policy", "last:1", "fp32", checkpointing=True, checkpoint_policy=policy, train_layers="last:1"))
+        out.append(run("policy + grad-accum", "QLoRA nf4 r8", "bf16", checkpointing=True, checkpoint_policy=policy,
+                       grad_accum=2, **qlora))
+    for ckpt in (False, True):
+        for prec in ("fp32", "bf16-amp"):
+            out.append(run("+ offload-optimizer", name64, prec, checkpointing=ckpt, offload_optimizer=True, **lora64))
+    out.append(run("+ offload-optimizer", "last:1", "bf16-amp", offload_optimizer=True, train_layers="last:1"))
+    return out
+
+
+def finetune_mix_rows(families: tuple[str, ...] = FT_MIX_FULL + FT_MIX_OTHER) -> list[dict]:
+    """One dict per fine-tuning combination run (offload_row's, with its kind, the phases' errors and the optimizer's
+    host bytes)."""
+    import dataclasses
+
+    out = []
+    for arch in families:
+        label, cfg, b, s = family_shape(arch)
+        for kind, spec in finetune_mix_specs(arch, b, s):
+            got = offload_row(label, cfg, spec, dataclasses.replace(spec, offload_activations=False),
+                              "host_activation_offload")
+            if got is None:
+                continue
+            row, est, m = got
+            phases = m["measured"]["phase_peak_bytes"]
+            out.append({**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
+                                                           for k in phases if phases[k]},
+                        "est_opt_host": est.transients.get("host_optimizer_offload"),
+                        "meas_opt_host": m["measured"].get("host_optimizer_offload_bytes"),
+                        "meas_host_peak": m["measured"].get("host_peak_bytes")})
+    return out
+
+
+def finetune_mix_lines(rs: list[dict] | None = None) -> list[str]:
+    rs = finetune_mix_rows() if rs is None else rs
+    worst, worst_host, sim_equal = summary(rs)
+    opt = [r for r in rs if r["est_opt_host"] is not None]
+    opt_exact = all(r["est_opt_host"] == r["meas_opt_host"] for r in opt)
+    lines = ["", "## Fine-tuning in combination: accumulation, checkpointing policies, optimizer offloading", "",
+             "Fine-tuning (LoRA, the last block, QLoRA nf4) under `--offload-activations` with the combinations above. "
+             "`--grad-accum 2`: a later micro-batch runs with every trainable .grad alive, its backward the "
+             "fine-tuning sweep's own later micro-batch (planner/estimate/finetune.py `_sweep(grads_exist=True)`: "
+             "new grads added in place) with the saved sets on the host. `--checkpointing every:2`: a block not "
+             "checkpointed saves through save_on_cpu's hook, its whole walk with its input needing grad "
+             "(enable_input_require_grads) copied to the host (planner/arch/decoder.py `offload_walk`), so its "
+             "backward points are the fine-tuning sweep's with its saved set emptied; a checkpointed block's recompute "
+             "stays on the device and its input is a host copy. `selective`: the policy's outputs (LoRA's adapter "
+             "matmuls among the counted mms; QLoRA's gemm_4bit neither saved nor counted) are the checkpoint's own "
+             "cache, on the device (planner/estimate/offload_ft.py `_policy_sweep`, `ft_policy_ops`). "
+             "`--offload-optimizer`: torchao's CPUOffloadOptimizer is given the trainable tensors only, so only those "
+             "of at least 4,096 elements move their AdamW states to the host (LoRA r64's q_proj adapters, the last "
+             "block's weights; the adapters in fp32 whatever the base: planner/estimate/offload.py `trainable_sizes`). "
+             "Eager attention's forward point under checkpointing holds v as v_proj made it (bf16 under autocast: "
+             "no KV cache to promote it) and repeat_kv's copy of it (planner/arch/decoder.py "
+             "`offload_forward_points`; Gemma 2 bf16-AMP checkpointed was +2.9% in forward before). Gemma 2's forward "
+             "under selective is high by up to 3% (its last block's eager attention point counts every block's cached "
+             "outputs, the last block's gate, up and down not made yet there; never the step's peak: "
+             "planner/arch/gemma2.py `offload_bound_note`). LoRA on the last block's MLP input adds peft's "
+             "moment `result + lora_B(lora_A(x)) * scaling`: the base output, lora_B's and the scaled copy alive at "
+             "once (planner/arch/decoder.py `offload_adapter_extra`; Phi-3's fused gate_up was -2.7% to -6.3% in "
+             "forward before, every fine-tuning row of Phi-3 too).", "",
+             f"Worst device-peak error {worst:.2%}; worst host error {worst_host:.2%} (activation copies); optimizer "
+             f"host bytes exact: {'yes' if opt_exact else 'NO'}; simulate = measure to the byte (device and host): "
+             f"{'yes' if sim_equal else 'NO'}. Bar: 1%. {len(rs)} runs; \"without offload\" is the same run without "
+             "--offload-activations.", ""]
+    opt_column = ("host (optimizer): estimate / measured", "---:", lambda r: f"{r['est_opt_host']:,} / "
+                  f"{r['meas_opt_host']:,}" if r["est_opt_host"] is not None else "-")
+    lines += table([("model", "---", lambda r: r["model"]), ("combination", "---", lambda r: r["kind"]),
+                    ("run", "---", lambda r: r["run"])] + measured_columns("host (activation copies)")
+                   + [opt_column, WORST_PHASE], rs)
+    return lines
+
+
 def finetune_lines() -> list[str]:
     rs = finetune_rows()
     worst, worst_host, sim_equal = summary(rs)
@@ -518,7 +630,7 @@ def markdown(quick: bool = False) -> str:
               "unpack hook's device copies in backward (one node's saved tensors at a time) and the pinned host "
               "copies are rounded up to powers of two (`host_pinned_rounded`): both for the CUDA check."]
     if not quick:
-        lines += mix_lines() + finetune_lines() + finetune_full_size() + mix_full_size() + full_size()
+        lines += mix_lines() + finetune_lines() + finetune_mix_lines() + finetune_full_size() + mix_full_size() + full_size()
     return "\n".join(lines) + "\n"
 
 

@@ -34,13 +34,17 @@ MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer's default minimal_size: small
 NOT_MEASURED = "not measured on a GPU yet (measure --device cuda runs it)"
 
 
-def check_offload_optimizer(spec) -> None:
-    """One line for the combinations not modelled."""
+def check_offload_optimizer(spec, estimating: bool = True) -> None:
+    """One line for the combinations not modelled; estimating False: what a measurement or simulation can run (the
+    plain-torch equivalent runs any trainable set, fine-tuning's alone too: the beside-it run of a fine-tuning
+    row, planner/bench/offload_act.py finetune_mix_rows)."""
     if spec.optimizer not in ("adam", "adamw"):
         raise ConfigError(f"--offload-optimizer is modelled for adam / adamw (torchao CPUOffloadOptimizer's default "
                           f"optimizer_class), not {spec.optimizer}")
-    if spec.finetuning:
-        raise ConfigError("--offload-optimizer with fine-tuning is not modelled yet")
+    if estimating and spec.finetuning and not getattr(spec, "offload_activations", False):
+        # (measured with --offload-activations beside it: planner/bench/offload_act.py finetune_mix_rows)
+        raise ConfigError("--offload-optimizer with fine-tuning is modelled with --offload-activations beside it "
+                          "(the dense RMSNorm decoders), not alone yet")
     if spec.device_type not in ("cuda", "cpu"):
         raise ConfigError("--offload-optimizer is modelled on cuda (torchao's CPUOffloadOptimizer supports only CUDA "
                           f"and XPU) and on cpu (its plain-torch equivalent), not {spec.device_type}")
@@ -59,28 +63,40 @@ def refuse_run(spec) -> None:
     accumulated, the host AdamW's step, the weights copied back); the combinations the estimate refuses are refused
     here too, in one line."""
     if getattr(spec, "offload_optimizer", False):
-        check_offload_optimizer(spec)
+        check_offload_optimizer(spec, estimating=False)
 
 
 def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def split_params(cfg) -> tuple[list[int], list[int]]:
-    """(offloaded, kept on the device) parameter sizes, in elements."""
-    numels = [t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.trainable]
-    return [n for n in numels if n >= MINIMAL_SIZE], [n for n in numels if n < MINIMAL_SIZE]
+def split_params(cfg, spec) -> tuple[list[int], list[int]]:
+    """(offloaded, kept on the device) parameter sizes, in elements: the trainable tensors (with fine-tuning the
+    fine-tuning step's, LoRA's adapters among them: CPUOffloadOptimizer is given the parameters that require grad)."""
+    sized = trainable_sizes(cfg, spec)
+    return [n for n, _ in sized if n >= MINIMAL_SIZE], [n for n, _ in sized if n < MINIMAL_SIZE]
+
+
+def trainable_sizes(cfg, spec) -> list[tuple[int, int]]:
+    """(numel, bytes per element) of every tensor the optimizer is given. Full training: every parameter, in the
+    parameters' dtype. Fine-tuning (LoRA, --train-layers, QLoRA): planner/estimate/finetune.py trainable_params, the
+    adapters in fp32 (peft's autocast_adapter_dtype) whatever the base's dtype."""
+    if spec.finetuning:
+        from .finetune import trainable_params
+
+        return [(n, eb) for _, n, eb in trainable_params(cfg, spec)]
+    e_p = DTYPE_BYTES[spec.param_dtype]
+    return [(t.numel, e_p) for t in tensor_inventory(cfg) if t.kind == "param" and t.trainable]
 
 
 def host_bytes(cfg, spec) -> dict[str, int]:
     """The host's bytes: the parameter and grad copies (on CUDA pinned, power-of-two rounded; on the CPU unpinned,
     their own sizes) and the CPU AdamW's states."""
-    e_p = DTYPE_BYTES[spec.param_dtype]
-    big, _ = split_params(cfg)
-    states = sum(2 * n * e_p + 4 for n in big)
+    big = [(n, e) for n, e in trainable_sizes(cfg, spec) if n >= MINIMAL_SIZE]
+    states = sum(2 * n * e + 4 for n, e in big)
     if spec.device_type != "cuda":
-        return {"param_and_grad_copies": 2 * sum(n * e_p for n in big), "cpu_adamw_states": states}
-    pinned = 2 * sum(pow2_ceil(n * e_p) for n in big)
+        return {"param_and_grad_copies": 2 * sum(n * e for n, e in big), "cpu_adamw_states": states}
+    pinned = 2 * sum(pow2_ceil(n * e) for n, e in big)
     return {"pinned_param_and_grad_copies": pinned, "cpu_adamw_states": states}
 
 
@@ -94,12 +110,14 @@ def estimate_offload_optimizer(cfg, spec, estimate_training):
         check_offload_activations(cfg, spec)
     on_device = dataclasses.replace(spec, offload_optimizer=False, optimizer_impl="fused")  # torchao sets fused=True
     est = estimate_training(cfg, on_device)
-    e_p = DTYPE_BYTES[spec.param_dtype]
-    big, small = split_params(cfg)
+    sized = trainable_sizes(cfg, spec)  # (fine-tuning: the trainable tensors only, the adapters in fp32)
+    big = [(n, e) for n, e in sized if n >= MINIMAL_SIZE]
+    small = [n for n, _ in sized if n < MINIMAL_SIZE]
     # exp_avg, exp_avg_sq and the 0-d step of every offloaded parameter, as the device held them: each a CUDA
     # caching-allocator block, a multiple of 512 B (training.py _persistent_rounding_bytes counts the same rounding)
     cuda = spec.device_type == "cuda"
-    moved = sum(2 * _round512(n * e_p) + CUDA_BLOCK_BYTES for n in big) if cuda else sum(2 * n * e_p + 4 for n in big)
+    moved = (sum(2 * _round512(n * e) + CUDA_BLOCK_BYTES for n, e in big) if cuda
+             else sum(2 * n * e + 4 for n, e in big))
     phase = step.shifted(est.phase_peak_bytes, every=-moved)  # (planner/estimate/step.py)
     peak_phase = step.peak(phase)[0]
     host = host_bytes(cfg, spec)
@@ -122,7 +140,7 @@ def estimate_offload_optimizer(cfg, spec, estimate_training):
                                       if k.startswith("pinned") else "2 * sum(numel*e_p) over params >= 4096 elements"
                                       if k.startswith("param") else "sum(2*numel*e_p + 4) over params >= 4096 elements"),
                           "bytes": v, "per_layer": False, "where": "host", "part": ""} for k, v in host.items()]
-    raw = sum(2 * n * e_p + 4 for n in big)  # the same without the allocator's rounding
+    raw = sum(2 * n * e + 4 for n, e in big)  # the same without the allocator's rounding
     transients = {**est.transients, "host_optimizer_offload": sum(host.values())}
     if "allocator_rounding" in transients:
         transients["allocator_rounding"] -= moved - raw

@@ -36,7 +36,8 @@ input (and the tensors outside the blocks); the recompute in backward runs outsi
 device.
 Fine-tuning (LoRA, --train-layers): planner/estimate/offload_ft.py (the walk's host view, autocast's cache of the
 trainable copies, the fine-tuning sweep); QLoRA its fp32 twin's offloaded step (offload_qlora, as
-planner/estimate/quantized.py).
+planner/estimate/quantized.py). With --grad-accum, every:K / selective and --offload-optimizer too: the fine-tuning
+sweep's own later micro-batch and policies with the saved sets on the host (offload_ft.py ft_sweep, _policy_sweep).
 Gradient accumulation (--grad-accum N): each micro-batch's backward frees its host copies, so the host holds one
 micro-batch's; a later micro-batch's forward, loss and backward run with every .grad alive (measured: Llama, Gemma 2,
 Qwen 3 tiny, fp32 and bf16-AMP, checkpointing off and on).
@@ -60,7 +61,7 @@ from ..checkpointing import checkpointed_blocks, every_k, policy_of, selective_s
 from ..losses import cuda_amp_cross_entropy
 from ..validation import ConfigError
 from . import step
-from .offload_ft import (check_offload_finetune, finetune_host_terms, ft_cache, ft_embed_trains,
+from .offload_ft import (check_offload_finetune, ft_last_adapted, ft_policy_ops, finetune_host_terms, ft_cache, ft_embed_trains,
                          ft_head_trains, ft_pending, ft_sweep)
 
 DEVICE_NOTE = "device figure: for the CUDA check"
@@ -165,12 +166,15 @@ def copy_seconds(host: int, bytes_per_s: float = PCIE_GEN4_X16_BYTES_PER_S) -> f
 
 
 def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, autocast_weight_bytes,
-                                 autocast_bias_bytes, later_sweep_points):
-    """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up)."""
+                                 autocast_bias_bytes, later_sweep_points, quantized: bool = False):
+    """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up).
+    quantized: QLoRA's fp32 twin (offload_qlora), whose selective policy sees the quantized base's custom ops
+    (planner/estimate/finetune.py policy_ops)."""
     check_offload_activations(cfg, spec)
     if spec.quantize_base != "none":
         return offload_qlora(cfg, spec, lambda twin: estimate_offload_activations(
-            cfg, twin, estimate_training, backward_sweep, autocast_weight_bytes, autocast_bias_bytes, later_sweep_points))
+            cfg, twin, estimate_training, backward_sweep, autocast_weight_bytes, autocast_bias_bytes, later_sweep_points,
+            quantized=True))
     policy = policy_of(spec)
     # the step without offloading under full checkpointing (or none); a policy's own terms are added below
     plain = dataclasses.replace(spec, offload_activations=False, checkpoint_policy="full")
@@ -197,6 +201,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     pend_all, pend_mlp = ft_pending(cfg, spec, w) if ft else (0, 0)
     if ft and w.amp and not spec.checkpointing:
         mlp_point += h * (cfg.intermediate_size + V) * w.e_m - pend_mlp
+    if ft and hasattr(family, "offload_adapter_extra"):  # LoRA on the last block's MLP input (planner/arch/decoder.py)
+        mlp_point += family.offload_adapter_extra(cfg, spec, w, ft_last_adapted(cfg, spec))
     # ... and the other keyword inputs every checkpointed block holds (parts.checkpoint_inputs: position_ids, the
     # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
     rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
@@ -260,8 +266,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         """The backward sweep's points (training.py _backward_sweep) of the first micro-batch, or with every .grad
         already there (a later one of --grad-accum: new grads are transients added in place); ckpt: the blocks
         checkpointed, else not."""
-        if ft:
-            return ft_sweep(cfg, spec, w, est)
+        if ft:  # (its own policies: offload_ft.py)
+            return ft_sweep(cfg, spec, w, est, grads_exist, quantized)
         if ckpt:
             # the recomputed block's saved set is on the device (the recompute runs outside save_on_cpu); every
             # stashed block input is a host copy (the sweep counts L of them at the last block, one at the first;
@@ -294,7 +300,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # every block keeps the outputs torchtitan's policy saves on the device (the checkpoint's own cache, not a
         # saved-tensor hook): L caches through the forward, loss and the backward's start, blocks 0..i-1's at block i
         # (the current block's are the recompute's own), as without offloading (planner/estimate/ckpt_policy.py)
-        cache = selective_saved(family.selective_ops(cfg, spec, w))
+        # (fine-tuning: the block's ops with LoRA's adapter matmuls, planner/estimate/finetune.py policy_ops)
+        cache = selective_saved(ft_policy_ops(cfg, spec, w, quantized) if ft else family.selective_ops(cfg, spec, w))
         forward, loss, ce_start = forward + L * cache, loss + L * cache, ce_start + L * cache
         # and the current block's cached output its recompute never replays (planner/arch/base.py)
         tail = family.selective_unconsumed(cfg, spec, w)
@@ -320,6 +327,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     def policy_points(grads_exist: bool) -> dict[str, int]:
         """The sweep's points under the policy (grads_exist: a later micro-batch, whose grads the caller counts)."""
         pts = sweep(grads_exist)
+        if ft or policy == "full":  # (fine-tuning's sweep is the policy's own: offload_ft.py ft_sweep)
+            return pts
         if policy == "selective":
             return {k: v + (L if k == "final norm" else L - 1 if k.startswith("last block") else 0) * cache
                     + (tail if k != "final norm" else 0) for k, v in pts.items()}

@@ -10,15 +10,19 @@ planner/estimate/offload_act.py takes where a fine-tuned step differs from full 
           where the embedding trains (ft_embed_trains); the backward is the fine-tuning sweep with the saved sets
           on the host (ft_sweep)
 Measured: every dense RMSNorm decoder family, LoRA q,v / all-linear, last:1, QLoRA nf4; fp32 and bf16-AMP;
-checkpointing off and on (planner/bench/offload_act.py finetune_rows; tests/test_offload_finetune.py). The MoE
-families and GPT-2 are refused (check_offload_finetune; planner/arch/moe.py offload_finetune).
+checkpointing off and on (planner/bench/offload_act.py finetune_rows; tests/test_offload_finetune.py); in
+combination, --grad-accum 2 (a later micro-batch: ft_sweep's grads_exist), --checkpointing every:2 / selective
+(_policy_sweep; every:K's host copies in planner/arch/decoder.py offload_walk) and --offload-optimizer (planner/
+estimate/offload.py over the trainable tensors) (planner/bench/offload_act.py finetune_mix_rows; tests/
+test_offload_finetune_mix.py). The MoE families and GPT-2 are refused (check_offload_finetune; planner/arch/moe.py
+offload_finetune).
 """
 from __future__ import annotations
 
 from ..accounting import tensor_inventory
 from ..arch import family_of
 from ..arch.terms import Widths
-from ..checkpointing import policy_of
+from ..checkpointing import checkpointed_blocks, policy_of
 from ..validation import ConfigError
 
 
@@ -32,9 +36,6 @@ def check_offload_finetune(cfg, spec) -> None:
         raise ConfigError(f"--offload-activations with fine-tuning is not modelled for the {family.arch} family "
                           "(measured for the dense RMSNorm decoders: Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma, "
                           "Gemma 2)")
-    if spec.grad_accum > 1 or policy_of(spec) != "full" or getattr(spec, "offload_optimizer", False):
-        raise ConfigError("--offload-activations with fine-tuning is modelled with one micro-batch, full "
-                          "checkpointing or none, and the optimizer on the device")
 
 
 def finetune_host_terms(cfg, spec) -> list:
@@ -74,6 +75,14 @@ def ft_head_trains(cfg, spec) -> bool:
     return any(keep is None or t.name in keep for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "head")
 
 
+def ft_last_adapted(cfg, spec) -> set:
+    """The short names of the last block's LoRA-wrapped linears (q_proj, gate_up_proj, ...)."""
+    from ..finetune import adapted_linears
+
+    last = cfg.layers - 1
+    return {lin.module.rsplit(".", 1)[1] for lin in adapted_linears(family_of(cfg), cfg, spec) if lin.block == last}
+
+
 def ft_cache(cfg, spec, w) -> int:
     """Fine-tuning under autocast: the cached e_m copies of every trainable autocast leaf (planner/estimate/
     finetune.py autocast_cache_bytes with nothing saved: the saved copies are host copies here)."""
@@ -104,30 +113,78 @@ def ft_pending(cfg, spec, w) -> tuple[int, int]:
     return of(("attn.out", "mlp.in", "mlp.out"), last) + head, of(("mlp.out",), last) + head
 
 
-def ft_sweep(cfg, spec, w, est) -> dict[str, int]:
+def ft_policy_ops(cfg, spec, w, quantized: bool = False) -> list:
+    """The block's ops as torchtitan's selective policy sees them under fine-tuning (LoRA's adapter matmuls among
+    them: planner/estimate/finetune.py policy_ops; quantized: QLoRA's fp32 twin, its base linears bitsandbytes'
+    gemm_4bit, neither saved nor counted among the mms)."""
+    from .finetune import policy_ops
+
+    return policy_ops(cfg, spec, w, quantized)
+
+
+LATER = "later micro-batch: "  # planner/estimate/finetune.py estimate_finetune's key for a later micro-batch's points
+
+
+def ft_sweep(cfg, spec, w, est, grads_exist: bool = False, quantized: bool = False) -> dict[str, int]:
     """Fine-tuning's backward points with the saved tensors on the host. Without checkpointing: the fine-tuning
     sweep (planner/estimate/finetune.py _sweep) with every saved set emptied, so each point is what the backward
     holds beyond the saved tensors (the grads made, the residual's grad, the node's own temporaries; the CPU
     backward reads the host copies in place; measured: every fine-tuning row of `bench offload-activations`, the
-    backward phase within 0.01% where it is not the peak's phase too). With checkpointing: below."""
+    backward phase within 0.01% where it is not the peak's phase too). With checkpointing: below. grads_exist: a
+    later micro-batch of --grad-accum (every trainable .grad alive, counted by the caller: the fine-tuning sweep's
+    own grads_exist, planner/estimate/finetune.py _sweep, whose new grads are added in place). quantized: QLoRA's
+    fp32 twin (its selective policy's ops)."""
     import dataclasses as dc
 
     from .finetune import _sweep, finetune_activations, trainable_params
 
-    b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
-    bsh = b * s * h
-    if spec.checkpointing:
+    bsh = spec.batch_size * spec.seq_len * cfg.hidden
+    policy = policy_of(spec)
+    if spec.checkpointing and policy == "full":
         # the recompute runs outside save_on_cpu (its saved set on the device); each stashed block input is a
         # host copy: block i's point counts blocks 0..i's, of which block 0's is the embedding's output, a leaf
         # AccumulateGrad holds on the device (offload_act's held terms; measured: Llama V1000 h64 b2 s64 last:1
-        # fp32, block 0's gated product backward)
-        out = {}
-        for k, v in est.backward_points.items():
-            i = int(k.split()[1]) if k.startswith("block ") else None
-            out[k] = v - (i * bsh * w.e_r if i is not None else 0)
-        return out
+        # fp32, block 0's gated product backward). A later micro-batch: the plain estimate's own later points
+        # (estimate_finetune, LATER), less the grads it adds to them (the caller adds them)
+        accum = est.grads_bytes if spec.grad_accum > 1 else 0
+        got = ({k[len(LATER):]: v - accum for k, v in est.backward_points.items() if k.startswith(LATER)}
+               if grads_exist else {k: v for k, v in est.backward_points.items() if not k.startswith(LATER)})
+        return {k: v - (int(k.split()[1]) * bsh * w.e_r if k.startswith("block ") else 0) for k, v in got.items()}
     plain = dc.replace(spec, offload_activations=False)
-    terms, _, per_block = finetune_activations(cfg, plain, w)
+    terms, ce_saved, per_block = finetune_activations(cfg, plain, w, quantized)
+    if spec.checkpointing:
+        return _policy_sweep(cfg, plain, w, terms, ce_saved, per_block, grads_exist, quantized)
     zero = [dc.replace(t, bytes=0) for t in terms]
     blocks = [[dc.replace(t, bytes=0) for t in blk] for blk in per_block]
-    return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain))
+    return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain), grads_exist=grads_exist)
+
+
+def _policy_sweep(cfg, spec, w, terms, ce_saved, per_block, grads_exist: bool, quantized: bool) -> dict[str, int]:
+    """Fine-tuning's backward points under every:K or selective with the saved tensors on the host: the fine-tuning
+    sweep of the policy (planner/estimate/finetune.py _sweep, policy_kept) with what save_on_cpu moved taken off.
+    A block not checkpointed (every:K) saved through save_on_cpu's hook: its saved set is on the host, so its points
+    are the sweep's with that set emptied and the blocks below hold nothing of it (their kept sets emptied too). A
+    checkpointed block's recompute runs outside save_on_cpu (its saved set on the device) and its stashed input is
+    a host copy: block i's points less the stashed inputs of the checkpointed blocks below it, as under full
+    checkpointing (ft_sweep). Under selective the policy's cached outputs are the checkpoint's own storage (not a
+    saved-tensor hook): they stay on the device, in the sweep's kept sets (measured: every dense RMSNorm decoder's
+    grid shape, LoRA r8 / last:1, fp32 and bf16-AMP, every:2 and selective, planner/bench/offload_act.py
+    finetune_mix_rows)."""
+    import dataclasses as dc
+
+    from .finetune import _sweep, trainable_params
+
+    b, s, L = spec.batch_size, spec.seq_len, cfg.layers
+    ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
+    blocks = [blk if i in ckpt else [dc.replace(t, bytes=0) for t in blk] for i, blk in enumerate(per_block)]
+    # the saved sets of the blocks not checkpointed are among the terms the loss's point counts: on the host here
+    moved = sum(t.bytes for i, blk in enumerate(per_block) if i not in ckpt for t in blk)
+    a_before_loss = sum(t.bytes for t in terms) - ce_saved - moved
+    got = _sweep(cfg, spec, w, terms, blocks, a_before_loss, trainable_params(cfg, spec), grads_exist=grads_exist,
+                 quantized=quantized)
+    stash = b * s * cfg.hidden * w.e_r
+
+    def below(k: str) -> int:
+        return sum(1 for j in ckpt if j < int(k.split()[1])) if k.startswith("block ") else 0
+
+    return {k: v - below(k) * stash for k, v in got.items()}
