@@ -386,4 +386,53 @@ class MoEDecoder(RMSDecoder):
                           + (N * k * h * e_w if spec.checkpointing else 0))
         pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
                           + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
+        if spec.checkpointing and spec.checkpoint_policy == "full":
+            pts["recompute experts"] = self.recompute_experts_point(c, spec, w, x)
         return pts
+
+    def recompute_experts_point(self, c, spec, w, x) -> int:
+        """Under full checkpointing: the block's recompute at the routed experts' last saved tensor, the inverse
+        permutation (`inv_perm[perm] = torch.arange(...)`, transformers' integrations/moe.py
+        grouped_mm_experts_forward), where torch's non-reentrant checkpoint stops it. Beside the block's whole
+        recomputed saved set (x.current) and the block output's grad, the recompute's locals are alive (read off
+        the op timeline, planner.measure.events: qwen3_moe V1000 h64 b2 s32 last:1 bf16 checkpointing chunked-ce,
+        block 0, the step's backward peak, 478,728 B above the persistent set to the byte):
+          the decoder layer's `residual` after attention (b*s*h*e_r; the post-attention norm's saved fp32 input
+            when the residual is fp32) and the MLP's input, the norm's output (b*s*h*e_r; unless the router or
+            an adapter saved it: a Linear's input (weights train), a LoRA input x);
+          the router: its logits kept as `_` (N*E*e_m) and, in Qwen's routers, the top-k weights cast back to
+            the logits' dtype (`router_top_value.to(router_logits.dtype)`, N*k*e_m; an alias when that is fp32
+            and the renormalisation saved the values);
+          the dispatch: the sorted expert ids (int64), histc's float input (4*N*k; int32 on CUDA, as wide) and
+            its E counts (fp32), the gathered tokens (N*k*h*e_x; saved when the experts train), the weighted
+            product (N*k*h*e_w) and the arange (int64);
+          Mixtral / Qwen3-MoE (no shared expert): the recompute was started by the combine's IndexBackward
+            unpacking inv_perm, after the sum over k's backward made its grad contiguous (N*k*h*e_w); Qwen2-MoE's
+            is started earlier by the shared expert gate's product (its grad is the block output's), and runs on
+            past inv_perm (below).
+        Where the experts train (full training, the last blocks of --train-layers) their inputs are saved and
+        the point is below the combine's; with frozen experts (a frozen block under last:N, LoRA) it is the
+        block's high point."""
+        N, h, E, k = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        e_w = max(e_x, e_rw)
+        terms = x.block_terms
+        xg_saved = any(t.name.startswith("experts' gathered tokens") for t in terms)
+        in_saved = any(t.where == "mlp" and t.part == "" and (t.name.startswith("block mlp.in input")
+                                                              or t.name.endswith("LoRA input x")) for t in terms)
+        residual_saved = w.e_r == 4 and any(t.part == "norm.mlp" and "fp32 input" in t.name for t in terms)
+        renormalised_alias = self.fp32_routing_weights or (self.renormalises(c) and w.e_m == 4)
+        locals_ = ((0 if residual_saved else x.bsh * w.e_r) + (0 if in_saved else x.bsh * w.e_r)
+                   + N * E * w.e_m + (0 if renormalised_alias else N * k * w.e_m)
+                   + 8 * N * k + 4 * N * k + 4 * E + (0 if xg_saved else N * k * h * e_x) + N * k * h * e_w + 8 * N * k)
+        if not self.shared_expert_size(c):
+            return x.current + x.bsh * w.e_r + N * k * h * e_w + locals_
+        # Qwen2-MoE: the recompute runs on past inv_perm to the shared expert gate's product, so its high point is
+        # the un-permuted copy `weighted_out[inv_perm]` (N*k*h*e_w) beside the weighted product, the arange gone;
+        # what the shared_expert_gate saves (its Linear's tensors, the sigmoid output) is not remade yet
+        # (measured: qwen2_moe V1000 h64 b2 s32 last:1 bf16 checkpointing chunked-ce, block 0's index, to the byte)
+        later = (sum(t.bytes for t in terms if t.name.startswith("shared_expert_gate ")
+                     and not t.name.startswith("shared_expert_gate sigmoid output"))
+                 + (N * w.e_m if any(t.name.startswith("shared_expert_gate sigmoid output") for t in terms) else 0))
+        return x.current - later + x.bsh * w.e_r + locals_ - 8 * N * k + N * k * h * e_w

@@ -519,7 +519,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"),
                            post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"),
-                           post_attn_saved=sum(t.bytes for t in blk if t.part == "norm.post_attn"))
+                           post_attn_saved=sum(t.bytes for t in blk if t.part == "norm.post_attn"),
+                           block_terms=tuple(blk))
         if recomputed:
             points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
