@@ -250,6 +250,13 @@ class Family:
         one of the saved tensors)."""
         return 0
 
+    def ckpt_forward_point(self, cfg, spec, w, held: int) -> int:
+        """Under full checkpointing, fine-tuning without autocast: the forward's high point inside the last
+        block (nothing saved there: every tensor a local), given `held`, what the forward keeps outside the
+        blocks (the checkpointed inputs, RoPE's cos / sin, position_ids); 0: not modelled (the family's other
+        points decide)."""
+        return 0
+
     def first_block_released(self, cfg, spec, w) -> int:
         """Bytes kept through the forward (counted in the sweep's embed / kept terms) that are gone by the first
         block's backward (none here)."""

@@ -830,6 +830,10 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
                         else _forward_attention_point(cfg, spec, w, terms, per_block, a_before_loss, fwd))
     forward_norm = (_forward_final_norm_point(cfg, spec, w, terms, a_before_loss, fwd)
                     if w.amp and not spec.checkpointing else 0)
+    # under full checkpointing without autocast, the last block's forward locals (the family's point; nothing of the
+    # block is saved on the device then: planner/arch/moe.py ckpt_forward_point)
+    forward_ckpt = (family.ckpt_forward_point(cfg, spec, w, sum(t.bytes for t in terms if t.where in ("ckpt", "kept", "embed")))
+                    if spec.checkpointing and spec.checkpoint_policy == "full" and not w.amp else 0)
     # autocast caches a trainable head's copy at the head's matmul, after the in-model points (the MLP's, the
     # attention's, the final norm's): it is not made yet there unless the head's saved copy is counted in the
     # saved set instead (measured: gemma2 V97 h96 b2 s128 head bf16-amp chunked-ce, the softmax and the MLP
@@ -872,7 +876,7 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
     step = Step(  # the phases (planner/estimate/step.py), above the base
         base=base, grads=grads, optimizer_tmp=opt_tmp,
         forward=accum + cache + max(a_before_loss + logits + fwd + head_mm,
-                                      max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy),
+                                      max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy, forward_ckpt),
         loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
         + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
         backward=[accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0), grads, sweep])
