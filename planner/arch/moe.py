@@ -369,7 +369,13 @@ class MoEDecoder(RMSDecoder):
         e_x = 4 if w.amp else w.e_m
         e_rw = 4 if self.fp32_routing_weights else w.e_m
         experts_n = sum(t.numel for t in moe if ".experts." in t.name)
-        freed = 4 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k
+        # frozen experts (a frozen block under last:N, LoRA: the block's saved set has no grouped GEMM inputs,
+        # saved_mlp) make no weight grads and saved no product act(gate) * up (measured on the op timeline: mixtral
+        # V1000 h64 b2 s32 last:1 bf16 checkpointing chunked-ce, block 0's gate_up backward 122,872 B over before)
+        experts_tr = not x.block_terms or any(t.name.startswith("experts' gathered tokens") for t in x.block_terms)
+        g_x = x.g if experts_tr else 0
+        prod = N * k * f * e_x if experts_tr else 0
+        freed = 3 * N * k * f * e_x + prod + N * k * h * e_x + N * k * e_rw + 8 * N * k
         fs = self.shared_expert_size(c)
         shared = shared_freed = 0
         if fs:
@@ -384,9 +390,9 @@ class MoEDecoder(RMSDecoder):
         down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
         # the product's backward (act(gate) * up): the down projection's grad made, its input (the product)
         # and the combine's saved tensors freed; the product's grad and the two new grads alive
-        pts["experts_act"] = (x.current - (N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k)
-                              + down_n * x.g + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
-                              - (freed - 4 * N * k * f * e_x - N * k * h * e_x - N * k * e_rw - 8 * N * k))
+        pts["experts_act"] = (x.current - (prod + N * k * h * e_x + N * k * e_rw + 8 * N * k)
+                              + down_n * g_x + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
+                              - (freed - 3 * N * k * f * e_x - prod - N * k * h * e_x - N * k * e_rw - 8 * N * k))
         # the combine's backward: the sum over k's grad made contiguous for the view's backward (N*k, h), then
         # the un-permutation's (weighted_out[inv_perm]: new_zeros + index_put, (N*k, h)), with every saved
         # tensor of the block alive; under checkpointing the recompute (stopped early, once inv_perm is saved)
@@ -396,7 +402,7 @@ class MoEDecoder(RMSDecoder):
         e_w = max(e_x, e_rw)
         pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_w + shared - shared_freed
                           + (N * k * h * e_w if spec.checkpointing else 0))
-        pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
+        pts["experts"] = (x.current + x.pending - freed + experts_n * g_x + shared + x.bsh * w.e_r
                           + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
         if spec.checkpointing and spec.checkpoint_policy == "full":
             pts["recompute experts"] = self.recompute_experts_point(c, spec, w, x)
@@ -412,9 +418,9 @@ class MoEDecoder(RMSDecoder):
           the decoder layer's `residual` after attention (b*s*h*e_r; the post-attention norm's saved fp32 input
             when the residual is fp32) and the MLP's input, the norm's output (b*s*h*e_r; unless the router or
             an adapter saved it: a Linear's input (weights train), a LoRA input x);
-          the router: its logits kept as `_` (N*E*e_m) and, in Qwen's routers, the top-k weights cast back to
-            the logits' dtype (`router_top_value.to(router_logits.dtype)`, N*k*e_m; an alias when that is fp32
-            and the renormalisation saved the values);
+          the router: its logits kept as `_` (N*E*e_m) and the routing weights it returns (N*k*e_rw: Mixtral's
+            fp32 top-k values, renormalised in place, the saved copy being a clone; Qwen's cast back to the
+            logits' dtype, `router_top_value.to(router_logits.dtype)`, or the values themselves in fp32);
           the dispatch: the sorted expert ids (int64), histc's float input (4*N*k; int32 on CUDA, as wide) and
             its E counts (fp32), the gathered tokens (N*k*h*e_x; saved when the experts train), the weighted
             product (N*k*h*e_w) and the arange (int64);
@@ -425,7 +431,8 @@ class MoEDecoder(RMSDecoder):
         Where the experts train (full training, the last blocks of --train-layers) their inputs are saved and
         the point is below the combine's; with frozen experts (a frozen block under last:N, LoRA) it is the
         block's high point."""
-        N, h, E, k = spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok
+        N, h, E, k, f = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                         c.expert_size)
         e_x = 4 if w.amp else w.e_m
         e_rw = 4 if self.fp32_routing_weights else w.e_m
         e_w = max(e_x, e_rw)
@@ -434,12 +441,15 @@ class MoEDecoder(RMSDecoder):
         in_saved = any(t.where == "mlp" and t.part == "" and (t.name.startswith("block mlp.in input")
                                                               or t.name.endswith("LoRA input x")) for t in terms)
         residual_saved = w.e_r == 4 and any(t.part == "norm.mlp" and "fp32 input" in t.name for t in terms)
-        renormalised_alias = self.fp32_routing_weights or (self.renormalises(c) and w.e_m == 4)
         locals_ = ((0 if residual_saved else x.bsh * w.e_r) + (0 if in_saved else x.bsh * w.e_r)
-                   + N * E * w.e_m + (0 if renormalised_alias else N * k * w.e_m)
+                   + N * E * w.e_m + N * k * e_rw
                    + 8 * N * k + 4 * N * k + 4 * E + (0 if xg_saved else N * k * h * e_x) + N * k * h * e_w + 8 * N * k)
+        # one op earlier, the down grouped GEMM's output made beside the product act(gate) * up (a local unless
+        # the experts train), before the weighted product, inv_perm and the arange exist (measured: mixtral V1000
+        # h64 f160 b2 s32 last:1 bf16 checkpointing chunked-ce, block 0's recompute: 6,144 B above the arange)
+        down_mm = -N * k * h * e_w - 16 * N * k + (0 if xg_saved else N * k * f * e_x)
         if not self.shared_expert_size(c):
-            return x.current + x.bsh * w.e_r + N * k * h * e_w + locals_
+            return x.current + x.bsh * w.e_r + N * k * h * e_w + locals_ + max(0, down_mm)
         # Qwen2-MoE: the recompute runs on past inv_perm to the shared expert gate's product, so its high point is
         # the un-permuted copy `weighted_out[inv_perm]` (N*k*h*e_w) beside the weighted product, the arange gone;
         # what the shared_expert_gate saves (its Linear's tensors, the sigmoid output) is not remade yet
@@ -447,4 +457,4 @@ class MoEDecoder(RMSDecoder):
         later = (sum(t.bytes for t in terms if t.name.startswith("shared_expert_gate ")
                      and not t.name.startswith("shared_expert_gate sigmoid output"))
                  + (N * w.e_m if any(t.name.startswith("shared_expert_gate sigmoid output") for t in terms) else 0))
-        return x.current - later + x.bsh * w.e_r + locals_ - 8 * N * k + N * k * h * e_w
+        return x.current - later + x.bsh * w.e_r + locals_ + max(N * k * h * e_w - 8 * N * k, down_mm)
