@@ -368,6 +368,8 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
         recompute there): the product act(gate) * up (unless lora_A saved it: fp32 base, no dropout),
         down's base result (b*s*h*e_m), and with dropout below fp32 the fp32 copy of the product."""
     family = family_of(cfg)
+    if not family.dense_mlp_recompute:
+        return {}
     b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
     bsh, bsf = b * s * cfg.hidden, b * s * f
     adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
