@@ -61,6 +61,9 @@ class Family:
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
     qlora_supported: ClassVar[bool] = True  # with lora_supported, a transformers decoder: QLoRA measured on it
+    # under checkpointing with LoRA on the MLP, the recompute's adapter points of a dense gated MLP of width
+    # intermediate_size, the block's last module (planner/estimate/finetune.py recompute_points)
+    dense_mlp_recompute: ClassVar[bool] = True
     tp_supported: ClassVar[bool] = False  # torchtitan's TP plan applies (planner/measure/tensor_parallel.py), measured
     # A family whose block is not the transformers decoder's (planner/arch/saved.py walks that one) walks its
     # own fine-tuning step: finetune_check / finetune_step below (the book's GPT-2).
@@ -248,6 +251,13 @@ class Family:
     def stash_extra(self, cfg, spec, w) -> int:
         """Bytes a recomputed block holds on top of its saved set (its stashed input when that is not
         one of the saved tensors)."""
+        return 0
+
+    def ckpt_forward_point(self, cfg, spec, w, held: int) -> int:
+        """Under full checkpointing, fine-tuning without autocast: the forward's high point inside the last
+        block (nothing saved there: every tensor a local), given `held`, what the forward keeps outside the
+        blocks (the checkpointed inputs, RoPE's cos / sin, position_ids); 0: not modelled (the family's other
+        points decide)."""
         return 0
 
     def first_block_released(self, cfg, spec, w) -> int:

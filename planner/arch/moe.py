@@ -71,6 +71,11 @@ class MoEDecoder(RMSDecoder):
     lora_supported: ClassVar[bool] = True
     subset_supported: ClassVar[bool] = True
     qlora_supported: ClassVar[bool] = False  # QLoRA (bitsandbytes on the Linears only) not measured on MoE
+    # no dense MLP: Qwen2-MoE's adapted shared expert (shared_expert_intermediate_size wide, not intermediate_size)
+    # runs before the routed experts, whose recompute point (recompute_experts_point) is the block's top (measured:
+    # qwen2_moe V1000 h64 b2 s32 and V97 h96 b2 s32 LoRA r4 all-linear bf16 checkpointing chunked-ce, +6.8% and
+    # +11.8% before from the dense points on intermediate_size)
+    dense_mlp_recompute: ClassVar[bool] = False
 
     def renormalises(self, c) -> bool:
         return self.renormalise_topk
@@ -264,6 +269,18 @@ class MoEDecoder(RMSDecoder):
                            shared + routing + max(4 * N * k * f * e_x, 3 * N * k * h * e_w + 8 * N * k))
         return cache, rope, point
 
+    def ckpt_forward_point(self, c, spec, w, held: int) -> int:
+        """Under full checkpointing a checkpointed block's forward saves nothing on the device (its saved tensors go
+        to the checkpoint's holders), as under --offload-activations: the sparse block's forward high point is
+        offload_alive's (its routing, gate and combine locals beside the residual and the normed x), with the
+        model's inputs_embeds and the last block's input among the checkpointed inputs in `held` (offload_alive
+        counts them in its 4*N*h*e_r; 3 with one block). Measured on the forward's op timeline (qwen3_moe V1000
+        h64 b2 s32 last:1 bf16 checkpointing chunked-ce, the last block's un-permute `weighted_out[inv_perm]`:
+        107,296 B above the persistent set, to the byte; 54,560 B under before)."""
+        _, _, point = self.offload_alive(c, spec, w)
+        bsh = spec.batch_size * spec.seq_len * c.hidden_size
+        return held + point - min(c.num_hidden_layers, 2) * bsh * w.e_r
+
     def offload_backward_points(self, c, spec, w, points: dict[str, int], grads_exist: bool = False) -> dict[str, int]:
         """--offload-activations without checkpointing (planner/estimate/offload_act.py): the attention side's
         points are the RMS decoder's (the generic sweep with empty saved sets); the sparse block's are its own,
@@ -357,7 +374,13 @@ class MoEDecoder(RMSDecoder):
         e_x = 4 if w.amp else w.e_m
         e_rw = 4 if self.fp32_routing_weights else w.e_m
         experts_n = sum(t.numel for t in moe if ".experts." in t.name)
-        freed = 4 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k
+        # frozen experts (a frozen block under last:N, LoRA: the block's saved set has no grouped GEMM inputs,
+        # saved_mlp) make no weight grads and saved no product act(gate) * up (measured on the op timeline: mixtral
+        # V1000 h64 b2 s32 last:1 bf16 checkpointing chunked-ce, block 0's gate_up backward 122,872 B over before)
+        experts_tr = not x.block_terms or any(t.name.startswith("experts' gathered tokens") for t in x.block_terms)
+        g_x = x.g if experts_tr else 0
+        prod = N * k * f * e_x if experts_tr else 0
+        freed = 3 * N * k * f * e_x + prod + N * k * h * e_x + N * k * e_rw + 8 * N * k
         fs = self.shared_expert_size(c)
         shared = shared_freed = 0
         if fs:
@@ -372,9 +395,9 @@ class MoEDecoder(RMSDecoder):
         down_n = sum(t.numel for t in moe if t.name.endswith("experts.down_proj"))
         # the product's backward (act(gate) * up): the down projection's grad made, its input (the product)
         # and the combine's saved tensors freed; the product's grad and the two new grads alive
-        pts["experts_act"] = (x.current - (N * k * f * e_x + N * k * h * e_x + N * k * e_rw + 8 * N * k)
-                              + down_n * x.g + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
-                              - (freed - 4 * N * k * f * e_x - N * k * h * e_x - N * k * e_rw - 8 * N * k))
+        pts["experts_act"] = (x.current - (prod + N * k * h * e_x + N * k * e_rw + 8 * N * k)
+                              + down_n * g_x + shared + x.bsh * w.e_r + N * k * e_rw + 3 * N * k * f * e_x
+                              - (freed - 3 * N * k * f * e_x - prod - N * k * h * e_x - N * k * e_rw - 8 * N * k))
         # the combine's backward: the sum over k's grad made contiguous for the view's backward (N*k, h), then
         # the un-permutation's (weighted_out[inv_perm]: new_zeros + index_put, (N*k, h)), with every saved
         # tensor of the block alive; under checkpointing the recompute (stopped early, once inv_perm is saved)
@@ -384,6 +407,59 @@ class MoEDecoder(RMSDecoder):
         e_w = max(e_x, e_rw)
         pts["combine"] = (x.current + x.bsh * w.e_r + 2 * N * k * h * e_w + shared - shared_freed
                           + (N * k * h * e_w if spec.checkpointing else 0))
-        pts["experts"] = (x.current + x.pending - freed + experts_n * x.g + shared + x.bsh * w.e_r
+        pts["experts"] = (x.current + x.pending - freed + experts_n * g_x + shared + x.bsh * w.e_r
                           + 2 * N * k * f * e_x + N * k * h * e_x + N * k * e_rw)
+        if spec.checkpointing and spec.checkpoint_policy == "full":
+            pts["recompute experts"] = self.recompute_experts_point(c, spec, w, x)
         return pts
+
+    def recompute_experts_point(self, c, spec, w, x) -> int:
+        """Under full checkpointing: the block's recompute at the routed experts' last saved tensor, the inverse
+        permutation (`inv_perm[perm] = torch.arange(...)`, transformers' integrations/moe.py
+        grouped_mm_experts_forward), where torch's non-reentrant checkpoint stops it. Beside the block's whole
+        recomputed saved set (x.current) and the block output's grad, the recompute's locals are alive (read off
+        the op timeline, planner.measure.events: qwen3_moe V1000 h64 b2 s32 last:1 bf16 checkpointing chunked-ce,
+        block 0, the step's backward peak, 478,728 B above the persistent set to the byte):
+          the decoder layer's `residual` after attention (b*s*h*e_r; the post-attention norm's saved fp32 input
+            when the residual is fp32) and the MLP's input, the norm's output (b*s*h*e_r; unless the router or
+            an adapter saved it: a Linear's input (weights train), a LoRA input x);
+          the router: its logits kept as `_` (N*E*e_m) and the routing weights it returns (N*k*e_rw: Mixtral's
+            fp32 top-k values, renormalised in place, the saved copy being a clone; Qwen's cast back to the
+            logits' dtype, `router_top_value.to(router_logits.dtype)`, or the values themselves in fp32);
+          the dispatch: the sorted expert ids (int64), histc's float input (4*N*k; int32 on CUDA, as wide) and
+            its E counts (fp32), the gathered tokens (N*k*h*e_x; saved when the experts train), the weighted
+            product (N*k*h*e_w) and the arange (int64);
+          Mixtral / Qwen3-MoE (no shared expert): the recompute was started by the combine's IndexBackward
+            unpacking inv_perm, after the sum over k's backward made its grad contiguous (N*k*h*e_w); Qwen2-MoE's
+            is started earlier by the shared expert gate's product (its grad is the block output's), and runs on
+            past inv_perm (below).
+        Where the experts train (full training, the last blocks of --train-layers) their inputs are saved and
+        the point is below the combine's; with frozen experts (a frozen block under last:N, LoRA) it is the
+        block's high point."""
+        N, h, E, k, f = (spec.batch_size * spec.seq_len, c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                         c.expert_size)
+        e_x = 4 if w.amp else w.e_m
+        e_rw = 4 if self.fp32_routing_weights else w.e_m
+        e_w = max(e_x, e_rw)
+        terms = x.block_terms
+        xg_saved = any(t.name.startswith("experts' gathered tokens") for t in terms)
+        in_saved = any(t.where == "mlp" and t.part == "" and (t.name.startswith("block mlp.in input")
+                                                              or t.name.endswith("LoRA input x")) for t in terms)
+        residual_saved = w.e_r == 4 and any(t.part == "norm.mlp" and "fp32 input" in t.name for t in terms)
+        locals_ = ((0 if residual_saved else x.bsh * w.e_r) + (0 if in_saved else x.bsh * w.e_r)
+                   + N * E * w.e_m + N * k * e_rw
+                   + 8 * N * k + 4 * N * k + 4 * E + (0 if xg_saved else N * k * h * e_x) + N * k * h * e_w + 8 * N * k)
+        # one op earlier, the down grouped GEMM's output made beside the product act(gate) * up (a local unless
+        # the experts train), before the weighted product, inv_perm and the arange exist (measured: mixtral V1000
+        # h64 f160 b2 s32 last:1 bf16 checkpointing chunked-ce, block 0's recompute: 6,144 B above the arange)
+        down_mm = -N * k * h * e_w - 16 * N * k + (0 if xg_saved else N * k * f * e_x)
+        if not self.shared_expert_size(c):
+            return x.current + x.bsh * w.e_r + N * k * h * e_w + locals_ + max(0, down_mm)
+        # Qwen2-MoE: the recompute runs on past inv_perm to the shared expert gate's product, so its high point is
+        # the un-permuted copy `weighted_out[inv_perm]` (N*k*h*e_w) beside the weighted product, the arange gone;
+        # what the shared_expert_gate saves (its Linear's tensors, the sigmoid output) is not remade yet
+        # (measured: qwen2_moe V1000 h64 b2 s32 last:1 bf16 checkpointing chunked-ce, block 0's index, to the byte)
+        later = (sum(t.bytes for t in terms if t.name.startswith("shared_expert_gate ")
+                     and not t.name.startswith("shared_expert_gate sigmoid output"))
+                 + (N * w.e_m if any(t.name.startswith("shared_expert_gate sigmoid output") for t in terms) else 0))
+        return x.current - later + x.bsh * w.e_r + locals_ + max(N * k * h * e_w - 8 * N * k, down_mm)

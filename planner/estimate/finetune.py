@@ -368,6 +368,8 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
         recompute there): the product act(gate) * up (unless lora_A saved it: fp32 base, no dropout),
         down's base result (b*s*h*e_m), and with dropout below fp32 the fp32 copy of the product."""
     family = family_of(cfg)
+    if not family.dense_mlp_recompute:
+        return {}
     b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
     bsh, bsf = b * s * cfg.hidden, b * s * f
     adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
@@ -519,7 +521,8 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
                            mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"], first=i == 0,
                            rope_bytes=sum(t.bytes for t in out if t.part == "shared"),
                            post_mlp_saved=sum(t.bytes for t in blk if t.part == "norm.post_mlp"),
-                           post_attn_saved=sum(t.bytes for t in blk if t.part == "norm.post_attn"))
+                           post_attn_saved=sum(t.bytes for t in blk if t.part == "norm.post_attn"),
+                           block_terms=tuple(blk))
         if recomputed:
             points.update(recompute_points(cfg, spec, w, i, blk, others + grads + ctx.current))
         input_rg = any(t.part == "norm.attn" and "fp32 input" in t.name for t in blk)
@@ -829,6 +832,10 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
                         else _forward_attention_point(cfg, spec, w, terms, per_block, a_before_loss, fwd))
     forward_norm = (_forward_final_norm_point(cfg, spec, w, terms, a_before_loss, fwd)
                     if w.amp and not spec.checkpointing else 0)
+    # under full checkpointing without autocast, the last block's forward locals (the family's point; nothing of the
+    # block is saved on the device then: planner/arch/moe.py ckpt_forward_point)
+    forward_ckpt = (family.ckpt_forward_point(cfg, spec, w, sum(t.bytes for t in terms if t.where in ("ckpt", "kept", "embed")))
+                    if spec.checkpointing and spec.checkpoint_policy == "full" and not w.amp else 0)
     # autocast caches a trainable head's copy at the head's matmul, after the in-model points (the MLP's, the
     # attention's, the final norm's): it is not made yet there unless the head's saved copy is counted in the
     # saved set instead (measured: gemma2 V97 h96 b2 s128 head bf16-amp chunked-ce, the softmax and the MLP
@@ -871,7 +878,7 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
     step = Step(  # the phases (planner/estimate/step.py), above the base
         base=base, grads=grads, optimizer_tmp=opt_tmp,
         forward=accum + cache + max(a_before_loss + logits + fwd + head_mm,
-                                      max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy),
+                                      max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy, forward_ckpt),
         loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
         + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
         backward=[accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0), grads, sweep])

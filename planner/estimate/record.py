@@ -72,3 +72,5 @@ class SweepContext:
     post_mlp_saved: int | None = None  # a norm after the MLP (Gemma 2's post-feedforward norm): what it saved
     post_attn_saved: int | None = None  # a norm after the attention (Gemma 2's post-attention norm): the same
     # in this step (fine-tuning's own set); None: the family's full-training set
+    block_terms: tuple = ()  # the block's saved Terms (names, parts) in this step, for a family's point that
+    # depends on what exactly is saved (planner/arch/moe.py's recompute point)

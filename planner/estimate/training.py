@@ -292,7 +292,7 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
                        norm_attn_saved=sum(t.bytes for t in blk if t.part == "norm.attn"),
                        attn_in_saved=sum(t.bytes for t in blk if t.part == "attn.in"),
                        mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"],
-                       rope_bytes=sum(t.bytes for t in out if t.part == "shared"))
+                       rope_bytes=sum(t.bytes for t in out if t.part == "shared"), block_terms=tuple(blk))
     grads_first = tied_pending if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
     out_ = {"final norm": family.head_point(cfg, spec, w, ctx)}
     for name, value in family.block_points(cfg, spec, w, ctx).items():
