@@ -351,6 +351,35 @@ def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
     return blk, out, fused, amp_weights, ce_saved, activations
 
 
+def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[str, int]:
+    """The forward's high points inside the last block (above the persistent base), where the forward goes higher
+    than its end: eager attention's scores and softmax, RoPE's copies, SDPA, the MLP's gated product. They are the
+    --offload-activations step's points (planner/estimate/offload_act.py forward_alive: with every saved tensor on
+    the host they are the block's transients over an empty device stash) with the tensors this step keeps on the
+    device added back. Under full checkpointing each block runs its forward without saving (non-reentrant
+    checkpoint's pack hook keeps nothing: torch/utils/checkpoint.py _checkpoint_hook), and what is kept is each
+    block's input (L*b*s*h*e_r, _saved_terms): the points count the last two (the embedding output and the last block's
+    input, the model's locals: planner/arch/decoder.py offload_forward_held), so the L - 2 before them are added
+    (measured: the forward phase of the simulated step, planner/measure/simulate.py, equals the offloaded step's
+    at L = 2). Autocast's cache is every block's copy made so far: the points take the copies not made yet off.
+    No checkpointing, fp16-AMP, fine-tuning and the families without the offloaded points: {} (the end of the
+    forward only)."""
+    family = family_of(cfg)
+    if (not spec.checkpointing or getattr(spec, "checkpoint_policy", "full") != "full" or spec.finetuning
+            or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
+            or family.offload_copies(cfg, spec, w) is None
+            or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec))):
+        return {}
+    from .offload_act import forward_alive
+
+    cache, held, mlp_point, points = forward_alive(cfg, spec, w)
+    L = cfg.layers
+    kept_inputs = max(L - 2, 0) * spec.batch_size * spec.seq_len * cfg.hidden * w.e_r  # (the ones before them)
+    amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
+    over = amp_cache + cache + held + kept_inputs
+    return {f"last block {name}": over + v for name, v in {"mlp": mlp_point, **points}.items()}
+
+
 def later_sweep_points(cfg: ModelConfig, spec: TrainSpec) -> dict[str, int]:
     """The backward sweep's points in a later micro-batch of gradient accumulation (every .grad alive already, not
     counted here: the caller adds them), for full training with this spec (planner/estimate/ckpt_policy.py builds
@@ -457,6 +486,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
+    in_block = forward_block_points(cfg, spec, w)
     dev_lines = {}
     if spec.device_type == "cuda":
         # 512-B rounding and the two cuBLAS workspaces measured on an H100 (docs/gpu.md); the step's CUDA terms
@@ -466,7 +496,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # The phases (planner/estimate/step.py), above the base:
     step = Step(
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum_grads + a_before_loss + logits + fwd_bytes,
+        forward=accum_grads + max(a_before_loss + logits + fwd_bytes, *in_block.values()),
         loss=accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss + fused_loss_point,
         # nll_loss's backward has run (and released its saved target) when log_softmax's backward
         # allocates its output: the shifted labels are gone at that high point.
