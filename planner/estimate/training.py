@@ -496,7 +496,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # The phases (planner/estimate/step.py), above the base:
     step = Step(
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum_grads + max(a_before_loss + logits + fwd_bytes, *in_block.values()),
+        forward=accum_grads + max([a_before_loss + logits + fwd_bytes, *in_block.values()]),
         loss=accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss + fused_loss_point,
         # nll_loss's backward has run (and released its saved target) when log_softmax's backward
         # allocates its output: the shifted labels are gone at that high point.
