@@ -487,6 +487,9 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
     in_block = forward_block_points(cfg, spec, w)
+    # with the loss inside the model the forward phase ends at the head's forward hook (planner/arch/base.py loss):
+    # what the family saves after the head (Gemma 2's logit soft-capping) is made in the loss phase
+    after_head = family.after_head_bytes(cfg, spec, w) if loss_kind == "labels" and fused is None else 0
     dev_lines = {}
     if spec.device_type == "cuda":
         # 512-B rounding and the two cuBLAS workspaces measured on an H100 (docs/gpu.md); the step's CUDA terms
@@ -496,7 +499,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # The phases (planner/estimate/step.py), above the base:
     step = Step(
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum_grads + max([a_before_loss + logits + fwd_bytes, *in_block.values()]),
+        forward=accum_grads + max([a_before_loss + logits + fwd_bytes - after_head, *in_block.values()]),
         loss=accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss + fused_loss_point,
         # nll_loss's backward has run (and released its saved target) when log_softmax's backward
         # allocates its output: the shifted labels are gone at that high point.
