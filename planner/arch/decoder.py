@@ -367,6 +367,31 @@ class RMSDecoder(HFCausalLM):
                               + (0 if spec.checkpointing else self.mask_count(c) * b * s * s * w.e_r)
                               + bas2 * max(2 * w.e_m, softmax))}
 
+    def plain_attention_saved(self, c, spec, w, blk: list[Term]) -> int | None:
+        """Without offloading or checkpointing, what the last block has saved on the device at eager attention's
+        softmax (offload_forward_points' "attention" point) that the point does not count as alive already: its
+        saved tensors in walk order before the softmax output (the input norm's, the projections' input, RoPE's
+        and the q / k norms', the scores' q and k^T; not v, saved by the matmul after it), less the ones that are the point's own tensors: the block's
+        input (the input norm saves it as it is in fp32; below fp32 it saves an fp32 copy: stash_extra), the
+        scores' q and k^T and, without autocast, the projections' input (the normed x; under autocast each
+        projection saves its own bf16 copy of it, which the point does not hold) (measured: the simulated forward phase of Llama V97 h32 a4 kv2 b2 s256 eager, fp32 / bf16 / bf16-AMP, the
+        plain step over the offloaded one by (L-1) blocks' saved set and this, to the byte). None: not modelled
+        (sdpa: its saved output and logsumexp outlive the point, the end of the forward covers it)."""
+        if c.attention != "eager":
+            return None
+        before = []
+        for term in blk:
+            if term.part == "attn.softmax":
+                break
+            if term.part != "attn.probs":  # v, saved by the matmul after the softmax (the point holds it)
+                before.append(term)
+        else:
+            return None
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        own = 0 if self.stash_extra(c, spec, w) else b * s * h * w.e_r
+        own += sum(t.bytes for t in before if t.part == "attn.scores" or (t.part == "attn.in" and not w.amp))
+        return sum(t.bytes for t in before) - own
+
     def offload_attention_points(self, c, spec, w) -> dict[str, int]:
         """--offload-activations' high points in the last block's attention, beside the forward's held tensors
         (offload_forward_held; the normed x, b*s*h*e_r, too), the KV cache of the blocks before (offload_alive

@@ -365,7 +365,7 @@ def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[s
     No checkpointing, fp16-AMP, fine-tuning and the families without the offloaded points: {} (the end of the
     forward only)."""
     family = family_of(cfg)
-    if (not spec.checkpointing or getattr(spec, "checkpoint_policy", "full") != "full" or spec.finetuning
+    if ((spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full") or spec.finetuning
             or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
             or family.offload_copies(cfg, spec, w) is None
             or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec))):
@@ -374,6 +374,16 @@ def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[s
 
     cache, held, mlp_point, points = forward_alive(cfg, spec, w)
     L = cfg.layers
+    if not spec.checkpointing:
+        # every block before the last has saved its whole set, the last one its tensors before the softmax
+        # (planner/arch/<family>.py plain_attention_saved; the other points are under the end of the forward)
+        blk = family.block_terms(cfg, spec, w)
+        added = family.plain_attention_saved(cfg, spec, w, blk) if hasattr(family, "plain_attention_saved") else None
+        if added is None or "attention" not in points:
+            return {}
+        amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
+        return {"last block attention": amp_cache + cache + held + points["attention"]
+                + (L - 1) * sum(t.bytes for t in blk) + added}
     kept_inputs = max(L - 2, 0) * spec.batch_size * spec.seq_len * cfg.hidden * w.e_r  # (the ones before them)
     amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
     over = amp_cache + cache + held + kept_inputs
