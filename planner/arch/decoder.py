@@ -389,7 +389,9 @@ class RMSDecoder(HFCausalLM):
             return None
         b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
         own = 0 if self.stash_extra(c, spec, w) else b * s * h * w.e_r
-        own += sum(t.bytes for t in before if t.part == "attn.scores" or (t.part == "attn.in" and not w.amp))
+        x = self.shape(c)
+        own += 2 * b * s * x.a * x.d * w.e_m  # the scores' q and k^T (repeated to a heads)
+        own += 0 if w.amp else sum(t.bytes for t in before if t.part == "attn.in")
         return sum(t.bytes for t in before) - own
 
     def offload_attention_points(self, c, spec, w) -> dict[str, int]:
