@@ -379,14 +379,15 @@ class RMSDecoder(HFCausalLM):
         (sdpa: its saved output and logsumexp outlive the point, the end of the forward covers it)."""
         if c.attention != "eager":
             return None
-        before = []
-        for term in blk:
-            if term.part == "attn.softmax":
-                break
-            if term.part != "attn.probs":  # v, saved by the matmul after the softmax (the point holds it)
-                before.append(term)
-        else:
+        if not any(term.part == "attn.softmax" for term in blk):
             return None
+        before, after = [], False
+        for term in blk:
+            after = after or term.part == "attn.softmax"
+            # v is saved by the matmul after the softmax (the point holds it); a term of the scores' part listed
+            # after it is made before it (Gemma 2's soft-capping tanh output: planner/arch/gemma2.py)
+            if (not after and term.part != "attn.probs") or (after and term.part == "attn.scores"):
+                before.append(term)
         b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
         own = 0 if self.stash_extra(c, spec, w) else b * s * h * w.e_r
         x = self.shape(c)
