@@ -46,13 +46,37 @@ EXACT = [
     ("phi3", 3, "fp32", True, "eager", 0), ("phi3", 3, "bf16", False, "eager", 0),
     ("qwen3", 3, "fp32", True, "eager", 0), ("gemma", 3, "fp32", True, "eager", 0),
     ("gemma2", 0, "fp32", True, "eager", 0), ("gemma2", 0, "fp32", False, "eager", 0),
-    ("gemma2", 3, "bf16", True, "eager", 0),
+    ("gemma2", 3, "bf16", True, "eager", 0)
 ]
 
 
 @pytest.mark.parametrize("family,shape,precision,ckpt,attention,layers", EXACT)
 def test_forward_phase_matches_the_simulated_step(family, shape, precision, ckpt, attention, layers):
     est, sim = _row(family, shape, precision, ckpt, attention, layers)
+    assert abs(_err(est, sim)) <= 1.0, (est.phase_peak_bytes["forward"], sim["phase_peak_bytes"]["forward"])
+
+
+# off the grids (before: -55.6%, -64.6%, -13.0%, -6.9%, -2.3%)
+OFF_GRID = [
+    ("gemma2", dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=8),
+     4, 64, "bf16", True, "eager"),
+    ("llama", dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=8),
+     4, 64, "bf16", True, "eager"),
+    ("llama", dict(hidden_size=48, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2,
+                   num_hidden_layers=4), 1, 512, "fp32", True, "sdpa"),
+    ("llama", dict(hidden_size=48, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2,
+                   num_hidden_layers=4), 1, 512, "bf16-amp", False, "eager"),
+    ("mistral", dict(num_hidden_layers=3), 2, 128, "fp32", False, "eager"),
+]
+
+
+@pytest.mark.parametrize("family,kw,b,s,precision,ckpt,attention", OFF_GRID)
+def test_forward_phase_off_the_grid(family, kw, b, s, precision, ckpt, attention):
+    fam = importlib.import_module(f"planner.arch.{family}").FAMILY
+    _, cfg, _, _ = fam.grid_configs()[3]  # V97 h32 a4 kv2 tied
+    cfg = dataclasses.replace(cfg, **kw, attention=attention)
+    spec = TrainSpec(b, s, precision, "adamw", checkpointing=ckpt)
+    est, sim = estimate_training(cfg, spec), simulate_training(cfg, spec)
     assert abs(_err(est, sim)) <= 1.0, (est.phase_peak_bytes["forward"], sim["phase_peak_bytes"]["forward"])
 
 
