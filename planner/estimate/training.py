@@ -11,6 +11,7 @@ The peak is the largest of these phase candidates; its phase is reported with it
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, per_config, tensor_inventory
 from ..arch import family_of
@@ -402,7 +403,10 @@ def later_sweep_points(cfg: ModelConfig, spec: TrainSpec) -> dict[str, int]:
                            amp_weights, grads_exist=True)
 
 
-def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool = True) -> TrainEstimate:
+    """forward_points=False: the forward phase is the end of the forward only (not the last block's in-block
+    points, forward_block_points): planner/estimate/ckpt_policy.py shifts full checkpointing's end of the forward
+    by what its policy keeps."""
     if getattr(spec, "offload_optimizer", False):  # the optimizer on the host: planner/estimate/offload.py
         from .offload import estimate_offload_optimizer
 
@@ -417,8 +421,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         # (with fine-tuning: planner/estimate/finetune.py, the policy's kept tensors in the fine-tuning step)
         from .ckpt_policy import estimate_policy
 
-        return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes,
-                               later_sweep_points)
+        return estimate_policy(cfg, spec, functools.partial(estimate_training, forward_points=False), _grad_numels,
+                               autocast_weight_bytes, later_sweep_points)
     if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py; a family walking its own
         # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
@@ -496,7 +500,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
-    in_block = forward_block_points(cfg, spec, w)
+    in_block = forward_block_points(cfg, spec, w) if forward_points else {}
     # with the loss inside the model the forward phase ends at the head's forward hook (planner/arch/base.py loss):
     # what the family saves after the head (Gemma 2's logit soft-capping) is made in the loss phase
     after_head = family.after_head_bytes(cfg, spec, w) if loss_kind == "labels" and fused is None else 0
