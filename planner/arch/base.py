@@ -243,6 +243,12 @@ class Family:
         forward keeps alive besides the block inputs."""
         raise NotImplementedError
 
+    def after_head_bytes(self, cfg, spec, w) -> int:
+        """Saved bytes (in outside_terms) made after the output head's forward, between the logits and the loss:
+        under the labels loss the measured forward phase ends at the head's forward hook (Family.loss), so they are
+        not in the forward's end (they are in the loss phase). Default: none."""
+        return 0
+
     def forward_terms(self, cfg, spec, w) -> list:
         """Tensors alive at the end of the forward (and through a loss computed inside the model) that
         backward does not need: they add to the forward and loss phases only (where="forward")."""

@@ -403,6 +403,34 @@ class RMSDecoder(HFCausalLM):
                               + (0 if spec.checkpointing else self.mask_count(c) * b * s * s * w.e_r)
                               + bas2 * max(2 * w.e_m, softmax))}
 
+    def plain_attention_saved(self, c, spec, w, blk: list[Term]) -> int | None:
+        """Without offloading or checkpointing, what the last block has saved on the device at eager attention's
+        softmax (offload_forward_points' "attention" point) that the point does not count as alive already: its
+        saved tensors in walk order before the softmax output (the input norm's, the projections' input, RoPE's
+        and the q / k norms', the scores' q and k^T; not v, saved by the matmul after it), less the ones that are the point's own tensors: the block's
+        input (the input norm saves it as it is in fp32; below fp32 it saves an fp32 copy: stash_extra), the
+        scores' q and k^T and, without autocast, the projections' input (the normed x; under autocast each
+        projection saves its own bf16 copy of it, which the point does not hold) (measured: the simulated forward phase of Llama V97 h32 a4 kv2 b2 s256 eager, fp32 / bf16 / bf16-AMP, the
+        plain step over the offloaded one by (L-1) blocks' saved set and this, to the byte). None: not modelled
+        (sdpa: its saved output and logsumexp outlive the point, the end of the forward covers it)."""
+        if c.attention != "eager":
+            return None
+        if not any(term.part == "attn.softmax" for term in blk):
+            return None
+        before, after = [], False
+        for term in blk:
+            after = after or term.part == "attn.softmax"
+            # v is saved by the matmul after the softmax (the point holds it); a term of the scores' part listed
+            # after it is made before it (Gemma 2's soft-capping tanh output: planner/arch/gemma2.py)
+            if (not after and term.part != "attn.probs") or (after and term.part == "attn.scores"):
+                before.append(term)
+        b, s, h = spec.batch_size, spec.seq_len, c.hidden_size
+        own = 0 if self.stash_extra(c, spec, w) else b * s * h * w.e_r
+        x = self.shape(c)
+        own += 2 * b * s * x.a * x.d * w.e_m  # the scores' q and k^T (repeated to a heads)
+        own += 0 if w.amp else sum(t.bytes for t in before if t.part == "attn.in")
+        return sum(t.bytes for t in before) - own
+
     def offload_attention_points(self, c, spec, w) -> dict[str, int]:
         """--offload-activations' high points in the last block's attention, beside the forward's held tensors
         (offload_forward_held; the normed x, b*s*h*e_r, too), the KV cache of the blocks before (offload_alive

@@ -234,7 +234,8 @@ def _estimate_fsdp(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec, singl
     e_c = DTYPE_BYTES[pspec.mp_param_dtype] if pspec.mp_param_dtype else e_p   # unsharded (compute)
     e_r = DTYPE_BYTES[pspec.mp_reduce_dtype] if pspec.mp_reduce_dtype else e_c  # reduce-scatter
     cspec = _compute_spec(spec, pspec)
-    comp = estimate_training(cfg, cspec) if cspec != spec else single
+    # (FSDP's forward points are its own: the all-gathers over the end of the forward, forward_points=False)
+    comp = estimate_training(cfg, cspec, forward_points=False) if cspec != spec else single
 
     blk = max(blocks, key=lambda g: sum(p.numel for p in g))  # blocks are alike; the largest if not
     u_root, u_blk = sum(p.numel for p in root), sum(p.numel for p in blk)
@@ -517,10 +518,11 @@ def estimate_distributed(cfg: ModelConfig, spec: TrainSpec, pspec: ParallelSpec)
         return estimate_tp(cfg, spec, pspec)
     if pspec.parallel == "fsdp+tp":
         return estimate_fsdp_tp(cfg, spec, pspec)
-    single = estimate_training(cfg, spec)
     if pspec.parallel == "ddp":
-        return _estimate_ddp(cfg, spec, pspec, single)
-    return _estimate_fsdp(cfg, spec, pspec, single)
+        return _estimate_ddp(cfg, spec, pspec, estimate_training(cfg, spec))
+    # (FSDP's forward points are the all-gathers over the end of the forward: planner/estimate/training.py
+    # forward_block_points are not composed with them yet)
+    return _estimate_fsdp(cfg, spec, pspec, estimate_training(cfg, spec, forward_points=False))
 
 
 # ---------------------------------------------------------------- tensor parallel, FSDP2 + TP (issue #23)
@@ -546,7 +548,7 @@ def estimate_tp(cfg: ModelConfig, spec, pspec):
     tp = pspec.tp_degree
     b, s, V, h = spec.batch_size, spec.seq_len, cfg.vocab_size, cfg.hidden_size
     lcfg = local_config(cfg, pspec)
-    loc = estimate_training(lcfg, spec)
+    loc = estimate_training(lcfg, spec, forward_points=False)  # (the head's all-gather shifts the end of the forward)
     single = estimate_training(cfg, spec)
     e_p = DTYPE_BYTES[spec.param_dtype]
     w = Widths.of(spec, loss_upcast=family_of(cfg).loss_upcast(cfg, spec))
@@ -626,7 +628,7 @@ def estimate_fsdp_tp(cfg: ModelConfig, spec, pspec):
         # TP-local model (simulated ranks: b*s*h*2 B to the byte on Llama-2-70B at FSDP 128 x TP 8 and on a Llama
         # h512 s1024 at FSDP 8 x TP 2; none in fp32, none without the policy, none with FSDP2 alone).
         extra["block"] = spec.batch_size * spec.seq_len * cfg.hidden_size * 2
-    est = _estimate_fsdp(lcfg, spec, fsdp, estimate_training(lcfg, spec), tp_extra=extra)
+    est = _estimate_fsdp(lcfg, spec, fsdp, estimate_training(lcfg, spec, forward_points=False), tp_extra=extra)
     fix = _no_o_bias(cfg, lcfg, spec)
     if fix:  # Qwen2: the local Llama config's o_proj bias, sharded over dp (approximately 1/dp of it per rank)
         for g in est.rank_groups:  # est.phase_peak_bytes is the top group's dict

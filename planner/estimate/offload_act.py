@@ -165,6 +165,22 @@ def copy_seconds(host: int, bytes_per_s: float = PCIE_GEN4_X16_BYTES_PER_S) -> f
     return 2 * host / bytes_per_s
 
 
+def forward_alive(cfg, spec, w) -> tuple[int, int, int, dict[str, int]]:
+    """The forward's device tensors that are alive but not saved, so on the device whatever the saved-tensor hooks
+    do (with every saved tensor on the host they are the whole forward inside the blocks; without offloading the
+    plain step adds its device-held saved tensors: planner/estimate/training.py forward_block_points):
+    the family's KV cache (off under checkpointing), what every checkpointed block is given (RoPE's cos and sin,
+    and the other keyword inputs, parts.checkpoint_inputs: position_ids, the additive mask under eager attention,
+    Gemma 2's second sliding-window mask: the family's "kept" terms), the forward's MLP high point in the last
+    block and the family's other points inside it (eager attention's s x s scores, RoPE, SDPA:
+    planner/arch/<family>.py offload_alive / offload_forward_points). Returns (cache, held, mlp point, points)."""
+    family = family_of(cfg)
+    fwd_alive, held, mlp_point = family.offload_alive(cfg, spec, w)
+    held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
+    points = family.offload_forward_points(cfg, spec, w) if hasattr(family, "offload_forward_points") else {}
+    return fwd_alive, held, mlp_point, dict(points)
+
+
 def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, autocast_weight_bytes,
                                  autocast_bias_bytes, later_sweep_points, quantized: bool = False):
     """The device and host figures; the functions are planner.estimate.training's (passed in: no import back up).
@@ -192,10 +208,8 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     # at each matmul, saved (a host copy) and freed with it
     ft = spec.finetuning
     amp_cache = (ft_cache(cfg, spec, w) if ft else autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec))
-    # Alive but not saved, so on the device whatever the hooks do: the family's KV cache (off under checkpointing),
-    # what every checkpointed block is given (RoPE's cos and sin) and its forward's MLP high point
-    # (planner/arch/<family>.py offload_alive)
-    fwd_alive, rope_held, mlp_point = family.offload_alive(cfg, spec, w)
+    # Alive but not saved, so on the device whatever the hooks do (forward_alive)
+    fwd_alive, rope_held, mlp_point, fam_points = forward_alive(cfg, spec, w)
     # fine-tuning under autocast: the family's points take the weight copies autocast has not made yet (o_proj's,
     # the MLP's, the head's) off a cache of every weight; here the cache holds the trainable ones only
     pend_all, pend_mlp = ft_pending(cfg, spec, w) if ft else (0, 0)
@@ -203,9 +217,6 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         mlp_point += h * (cfg.intermediate_size + V) * w.e_m - pend_mlp
     if ft and hasattr(family, "offload_adapter_extra"):  # LoRA on the last block's MLP input (planner/arch/decoder.py)
         mlp_point += family.offload_adapter_extra(cfg, spec, w, ft_last_adapted(cfg, spec))
-    # ... and the other keyword inputs every checkpointed block holds (parts.checkpoint_inputs: position_ids, the
-    # additive mask under eager attention, Gemma 2's second sliding-window mask): the family's "kept" terms
-    rope_held += sum(t.bytes for t in family.outside_terms(cfg, spec, w) if t.where == "kept")
     # enable_input_require_grads (peft, or transformers' checkpointing enable) makes the embedding's output a leaf
     # that requires grad: the graph's AccumulateGrad node holds it on the device until backward reaches it (its
     # copy for block 0's checkpoint is a host copy besides); inside the model's forward the family's points count
@@ -221,10 +232,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
         # bf16-AMP, the loss phase 2*b*s*V under without the copy, checkpointed or not)
         ce_out = bsV * (w.e_m + 4) + 4
     logits = bsV * w.e_m + tr.get("logits_fp32_copy", 0)
-    # the last hidden state (b*s*h*e_r) stays referenced while the loss runs inside the model's forward
-    # and the family's points inside the last block (eager attention's s x s scores: planner/arch/decoder.py
-    # offload_forward_points)
-    fam_points = family.offload_forward_points(cfg, spec, w) if hasattr(family, "offload_forward_points") else {}
+    # (the last hidden state, b*s*h*e_r, stays referenced while the loss runs inside the model's forward)
     if ft and w.amp:
         full = h * (cfg.num_attention_heads * cfg.head_dim + 3 * cfg.intermediate_size + V) * w.e_m
         fam_points = {k: v + full - pend_all for k, v in fam_points.items()}

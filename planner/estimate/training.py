@@ -11,6 +11,7 @@ The peak is the largest of these phase candidates; its phase is reported with it
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, per_config, tensor_inventory
 from ..arch import family_of
@@ -351,6 +352,45 @@ def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
     return blk, out, fused, amp_weights, ce_saved, activations
 
 
+def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[str, int]:
+    """The forward's high points inside the last block (above the persistent base), where the forward goes higher
+    than its end: eager attention's scores and softmax, RoPE's copies, SDPA, the MLP's gated product. They are the
+    --offload-activations step's points (planner/estimate/offload_act.py forward_alive: with every saved tensor on
+    the host they are the block's transients over an empty device stash) with the tensors this step keeps on the
+    device added back. Under full checkpointing each block runs its forward without saving (non-reentrant
+    checkpoint's pack hook keeps nothing: torch/utils/checkpoint.py _checkpoint_hook), and what is kept is each
+    block's input (L*b*s*h*e_r, _saved_terms): the points count the last two (the embedding output and the last block's
+    input, the model's locals: planner/arch/decoder.py offload_forward_held), so the L - 2 before them are added
+    (measured: the forward phase of the simulated step, planner/measure/simulate.py, equals the offloaded step's
+    at L = 2). Autocast's cache is every block's copy made so far: the points take the copies not made yet off.
+    No checkpointing, fp16-AMP, fine-tuning and the families without the offloaded points: {} (the end of the
+    forward only)."""
+    family = family_of(cfg)
+    if ((spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full") or spec.finetuning
+            or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
+            or family.offload_copies(cfg, spec, w) is None
+            or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec))):
+        return {}
+    from .offload_act import forward_alive
+
+    cache, held, mlp_point, points = forward_alive(cfg, spec, w)
+    L = cfg.layers
+    if not spec.checkpointing:
+        # every block before the last has saved its whole set, the last one its tensors before the softmax
+        # (planner/arch/<family>.py plain_attention_saved; the other points are under the end of the forward)
+        blk = family.block_terms(cfg, spec, w)
+        added = family.plain_attention_saved(cfg, spec, w, blk) if hasattr(family, "plain_attention_saved") else None
+        if added is None or "attention" not in points:
+            return {}
+        amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
+        return {"last block attention": amp_cache + cache + held + points["attention"]
+                + (L - 1) * sum(t.bytes for t in blk) + added}
+    kept_inputs = max(L - 2, 0) * spec.batch_size * spec.seq_len * cfg.hidden * w.e_r  # (the ones before them)
+    amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
+    over = amp_cache + cache + held + kept_inputs
+    return {f"last block {name}": over + v for name, v in {"mlp": mlp_point, **points}.items()}
+
+
 def later_sweep_points(cfg: ModelConfig, spec: TrainSpec) -> dict[str, int]:
     """The backward sweep's points in a later micro-batch of gradient accumulation (every .grad alive already, not
     counted here: the caller adds them), for full training with this spec (planner/estimate/ckpt_policy.py builds
@@ -363,7 +403,10 @@ def later_sweep_points(cfg: ModelConfig, spec: TrainSpec) -> dict[str, int]:
                            amp_weights, grads_exist=True)
 
 
-def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
+def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool = True) -> TrainEstimate:
+    """forward_points=False: the forward phase is the end of the forward only (not the last block's in-block
+    points, forward_block_points): planner/estimate/ckpt_policy.py shifts full checkpointing's end of the forward
+    by what its policy keeps."""
     if getattr(spec, "offload_optimizer", False):  # the optimizer on the host: planner/estimate/offload.py
         from .offload import estimate_offload_optimizer
 
@@ -378,8 +421,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
         # (with fine-tuning: planner/estimate/finetune.py, the policy's kept tensors in the fine-tuning step)
         from .ckpt_policy import estimate_policy
 
-        return estimate_policy(cfg, spec, estimate_training, _grad_numels, autocast_weight_bytes,
-                               later_sweep_points)
+        return estimate_policy(cfg, spec, functools.partial(estimate_training, forward_points=False), _grad_numels,
+                               autocast_weight_bytes, later_sweep_points)
     if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py; a family walking its own
         # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
@@ -457,6 +500,10 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
+    in_block = forward_block_points(cfg, spec, w) if forward_points else {}
+    # with the loss inside the model the forward phase ends at the head's forward hook (planner/arch/base.py loss):
+    # what the family saves after the head (Gemma 2's logit soft-capping) is made in the loss phase
+    after_head = family.after_head_bytes(cfg, spec, w) if loss_kind == "labels" and fused is None else 0
     dev_lines = {}
     if spec.device_type == "cuda":
         # 512-B rounding and the two cuBLAS workspaces measured on an H100 (docs/gpu.md); the step's CUDA terms
@@ -466,7 +513,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec) -> TrainEstimate:
     # The phases (planner/estimate/step.py), above the base:
     step = Step(
         base=base, grads=grads, optimizer_tmp=opt_tmp,
-        forward=accum_grads + a_before_loss + logits + fwd_bytes,
+        forward=accum_grads + max([a_before_loss + logits + fwd_bytes - after_head, *in_block.values()]),
         loss=accum_grads + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss + fused_loss_point,
         # nll_loss's backward has run (and released its saved target) when log_softmax's backward
         # allocates its output: the shifted labels are gone at that high point.
