@@ -139,21 +139,27 @@ EMULATED = [(name, {**cfg, **drop}, prec, ckpt)
             for drop in ({}, p) for prec in ("bf16-amp", "fp16-amp") for ckpt in (False, True)]
 
 
+def assert_loss_and_backward_match(c, spec, tol: float) -> None:
+    """The estimate's loss and backward phases (less its CUDA allocator lines) against the emulated CUDA-autocast
+    step's, each to `tol`."""
+    from cuda_amp_emulation import emulated_phase_peaks
+
+    got = emulated_phase_peaks(c, spec)
+    est = estimate_training(c, spec)
+    lines = est.transients.get("allocator_rounding", 0) + est.transients.get("cublas_workspace", 0)
+    for ph in ("loss", "backward"):
+        assert abs(est.phase_peak_bytes[ph] - lines - got[ph]) <= tol * got[ph], (ph, est.phase_peak_bytes[ph] - lines,
+                                                                                   got[ph])
+
+
 @pytest.mark.parametrize("name,cfg,prec,ckpt", EMULATED,
                          ids=[f"{n} {'p0.1' if any(v == 0.1 for v in c.values()) else 'p0'} {p}{' ckpt' if k else ''}"
                               for n, c, p, k in EMULATED])
 def test_attention_heavy_points_against_the_emulation(name, cfg, prec, ckpt):
     """s = 256 with h = 32, where the eager attention's backward (fp32 softmax, its e_m cast, the fp32 grads) and the
     book's recompute (checkpointed, with dropout) are the step's top: the loss and backward phases to 0.1%."""
-    from cuda_amp_emulation import emulated_phase_peaks
-
-    c, spec = config_from_dict(cfg), TrainSpec(2, 256, prec, "sgd", checkpointing=ckpt, device="cuda")
-    got = emulated_phase_peaks(c, spec)
-    est = estimate_training(c, spec)
-    lines = est.transients.get("allocator_rounding", 0) + est.transients.get("cublas_workspace", 0)
-    for ph in ("loss", "backward"):
-        assert abs(est.phase_peak_bytes[ph] - lines - got[ph]) <= 0.001 * got[ph], (ph, est.phase_peak_bytes[ph] - lines,
-                                                                                      got[ph])
+    assert_loss_and_backward_match(config_from_dict(cfg), TrainSpec(2, 256, prec, "sgd", checkpointing=ckpt,
+                                                                     device="cuda"), 0.001)
 
 
 @pytest.mark.parametrize("cfg,b,s", [(HF_S256 | {"attention": "sdpa"}, 2, 256),
@@ -181,12 +187,5 @@ POLICIES = [(name, {**cfg, **drop, ("n_layers" if name == "book" else "n_layer")
 def test_policies_and_accumulation_against_the_emulation(name, cfg, kw):
     """every:2 and selective (eager attention: the policy keeps no attention op) and a later micro-batch, L4 s256
     with dropout, bf16-AMP: the loss and backward phases to 0.2%."""
-    from cuda_amp_emulation import emulated_phase_peaks
-
-    c, spec = config_from_dict(cfg), TrainSpec(2, 256, "bf16-amp", "sgd", device="cuda", **kw)
-    got = emulated_phase_peaks(c, spec)
-    est = estimate_training(c, spec)
-    lines = est.transients.get("allocator_rounding", 0) + est.transients.get("cublas_workspace", 0)
-    for ph in ("loss", "backward"):
-        assert abs(est.phase_peak_bytes[ph] - lines - got[ph]) <= 0.002 * got[ph], (ph, est.phase_peak_bytes[ph] - lines,
-                                                                                      got[ph])
+    assert_loss_and_backward_match(config_from_dict(cfg), TrainSpec(2, 256, "bf16-amp", "sgd", device="cuda", **kw),
+                                   0.002)

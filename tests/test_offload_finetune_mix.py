@@ -3,7 +3,6 @@ selective, --offload-optimizer) on the dense RMSNorm decoders. A sample of plann
 finetune_mix_rows: the estimate against a real measurement (the child runs the step under save_on_cpu, with the
 plain-torch CPUOffloadOptimizer where asked), every phase within 1%, the host bytes exact, simulate = measure to the
 byte; every:2's host copies against a saved_tensors_hooks inventory of the real step's forward."""
-import dataclasses
 import importlib
 
 import pytest
@@ -81,22 +80,8 @@ def test_gemma2_selective_forward_is_held_to_its_bound():
     check_row(est, {**sim, "phase_peak_bytes": {k: v for k, v in sim["phase_peak_bytes"].items() if k != "forward"}})
 
 
-def saved_variables_bytes(cfg, spec) -> int:
-    """The bytes of every tensor autograd saves in the step's forward and loss through the outer saved-tensor hooks
-    (what save_on_cpu's pack hook copies: a checkpointed block's own saves go to checkpoint's hooks)."""
-    from planner.routines.training import TrainingStep
-
-    step = TrainingStep(cfg, dataclasses.replace(spec, offload_activations=False))
-    total = []
-
-    def pack(t):
-        total.append(t.numel() * t.element_size())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), step.autocast():
-        loss = step.compute_loss(lambda phase: None)
-    loss.backward()
-    return sum(total)
+from test_offload_finetune import saved_variables_bytes  # noqa: E402 (the pack hook's bytes; a checkpointed
+# block's own saves go to checkpoint's hooks, not the outer ones)
 
 
 @pytest.mark.parametrize("arch,prec,kw", [

@@ -184,25 +184,26 @@ def mix_specs(b: int, s: int) -> list[tuple[str, TrainSpec]]:
     return out
 
 
-def mix_rows() -> list[dict]:
+def combination_row(label: str, cfg, kind: str, spec: TrainSpec) -> dict | None:
+    """One combination run with --offload-activations (offload_row's, beside the same run without it), with its kind,
+    every phase's error and the optimizer's host bytes; None when the estimate refuses it."""
     import dataclasses
 
-    out = []
-    for label, cfg, b, s in mix_grid():
-        for kind, spec in mix_specs(b, s):
-            got = offload_row(label, cfg, spec, dataclasses.replace(spec, offload_activations=False),
-                              "host_activation_offload")
-            if got is None:
-                continue
-            row, est, m = got
-            phases = m["measured"]["phase_peak_bytes"]
-            out.append({**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
-                                                           for k in phases if phases[k]},
-                        # --offload-optimizer: its host copies and states (the host's peak is the two together)
-                        "est_opt_host": est.transients.get("host_optimizer_offload"),
-                        "meas_opt_host": m["measured"].get("host_optimizer_offload_bytes"),
-                        "meas_host_peak": m["measured"].get("host_peak_bytes")})
-    return out
+    got = offload_row(label, cfg, spec, dataclasses.replace(spec, offload_activations=False), "host_activation_offload")
+    if got is None:
+        return None
+    row, est, m = got
+    phases = m["measured"]["phase_peak_bytes"]
+    return {**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1 for k in phases if phases[k]},
+            # --offload-optimizer: its host copies and states (the host's peak is the two together)
+            "est_opt_host": est.transients.get("host_optimizer_offload"),
+            "meas_opt_host": m["measured"].get("host_optimizer_offload_bytes"),
+            "meas_host_peak": m["measured"].get("host_peak_bytes")}
+
+
+def mix_rows() -> list[dict]:
+    rows = (combination_row(label, cfg, kind, spec) for label, cfg, b, s in mix_grid() for kind, spec in mix_specs(b, s))
+    return [r for r in rows if r is not None]
 
 
 def table(columns: list[tuple[str, str, object]], rs: list[dict]) -> list[str]:
@@ -419,24 +420,12 @@ def finetune_mix_specs(arch: str, b: int, s: int) -> list[tuple[str, TrainSpec]]
 
 def finetune_mix_rows(families: tuple[str, ...] = FT_MIX_FULL + FT_MIX_OTHER) -> list[dict]:
     """One dict per fine-tuning combination run (offload_row's, with its kind, the phases' errors and the optimizer's
-    host bytes)."""
-    import dataclasses
-
+    host bytes: combination_row)."""
     out = []
     for arch in families:
         label, cfg, b, s = family_shape(arch)
-        for kind, spec in finetune_mix_specs(arch, b, s):
-            got = offload_row(label, cfg, spec, dataclasses.replace(spec, offload_activations=False),
-                              "host_activation_offload")
-            if got is None:
-                continue
-            row, est, m = got
-            phases = m["measured"]["phase_peak_bytes"]
-            out.append({**row, "kind": kind, "phase_err": {k: est.phase_peak_bytes[k] / phases[k] - 1
-                                                           for k in phases if phases[k]},
-                        "est_opt_host": est.transients.get("host_optimizer_offload"),
-                        "meas_opt_host": m["measured"].get("host_optimizer_offload_bytes"),
-                        "meas_host_peak": m["measured"].get("host_peak_bytes")})
+        out += [r for r in (combination_row(label, cfg, kind, spec) for kind, spec in finetune_mix_specs(arch, b, s))
+                if r is not None]
     return out
 
 
