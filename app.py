@@ -13,21 +13,21 @@ import psutil
 import streamlit as st
 
 from pages import frame, machine_budget, md_escape
-from planner.api import RAM_GUARD_FRACTION
 from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
-from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_label, with_attention
+from planner.compare import error_pct
+from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_label
 from planner.fitted import is_fitted
 from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
-from planner.parallel import ParallelSpec, check_parallel_run, check_wrappable, sequence_parallel_applies
-from planner.plan import longest_context, plan
+from planner.parallel import sequence_parallel_applies
+from planner.plan import longest_context, plan_fitted, plan_training
 from planner.infer_spec import INFER_PRECISIONS, InferSpec, infer_args
 from planner.jobs import Job, JobBusy
 from planner.reference import UNSLOTH_LLAMA31_8B
 from planner.serving import (CACHE_HELP, VLLM_GPU_MEMORY_UTILIZATION, WEIGHT_QUANT_HELP, cache_choices, plan_inference,
-                             simulate_refusal, weight_quant_choices)
-from planner.spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec, prepare
+                             weight_quant_choices)
+from planner.spec import LOSSES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
 from planner.store import RunStore
-from planner.units import fmt_bytes
+from planner.units import bytes_to_gib, fmt_bytes, gib_to_bytes
 
 PHASE_WHY = {
     "forward": "the forward pass, with every saved activation and the logits alive",
@@ -70,7 +70,7 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     settings above it, which change only in a full rerun."""
     seq_max = min(cfg.max_seq_len, SEQ_CAP)
     default_bytes, default_source = machine_budget(run["device"])
-    default_gib = round(default_bytes / 2**30, 1)
+    default_gib = bytes_to_gib(default_bytes)
     if state.get("budget_gib") == state.get("budget_default") != default_gib:
         state["budget_gib"] = default_gib  # an untyped budget follows the device's default
     state["budget_default"] = default_gib
@@ -84,36 +84,20 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     c3.caption(("Default: " if budget_gib == default_gib else "Typed here; the default is ")
                + f"{default_gib} GiB, {default_source}.")
 
-    try:
-        spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
-        run_cfg = prepare(cfg, spec, attention)
-        pspec = ParallelSpec(**par) if par else None
-        if pspec:
-            check_parallel_run(spec, pspec)
-            check_wrappable(run_cfg, pspec)
-        if spec.offload_optimizer:  # planner/estimate/offload.py decides what is modelled (adam / adamw, ...)
-            from planner.estimate.offload import check_offload_optimizer
-
-            check_offload_optimizer(spec)
-        if spec.offload_activations:  # planner/estimate/offload_act.py decides what is modelled; one line here
-            from planner.estimate.offload_act import check_offload_activations
-
-            if pspec:
-                raise ConfigError("--offload-activations with --world-size / --parallel is not modelled yet")
-            check_offload_activations(run_cfg, spec)
+    budget = gib_to_bytes(budget_gib)
+    try:  # the settings checked as the CLI checks them, and every figure below (planner/plan.py)
+        p = plan_training(cfg, run, batch, seq, attention, budget, par)
     except ConfigError as exc:
         st.error(str(exc))
         return
-    budget = int(budget_gib * 2**30)
-    p = plan(run_cfg, spec, budget, pspec)
-    est = p.estimate
+    est, spec, run_cfg, pspec = p.estimate, p.spec, p.cfg, p.parallel
     state["run_settings"] = {"spec": dataclasses.asdict(spec), "attention": attention, "budget": budget,
                              "parallel": dataclasses.asdict(pspec) if pspec else None}
 
     per = " per rank" if pspec else ""
     m1, m2, m3 = st.columns(3)
     m1.metric(f"Estimated peak{per}", fmt_bytes(p.peak_bytes),
-              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.tensor_budget_bytes - p.peak_bytes))}",
+              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(p.margin_bytes)}",
               delta_color="normal" if p.fits else "inverse")
     m2.metric(("Budget for tensors" if p.cuda_context_bytes else "Budget") + (" (one device)" if pspec else ""),
               fmt_bytes(p.tensor_budget_bytes))
@@ -128,16 +112,15 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         lines += [md_escape(note) for note in d.notes]
     else:
         lines += [md_escape(note) for note in est.notes]
-    if "host_activation_offload" in est.transients:  # --offload-activations: the host is a budget of its own
-        lines.append(f"Host RAM for the offloaded activations: {fmt_bytes(est.transients['host_activation_offload'])} "
+    if p.host_activation_bytes:  # --offload-activations: the host is a budget of its own
+        lines.append(f"Host RAM for the offloaded activations: {fmt_bytes(p.host_activation_bytes)} "
                      "(not in the peak above, which is the device figure: for the CUDA check).")
-    if "host_optimizer_offload" in est.transients and not pspec:  # --offload-optimizer: its host line
-        host = est.transients["host_optimizer_offload"]
+    if p.host_optimizer_bytes:  # --offload-optimizer: its host line
         lines.append(f"Host RAM for the offloaded optimizer (parameter and grad copies, AdamW's states): "
-                     f"{fmt_bytes(host)} (not in the peak above, which is the device's)"
-                     + (f"; on a cpu device both are this machine's RAM: {fmt_bytes(p.peak_bytes + host)} with the "
+                     f"{fmt_bytes(p.host_optimizer_bytes)} (not in the peak above, which is the device's)"
+                     + (f"; on a cpu device both are this machine's RAM: {fmt_bytes(p.cpu_ram_bytes)} with the "
                         "peak above (the plain-torch equivalent of torchao measured here, unpinned copies)."
-                        if spec.device_type == "cpu" else "."))
+                        if p.cpu_ram_bytes is not None else "."))
     if p.cuda_context_bytes:
         reserve = (f" − the allocator's reserve {fmt_bytes(p.allocator_reserve_bytes)} (blocks it caches beyond the "
                    "tensors: the worst share of a training peak measured on an H200, docs/gpu.md)"
@@ -165,16 +148,14 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     if pspec:
         st.caption(f"{md_escape(p.rank.fewest_reason)}. The single-device options are not offered for a data-parallel "
                    "run: change the world size or the layout above, or choose one device.")
-        from planner.fit import choose_layout
-
-        choice = choose_layout(run_cfg, spec, p.tensor_budget_bytes, pspec)
+        choice = p.layout_choice
         best = choice["best"]
         st.metric("Layout with the fewest devices", f"{best['layout']} x{best['devices']}" if best else "none",
                   help=md_escape(choice["reason"]))
         st.dataframe(pd.DataFrame([{"layout": c["layout"], "fewest devices": c["devices"] or "none",
                                     "why": c["reason"]} for c in choice["candidates"]]), hide_index=True, width="stretch")
     elif options:
-        hosted = any(o.host_bytes for o in p.advice)  # an offload: its host RAM is a budget of its own, beside
+        hosted = p.advice_host  # an offload: its host RAM is a budget of its own, beside
         st.dataframe(pd.DataFrame([{"option": o.label, "peak": fmt_bytes(o.peak_bytes),
                                     **({"host RAM": fmt_bytes(o.host_bytes) if o.host_bytes else ""} if hosted else {}),
                                     "fits": "yes" if o.fits else "no", "cost": o.cost} for o in p.advice]),
@@ -223,20 +204,10 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
 
     # Drawn only while open (a slider move then redraws two tables fewer).
     terms_box = st.expander("Every term and its formula, and each phase's peak", key="terms_open", on_change="rerun")
-    if terms_box.open and pspec:
-        d = p.rank.estimate
-        terms_box.dataframe(pd.DataFrame(d.terms), hide_index=True, width="stretch")
-        terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
-                                          for k, v in d.phase_peak_bytes.items()]), hide_index=True, width="stretch")
-    elif terms_box.open:
-        terms = pd.DataFrame(est.terms)
-        terms["bytes (x L if per layer)"] = [t["bytes"] * (cfg.layers if t["per_layer"] else 1) for t in est.terms]
-        terms_box.dataframe(terms[["name", "formula", "per_layer", "bytes", "bytes (x L if per layer)"]],
-                            hide_index=True, width="stretch")
-        terms_box.dataframe(pd.DataFrame([{"phase": k, "peak": fmt_bytes(v), "bytes": v}
-                                          for k, v in est.phase_peak_bytes.items()]
-                                         + [{"phase": f"transient: {k}", "peak": fmt_bytes(v), "bytes": v}
-                                            for k, v in est.transients.items()]), hide_index=True, width="stretch")
+    if terms_box.open:
+        terms_box.dataframe(pd.DataFrame(p.term_rows()), hide_index=True, width="stretch")
+        terms_box.dataframe(pd.DataFrame([{"phase": r["phase"], "peak": fmt_bytes(r["bytes"]), "bytes": r["bytes"]}
+                                          for r in p.phase_rows()]), hide_index=True, width="stretch")
 
 
 @st.fragment
@@ -244,7 +215,7 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     """The batch, prompt, new tokens and budget of one generate() call, and every figure (planner.serving)."""
     top = cfg.max_seq_len
     default_bytes, default_source = machine_budget(ispec_fields["device"])
-    default_gib = round(default_bytes / 2**30, 1)
+    default_gib = bytes_to_gib(default_bytes)
     c1, c2, c3, c4 = st.columns(4)
     batch = c1.number_input("Batch (sequences)", 1, 65536, START_INFER.batch_size, key="infer_batch", bind="query-params")
     prompt = c2.number_input("Prompt tokens", 1, max(1, top - 1), min(START_INFER.prompt_len, top - 1), key="prompt",
@@ -256,22 +227,21 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     c4.caption(f"Default: {default_gib} GiB, {default_source}.")
     try:
         ispec = InferSpec(batch_size=int(batch), prompt_len=int(prompt), new_tokens=int(new), **ispec_fields)
-        run_cfg = with_attention(cfg, attention)
-        p = plan_inference(run_cfg, ispec, int(budget_gib * 2**30))
+        p = plan_inference(cfg, ispec, gib_to_bytes(budget_gib), attention, psutil.virtual_memory().available)
     except ConfigError as exc:
         st.error(str(exc))
         return
     est = p.estimate
     m1, m2, m3 = st.columns(3)
     m1.metric("Estimated peak of generate()", fmt_bytes(p.peak_bytes),
-              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.tensor_budget_bytes - p.peak_bytes))}",
+              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(p.margin_bytes)}",
               delta_color="normal" if p.fits else "inverse")
     m2.metric("Budget for tensors" if p.cuda_context_bytes else "Budget", fmt_bytes(p.tensor_budget_bytes))
     m3.metric("Peak phase", est["peak_phase"])
     lines = [f"The peak falls in {INFER_PHASE_WHY[est['peak_phase']]}."] + [md_escape(n) for n in est.get("notes", [])]
-    if ispec.quantize_weights != "none":  # the weights term names what bitsandbytes holds
-        held = est["terms"][0]["name"].removeprefix("weights: ")
-        lines.append(md_escape(f"Weights {fmt_bytes(est['components']['weights'])}: {held} (bitsandbytes via "
+    if p.quantized_weights:  # the weights term names what bitsandbytes holds
+        held, weights = p.quantized_weights
+        lines.append(md_escape(f"Weights {fmt_bytes(weights)}: {held} (bitsandbytes via "
                                f"BitsAndBytesConfig, computing in {ispec.precision})."))
     if p.cuda_context_bytes:
         lines.insert(0, f"Budget {fmt_bytes(p.budget_bytes)} − CUDA context {fmt_bytes(p.cuda_context_bytes)} = "
@@ -300,16 +270,16 @@ def inference_planner(cfg, ispec_fields: dict, attention: str) -> None:
     k1.vega_lite_chart(curve_spec(p.batch_curve, "batch", p.tensor_budget_bytes, f"Batch ({ispec.total_len:,} tokens)"))
     k2.vega_lite_chart(curve_spec(p.context_curve, "context", p.tensor_budget_bytes,
                                   f"Context: prompt + {ispec.new_tokens} new (batch {ispec.batch_size})"))
-    state["infer_run"] = {"ispec": dataclasses.asdict(ispec), "attention": attention, "config": config_to_dict(run_cfg),
+    state["infer_run"] = {"ispec": dataclasses.asdict(ispec), "attention": attention, "config": config_to_dict(p.cfg),
                           "estimate": est}
     b1, b2 = st.columns([1, 4])
     busy = "infer_job" in state
-    room = int(RAM_GUARD_FRACTION * psutil.virtual_memory().available)  # the CLI's guard for a CPU measurement
-    here = ispec.device_type == "cpu" and est["peak_bytes"] <= room
+    here = p.measurable_here  # the CLI's guard for a CPU measurement
     b1.button("Measure this generation", disabled=busy or not here, on_click=start_generation, args=("measure",),
               key="infer_measure", help="runs generate() for real in a child process on this machine"
-              + ("" if here else f" (not offered: it needs a CPU run within {fmt_bytes(room)} of this machine's RAM)"))
-    no_sim = simulate_refusal(ispec)  # int8 weights: bitsandbytes cannot wrap a fake tensor
+              + ("" if here else f" (not offered: it needs a CPU run within {fmt_bytes(p.measure_limit_bytes)} of "
+                                 "this machine's RAM)"))
+    no_sim = p.simulate_refusal  # int8 weights: bitsandbytes cannot wrap a fake tensor
     b2.button("Simulate", disabled=busy or bool(no_sim), on_click=start_generation, args=("simulate",),
               key="infer_simulate", help="the same generate() on fake tensors: exact live bytes at any size, no memory "
                                          "used" + (f" (not offered: {no_sim})" if no_sim else ""))
@@ -372,7 +342,7 @@ def generation_panel() -> None:
         r1, r2, r3 = st.columns(3)
         r1.metric(f"{what} peak", fmt_bytes(rec["peak_bytes"]), help=f"phase: {rec.get('peak_phase')}")
         r2.metric("Estimated peak", fmt_bytes(est["peak_bytes"]), help=f"phase: {est['peak_phase']}")
-        r3.metric("Error", f"{100 * (est['peak_bytes'] - rec['peak_bytes']) / rec['peak_bytes']:+.2f}%")
+        r3.metric("Error", f"{error_pct(est['peak_bytes'], rec['peak_bytes']):+.2f}%")
 
 
 def inference_mode(cfg, gpu) -> None:
@@ -448,31 +418,30 @@ def fit_job_panel() -> None:
 def fitted_planner(cfg, run: dict, attention: str, par: dict | None) -> None:
     """The Planner for a model no formula family reads (planner/arch/auto.py): every figure from a fit of
     simulations of transformers' own model (planner/fitted.py), labelled as such, with the fit's own check."""
-    from planner.fit import tensor_budget
-    from planner.fitted import cached_fit
-    from planner.plan import module_plan
-
     seq_max = min(cfg.max_seq_len, SEQ_CAP)
     default_bytes, default_source = machine_budget(run["device"])
-    default_gib = round(default_bytes / 2**30, 1)
+    default_gib = bytes_to_gib(default_bytes)
     c1, c2, c3 = st.columns(3)
     batch = c1.slider("Batch size", 1, 256, START.batch_size, key="batch", bind="query-params")
     seq = c2.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params")
     budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
                                  bind="query-params")
     c3.caption(f"Default: {default_gib} GiB, {default_source}.")
-    try:
-        if par:
-            raise ConfigError(f"{cfg.model_type}: data-parallel layouts need a formula family; choose one device")
-        spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
-        run_cfg = prepare(cfg, spec, attention)
+    budget = gib_to_bytes(budget_gib)
+    try:  # the settings checked, and the kept fit's answers (planner/plan.py plan_fitted)
+        fp = plan_fitted(cfg, run, batch, seq, attention, budget, par)
     except ConfigError as exc:
         st.error(str(exc))
         return
+    except ValueError as exc:  # batch 1 not covered by the fit
+        fp, fit_error = None, str(exc)
     if msg := state.pop("fit_job_message", None):
         st.warning(msg)
-    got = cached_fit(run_cfg, spec)
-    if got is None:
+    if fp is None:
+        st.error(fit_error)
+        return
+    spec, run_cfg = fp.spec, fp.cfg
+    if fp.plan is None:
         st.info(f"No formula family reads `{cfg.model_type}`: its estimate is a **fitted simulation**, a fit of "
                 "transformers' own model simulated on fake tensors at a few small points in a child process (a deep "
                 "model at 2, 3 and 4 layers, extrapolated to its depth and checked at full depth), made once for "
@@ -482,20 +451,13 @@ def fitted_planner(cfg, run: dict, attention: str, par: dict | None) -> None:
         if "fit_job" in state:
             fit_job_panel()
         return
-    what, info = got
-    budget = int(budget_gib * 2**30)
-    usable = tensor_budget(budget, run["device"])
-    try:
-        p = module_plan(what, int(batch), int(seq), usable, cfg.max_seq_len)
-    except ValueError as exc:  # batch 1 not covered by the fit
-        st.error(str(exc))
-        return
+    p, info, usable = fp.plan, fp.info, fp.tensor_budget_bytes
     m1, m2, m3, m4 = st.columns(4)
     m1.metric("Estimated peak (fitted simulation)", fmt_bytes(p.peak_bytes),
-              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(usable - p.peak_bytes))}",
+              delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(p.margin_bytes)}",
               delta_color="normal" if p.fits else "inverse",
               help="basis: fitted simulation (no formula family reads this model_type)")
-    m2.metric("Budget for tensors" if usable != budget else "Budget", fmt_bytes(usable))
+    m2.metric("Budget for tensors" if fp.context_taken else "Budget", fmt_bytes(usable))
     m3.metric("Peak phase", p.peak_phase, help=f"at op {p.peak_op}")
     m4.metric("Fit check", {"exact": "exact", "approximate": f"± {fmt_bytes(p.bound_bytes or 0)}",
                             "unvalidated": "unvalidated"}[p.status],

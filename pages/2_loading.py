@@ -3,14 +3,13 @@ import pandas as pd
 import psutil
 import streamlit as st
 
-from planner.arch import family_of
-
 from pages import frame
 
 from planner.charts import grouped_bars
-from planner.config import CHECKPOINT_DTYPES, checkpoint_dtype, config_to_dict, model_label, with_dtype
-from planner.estimate.loading import METHODS, cache_plan, estimate_loading, measure_refusal, recommend
+from planner.config import CHECKPOINT_DTYPES, checkpoint_dtype, config_to_dict, model_label
+from planner.estimate.loading import METHODS
 from planner.jobs import Job, JobBusy
+from planner.loading import measured_results, plan_loading
 from planner.reference import NOTEBOOK_GPT2_XL
 from planner.routines_paths import default_cache_dir
 from planner.store import RunStore
@@ -35,25 +34,22 @@ device = c1.selectbox("Load to", ["cuda", "cpu"] if gpu else ["cpu", "cuda"], ke
 dtype = c2.selectbox("Checkpoint dtype", CHECKPOINT_DTYPES, key="load_dtype",
                      help=f"The dtype the weights are saved and loaded in. Default: the config's torch_dtype "
                           f"({cfg.torch_dtype or 'none given, so float32'}).")
-cfg = with_dtype(cfg, dtype)
-if family_of(cfg).basis != "formula":  # issue #20: no parameter inventory without building the model
+plan = plan_loading(cfg, device, dtype, gpu, psutil.virtual_memory().available, default_cache_dir())
+cfg = plan.cfg  # with the checkpoint dtype: what Measure all loads
+if not plan.formula:  # issue #20: no parameter inventory without building the model
     st.info("Weight loading is estimated from a formula family's parameter inventory; no family file reads this "
             "model_type (its training estimate is a fitted simulation, on the Planner page).")
     st.stop()
-ests = {m: estimate_loading(cfg, m, device) for m in METHODS}
-st.caption(f"Checkpoint: W = {fmt_bytes(ests['mmap'].checkpoint_bytes)} of {dtype} tensors.")
-table = pd.DataFrame([{"method": m, "device peak": fmt_bytes(e.peak_device_bytes), "CPU peak": fmt_bytes(e.peak_cpu_bytes),
-                       "of which file-backed": fmt_bytes(e.peak_cpu_file_bytes), "device formula": e.formula_device,
-                       "CPU formula": e.formula_cpu} for m, e in ests.items()])
+st.caption(f"Checkpoint: W = {fmt_bytes(plan.checkpoint_bytes)} of {dtype} tensors.")
+rows = plan.table()
+table = pd.DataFrame([{"method": r["method"], "device peak": fmt_bytes(r["device"]), "CPU peak": fmt_bytes(r["cpu"]),
+                       "of which file-backed": fmt_bytes(r["cpu_file"]), "device formula": r["formula_device"],
+                       "CPU formula": r["formula_cpu"]} for r in rows])
 st.dataframe(table, hide_index=True, width="stretch")
-bars = pd.DataFrame([{"method": m, "source": f"estimate, {kind}", "bytes": b} for m, e in ests.items()
-                     for kind, b in (("device", e.peak_device_bytes), ("CPU anon", e.peak_cpu_anon_bytes))])
+bars = pd.DataFrame([{"method": r["method"], "source": f"estimate, {kind}", "bytes": r[col]} for r in rows
+                     for kind, col in (("device", "device"), ("CPU anon", "cpu_anon"))])
 st.altair_chart(grouped_bars(bars, "method", "Estimated peak", order=list(METHODS)))
-
-free_ram = psutil.virtual_memory().available
-free_dev = gpu["total_bytes"] if (gpu and device == "cuda") else (free_ram if device == "cpu" else None)
-best, why = recommend(cfg, device, free_dev, free_ram)
-st.success(f"Recommended here: **{best}** - {why}")
+st.success(f"Recommended here: **{plan.recommended}** - {plan.why}")
 
 
 def start() -> None:
@@ -68,9 +64,8 @@ def start() -> None:
 
 
 running = "load_job" in st.session_state
-plan = cache_plan(cfg, default_cache_dir())
-refusal = measure_refusal(cfg, device, gpu is not None, free_ram, plan)
-st.caption(plan["text"])
+refusal = plan.refusal
+st.caption(plan.cache["text"])
 if refusal and not running:
     st.warning(f"Measure all is not offered: {refusal}")
 st.button("Measure all", type="primary", on_click=start, disabled=running or bool(refusal), key="measure_all",
@@ -104,8 +99,7 @@ def load_panel() -> None:
 load_panel()
 res = st.session_state.get("load_result")
 if res:
-    ok = [r for r in res["results"] if "peak_device_bytes" in r]
-    failed = [f"{r['method']}: {r['error']}" for r in res["results"] if "error" in r]
+    ok, failed = measured_results(res["results"])
     if res["state"] == "cancelled":
         st.info("Cancelled before every method was measured: every process of the run has ended. The run is listed on the Runs "
                 "page as cancelled.")

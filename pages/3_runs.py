@@ -7,7 +7,8 @@ import streamlit as st
 from pages import frame
 
 from planner.charts import estimate_vs_measured
-from planner.store import RunStore, completed, run_files, runs_csv, runs_table, source
+from planner.compare import runs_summary
+from planner.store import RunStore, run_files, runs_csv, runs_table, source
 
 cfg = frame("Runs")
 st.title("Runs")
@@ -16,22 +17,19 @@ kind = st.segmented_control("Kind", ["all", "train", "load", "infer"], default="
 runs = store.list(None if kind in (None, "all") else kind)
 models = sorted({r["model"] for r in runs})
 chosen = st.multiselect("Models", models, default=models, key="runs_models")
-runs = [r for r in runs if r["model"] in chosen]
+summary = runs_summary(runs, chosen)
+runs = summary.runs
 if not runs:
     st.info("No measurements yet: run one on the Training step or Weight loading page.")
     st.stop()
 
 st.dataframe(pd.DataFrame(runs_table(runs)).convert_dtypes(), hide_index=True, width="stretch")
-done = completed(runs)
-worst = max((abs(r["error_pct"]) for r in done if r["error_pct"] is not None), default=0.0)
-st.metric("Worst |error| over these runs", f"{worst:.2f}%", help="completed runs only")
-if len(done) < len(runs):
-    st.caption(f"The chart shows the {len(done)} completed runs; {len(runs) - len(done)} cancelled or failed "
-               "runs are listed above with their status.")
-if done:
-    st.altair_chart(estimate_vs_measured(pd.DataFrame([{"label": f"{r['kind']}: {r['model']}",
-                                                        "estimate_bytes": r["estimate_bytes"],
-                                                        "measured_bytes": r["measured_bytes"]} for r in done])))
+st.metric("Worst |error| over these runs", f"{summary.worst_error_pct:.2f}%", help="completed runs only")
+if summary.not_completed:
+    st.caption(f"The chart shows the {len(summary.completed)} completed runs; {summary.not_completed} cancelled or "
+               "failed runs are listed above with their status.")
+if summary.completed:
+    st.altair_chart(estimate_vs_measured(pd.DataFrame(summary.chart_rows)))
 
 c1, c2, c3 = st.columns([2, 1, 1])
 to_delete = c1.multiselect("Delete runs", [r["id"] for r in runs], key="delete_ids")

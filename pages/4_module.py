@@ -21,10 +21,10 @@ from planner.module_ref import parse_module_ref
 from planner.config import ConfigError
 from planner.jobs import Job, JobBusy
 from planner.module_ref import fit_path, has_sequence, parse_input_shape
-from planner.plan import module_plan
+from planner.plan import check_point, module_plan
 from planner.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
 from planner.store import RunStore
-from planner.units import fmt_bytes
+from planner.units import bytes_to_gib, fmt_bytes, gib_to_bytes
 
 TIMEOUT_S = 900  # ten small simulations, each a child importing torch; a big module takes longer per point
 EXAMPLE = "my_model.py:make_model"
@@ -109,11 +109,10 @@ def job_panel() -> None:
         point = state.pop("module_point", {})
         if kind in ("train", "measure") and ok and fit_file.exists():
             # Stored in Runs as a simulation or a measurement, against what the fit answers at that point.
-            fitted = module_plan(json.loads(fit_file.read_text()), point["batch_size"], point["seq_len"], 1,
-                                 max(point["seq_len"], 1)).peak_bytes
+            checked = check_point(json.loads(fit_file.read_text()), record, point["batch_size"], point["seq_len"])
             what = "simulate" if kind == "train" else "measure"
-            state["module_check"] = {**record, "fitted_bytes": fitted, **point, "what": what}
-            RunStore().save("train", f"module {path.name}:{func}", {**run, **point}, "cpu", fitted,
+            state["module_check"] = {**checked, **point, "what": what}
+            RunStore().save("train", f"module {path.name}:{func}", {**run, **point}, "cpu", checked["fitted_bytes"],
                             record["peak_bytes"], {"kind": what, "estimate_source": "what-if fit",
                                                    "basis": "fitted simulation",
                                                    **{k: v for k, v in record.items() if k != "timeline"}})
@@ -154,17 +153,17 @@ else:
     c2.caption("No sequence axis: " + ("the input shape is fixed." if input_shape or not sequence else
                                        "the simulated step does not depend on the sequence length."))
 default_bytes, default_source = machine_budget("cpu")
-budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, round(default_bytes / 2**30, 1), step=0.5,
+budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, bytes_to_gib(default_bytes), step=0.5,
                              key="m_budget_gib", bind="query-params", help=f"default: {default_source}")
 try:
-    p = module_plan(fit, int(batch), int(seq), int(budget_gib * 2**30), int(seq_limit))
+    p = module_plan(fit, int(batch), int(seq), gib_to_bytes(budget_gib), int(seq_limit))
 except ValueError as exc:  # MisalignedError: batch 1 not covered by this fit
     st.error(str(exc))
     st.stop()
 
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Fitted peak", fmt_bytes(p.peak_bytes),
-          delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(abs(p.budget_bytes - p.peak_bytes))}",
+          delta=f"{'fits' if p.fits else 'over'} by {fmt_bytes(p.margin_bytes)}",
           delta_color="normal" if p.fits else "inverse")
 m2.metric("Peak phase", p.peak_phase, help=f"at op {p.peak_op}")
 m3.metric("Budget", fmt_bytes(p.budget_bytes))
@@ -176,12 +175,11 @@ if p.status == "approximate":
                          f"this peak is {p.peak_bytes:,} B ± {p.bound_bytes:,} B. Simulate the point to be exact."))
 elif p.status == "unvalidated":
     st.warning("This fit was made before fits were checked on held-out points: its error is unknown. Fit again.")
-st.caption(md_escape(f"From the fit of {sum(len(f['points']) for f in fit['fits'])} simulated points: "
-                     f"{p.description}."))
-if fit.get("validation") and fit["validation"].get("rows"):
+st.caption(md_escape(f"From the fit of {p.simulated_points} simulated points: {p.description}."))
+if p.validation_rows:
     st.dataframe(pd.DataFrame([{"held-out point": f"batch {r['batch']}" + (f", seq {r['seq']}" if fit_seq else ""),
                                 "fitted": r["fitted_bytes"], "simulated": r["simulated_bytes"],
-                                "error (B)": r["error_bytes"]} for r in fit["validation"]["rows"]]),
+                                "error (B)": r["error_bytes"]} for r in p.validation_rows]),
                  hide_index=True, width="stretch")
 f1, f2 = st.columns(2)
 f1.metric("Largest batch that fits", p.max_batch, help=md_escape(p.max_batch_reason))
@@ -202,8 +200,7 @@ s2.button("Measure this point", disabled=running, on_click=start, args=("measure
           key="module_measure_button", help="the real step in a child process on this machine's CPU (after a "
                                             "simulation of the point: refused if it would not fit the free RAM)")
 if check := state.get("module_check"):
-    err = 100.0 * (check["fitted_bytes"] - check["peak_bytes"]) / check["peak_bytes"]
     where = f"batch {check['batch_size']}" + (f", sequence {check['seq_len']}" if fit_seq else "")
     st.caption(f"{'Measured' if check.get('what') == 'measure' else 'Simulated'} at {where}: "
                f"{fmt_bytes(check['peak_bytes'])} ({check['peak_bytes']:,} B) in {check['peak_phase']}; the fit "
-               f"said {check['fitted_bytes']:,} B ({err:+.4f}%). Kept on the Runs page.")
+               f"said {check['fitted_bytes']:,} B ({check['fit_error_pct']:+.4f}%). Kept on the Runs page.")

@@ -46,6 +46,10 @@ class Plan:
     seq_curve: list[dict]      # seq, peak_bytes
     rank: RankPlan | None = None  # data parallel: the per-rank figures (then max_batch etc. are per rank)
     unranked: list[dict] = dataclasses.field(default_factory=list)  # a CPU run's offloads (fit.unranked): one RAM
+    cfg: ModelConfig | None = None  # the model as the run uses it (planner.spec.prepare)
+    spec: TrainSpec | None = None
+    parallel: object = None         # the planner.parallel.ParallelSpec, or None for one device
+    layout_choice: dict | None = None  # data parallel (plan_training): planner.fit.choose_layout's answer
 
     @property
     def peak_bytes(self) -> int:
@@ -58,6 +62,53 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.tensor_budget_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """How far the peak is under (fits) or over the budget for tensors."""
+        return abs(self.tensor_budget_bytes - self.peak_bytes)
+
+    @property
+    def host_activation_bytes(self) -> int:
+        """--offload-activations: the host RAM the offloaded activations hold (not in the device's peak); 0 without."""
+        return self.estimate.transients.get("host_activation_offload", 0)
+
+    @property
+    def host_optimizer_bytes(self) -> int:
+        """--offload-optimizer on one device: the host RAM of the offloaded optimizer (parameter and grad copies,
+        AdamW's states; not in the device's peak); 0 without (a data-parallel run says its host bytes per rank)."""
+        return 0 if self.rank else self.estimate.transients.get("host_optimizer_offload", 0)
+
+    @property
+    def cpu_ram_bytes(self) -> int | None:
+        """A cpu run with the optimizer on the host: the device is this machine's RAM too, so both add up; None
+        otherwise."""
+        if not self.host_optimizer_bytes or self.spec is None or self.spec.device_type != "cpu":
+            return None
+        return self.peak_bytes + self.host_optimizer_bytes
+
+    @property
+    def advice_host(self) -> bool:
+        """An option offloads to the host: its host RAM is a column of its own."""
+        return any(o.host_bytes for o in self.advice)
+
+    def term_rows(self) -> list[dict]:
+        """Every term of the estimate: name, formula, per_layer, bytes and, for a per-layer term, its bytes over
+        the model's layers (`bytes (x L if per layer)`); a data-parallel run's per-rank terms as they are."""
+        if self.rank:
+            return list(self.rank.estimate.terms)
+        layers = self.cfg.layers if self.cfg is not None else 1
+        return [{"name": t["name"], "formula": t["formula"], "per_layer": t["per_layer"], "bytes": t["bytes"],
+                 "bytes (x L if per layer)": t["bytes"] * (layers if t["per_layer"] else 1)}
+                for t in self.estimate.terms]
+
+    def phase_rows(self) -> list[dict]:
+        """phase, bytes: each phase's peak (per rank with data parallelism), then the one-device estimate's
+        transients as `transient: NAME`."""
+        if self.rank:
+            return [{"phase": k, "bytes": v} for k, v in self.rank.estimate.phase_peak_bytes.items()]
+        return ([{"phase": k, "bytes": v} for k, v in self.estimate.phase_peak_bytes.items()]
+                + [{"phase": f"transient: {k}", "bytes": v} for k, v in self.estimate.transients.items()])
 
     @property
     def allocator_reserve_bytes(self) -> int:
@@ -159,7 +210,41 @@ def plan(cfg: ModelConfig, spec: TrainSpec, budget: int, pspec=None) -> Plan:
                 tensor_budget_bytes=usable, breakdown=bars,
                 max_batch=best_batch, max_batch_reason=batch_reason, max_seq=best_seq, max_seq_reason=seq_reason,
                 advice=options, batch_curve=_sweep(cfg, any_batch, "batch_size", batch_end, pspec),
-                seq_curve=_sweep(cfg, any_seq, "seq_len", seq_end, pspec), rank=rank, unranked=info)
+                seq_curve=_sweep(cfg, any_seq, "seq_len", seq_end, pspec), rank=rank, unranked=info,
+                cfg=cfg, spec=spec, parallel=pspec)
+
+
+def plan_training(cfg: ModelConfig, run: dict, batch: int, seq: int, attention: str | None, budget: int,
+                  parallel: dict | None = None) -> Plan:
+    """The Planner page's one call: the settings as its widgets give them (run: TrainSpec's other fields;
+    parallel: ParallelSpec's fields, or None for one device), checked as the CLI checks them (ConfigError, one
+    line), then plan(); with a data-parallel layout, the layout that fits in the fewest devices too."""
+    from .config import ConfigError
+    from .parallel import ParallelSpec, check_parallel_run, check_wrappable
+    from .spec import prepare
+
+    spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
+    run_cfg = prepare(cfg, spec, attention)
+    pspec = ParallelSpec(**parallel) if parallel else None
+    if pspec:
+        check_parallel_run(spec, pspec)
+        check_wrappable(run_cfg, pspec)
+    if spec.offload_optimizer:  # planner/estimate/offload.py decides what is modelled (adam / adamw, ...)
+        from .estimate.offload import check_offload_optimizer
+
+        check_offload_optimizer(spec)
+    if spec.offload_activations:  # planner/estimate/offload_act.py decides what is modelled; one line here
+        from .estimate.offload_act import check_offload_activations
+
+        if pspec:
+            raise ConfigError("--offload-activations with --world-size / --parallel is not modelled yet")
+        check_offload_activations(run_cfg, spec)
+    p = plan(run_cfg, spec, budget, pspec)
+    if pspec:
+        from .fit import choose_layout
+
+        p.layout_choice = choose_layout(run_cfg, spec, p.tensor_budget_bytes, pspec)
+    return p
 
 
 # ---------------------------------------------------------------- a user's own module (no formula family)
@@ -183,10 +268,18 @@ class ModulePlan:
     bound_bytes: int | None = None   # 0 when exact; the largest error seen at held-out points when approximate
     description: str = ""            # the basis and the held-out check, one line
     has_seq: bool = True             # False: the step does not depend on s (sliders: batch only)
+    simulated_points: int = 0        # how many simulated (b, s) points the fit was made from (a saved fit's)
+    validation_rows: list[dict] = dataclasses.field(default_factory=list)  # held-out point: batch, seq, fitted_bytes,
+    #                                  simulated_bytes, error_bytes (a saved fit's check, planner.whatif)
 
     @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.budget_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """How far the peak is under (fits) or over the budget."""
+        return abs(self.budget_bytes - self.peak_bytes)
 
 
 def module_plan(fit, batch: int, seq: int, budget: int, seq_limit: int) -> ModulePlan:
@@ -195,6 +288,7 @@ def module_plan(fit, batch: int, seq: int, budget: int, seq_limit: int) -> Modul
     from .fitted import load_fit
 
     w = load_fit(fit) if isinstance(fit, dict) else fit
+    saved = fit if isinstance(fit, dict) else {}
     peak, phase, op = w.peak(batch, seq)
     best_batch, batch_reason = w.max_batch(seq, budget, BATCH_LIMIT)
     best_seq, seq_reason = w.max_seq(batch, budget, seq_limit)
@@ -205,7 +299,56 @@ def module_plan(fit, batch: int, seq: int, budget: int, seq_limit: int) -> Modul
                       seq_reason,
                       [{"batch": b, "peak_bytes": w.peak_bytes(b, seq)} for b in _points(batch_end) if b >= first],
                       [{"seq": s, "peak_bytes": w.peak_bytes(batch, s)} for s in _points(seq_end)] if w.has_seq else [],
-                      w.status, w.bound_bytes, w.describe(), w.has_seq)
+                      w.status, w.bound_bytes, w.describe(), w.has_seq,
+                      sum(len(f["points"]) for f in saved.get("fits", [])),
+                      list((saved.get("validation") or {}).get("rows") or []))
+
+
+def check_point(fit: dict, record: dict, batch: int, seq: int) -> dict:
+    """A simulation or measurement of one point beside what the saved fit answers there: the record with
+    fitted_bytes (the fit's peak at batch, seq) and fit_error_pct (the fit against the record, planner.compare)."""
+    from .compare import error_pct
+
+    fitted = module_plan(fit, batch, seq, 1, max(seq, 1)).peak_bytes
+    return {**record, "fitted_bytes": fitted, "fit_error_pct": error_pct(fitted, record["peak_bytes"])}
+
+
+@dataclass
+class FittedPlan:
+    """The Planner page for a model no formula family reads (issue #20): the settings checked, and the kept
+    fit's answers (planner/fitted.py), or none yet (plan None: the page offers to make the fit)."""
+    cfg: ModelConfig               # the model as the run uses it
+    spec: TrainSpec
+    budget_bytes: int              # as given
+    tensor_budget_bytes: int       # what the fitted peak is compared with (less the CUDA context on cuda)
+    plan: ModulePlan | None = None
+    info: dict = dataclasses.field(default_factory=dict)  # the fit's own facts (simulations, param_count)
+
+    @property
+    def context_taken(self) -> bool:
+        """The budget for tensors is less than the budget given (the CUDA context is off it)."""
+        return self.tensor_budget_bytes != self.budget_bytes
+
+
+def plan_fitted(cfg: ModelConfig, run: dict, batch: int, seq: int, attention: str | None, budget: int,
+                parallel: dict | None = None) -> FittedPlan:
+    """ConfigError (one line) for settings the model cannot take (no data-parallel layouts without a formula
+    family); ValueError when the kept fit does not cover batch 1 (planner.whatif)."""
+    from .config import ConfigError
+    from .fitted import cached_fit
+    from .spec import prepare
+
+    if parallel:
+        raise ConfigError(f"{cfg.model_type}: data-parallel layouts need a formula family; choose one device")
+    spec = TrainSpec(batch_size=int(batch), seq_len=int(seq), **run)
+    run_cfg = prepare(cfg, spec, attention)
+    usable = tensor_budget(budget, spec.device)
+    got = cached_fit(run_cfg, spec)
+    if got is None:
+        return FittedPlan(run_cfg, spec, budget, usable)
+    what, info = got
+    return FittedPlan(run_cfg, spec, budget, usable, module_plan(what, int(batch), int(seq), usable, cfg.max_seq_len),
+                      info)
 
 
 # ---------------------------------------------------------------- the longest context, beside published figures

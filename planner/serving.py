@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .api import RAM_GUARD_FRACTION  # a CPU measurement's RAM guard: the CLI's, so the page offers what it starts
 from .config import ConfigError, ModelConfig
 from .fit import bisect_fitting, cuda_context_bytes, largest_fitting, tensor_budget
 from .infer_spec import InferSpec, check_infer
@@ -223,6 +224,10 @@ class ServingPlan:
     batch_curve: list[dict]
     context_curve: list[dict]
     advice: list[Change]
+    cfg: ModelConfig | None = None   # the model as the run uses it (the attention applied)
+    spec: InferSpec | None = None
+    measure_limit_bytes: int | None = None  # a CPU measurement's room here (the CLI's RAM guard); None: not asked
+    simulate_refusal: str | None = None     # why `simulate infer` cannot run this spec (None when it can)
 
     @property
     def peak_bytes(self) -> int:
@@ -232,9 +237,34 @@ class ServingPlan:
     def fits(self) -> bool:
         return self.peak_bytes <= self.tensor_budget_bytes
 
+    @property
+    def margin_bytes(self) -> int:
+        """How far the peak is under (fits) or over the budget for tensors."""
+        return abs(self.tensor_budget_bytes - self.peak_bytes)
 
-def plan_inference(cfg: ModelConfig, ispec: InferSpec, budget: int) -> ServingPlan:
-    """Raises ConfigError (one line) for a run the model cannot make."""
+    @property
+    def measurable_here(self) -> bool:
+        """A measurement of this generation may start on this machine: a CPU run within the RAM guard."""
+        return (self.spec is not None and self.spec.device_type == "cpu" and self.measure_limit_bytes is not None
+                and self.peak_bytes <= self.measure_limit_bytes)
+
+    @property
+    def quantized_weights(self) -> tuple[str, int] | None:
+        """With quantized weights: what bitsandbytes holds (the weights term's name) and its bytes; else None."""
+        if self.spec is None or self.spec.quantize_weights == "none":
+            return None
+        return self.estimate["terms"][0]["name"].removeprefix("weights: "), self.estimate["components"]["weights"]
+
+
+def plan_inference(cfg: ModelConfig, ispec: InferSpec, budget: int, attention: str | None = None,
+                   available_ram_bytes: int | None = None) -> ServingPlan:
+    """Raises ConfigError (one line) for a run the model cannot make. attention: the kernel to run with (the
+    model's own when None); available_ram_bytes: the RAM free now, for whether a CPU measurement may start here
+    (the CLI's guard, planner.api.RAM_GUARD_FRACTION; None: not asked)."""
+    if attention is not None:
+        from .config import with_attention
+
+        cfg = with_attention(cfg, attention)
     check_infer(cfg, ispec)
     est = estimate(cfg, ispec)
     usable = tensor_budget(budget, ispec.device)
@@ -251,4 +281,6 @@ def plan_inference(cfg: ModelConfig, ispec: InferSpec, budget: int) -> ServingPl
         batch_curve=[{"batch": b, "peak_bytes": _peak(cfg, dataclasses.replace(ispec, batch_size=b))} for b in batches],
         context_curve=[{"context": p + ispec.new_tokens, "peak_bytes": _peak(cfg, dataclasses.replace(ispec, prompt_len=p))}
                        for p in prompts],
-        advice=advice(cfg, ispec, usable))
+        advice=advice(cfg, ispec, usable), cfg=cfg, spec=ispec,
+        measure_limit_bytes=None if available_ram_bytes is None else int(RAM_GUARD_FRACTION * available_ram_bytes),
+        simulate_refusal=simulate_refusal(ispec))

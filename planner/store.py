@@ -76,8 +76,9 @@ class RunStore:
              measured_bytes: int | None, record: dict, status: str = "done") -> int:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
-        error = (100.0 * (estimate_bytes - measured_bytes) / measured_bytes
-                 if estimate_bytes is not None and measured_bytes else None)
+        from .compare import error_pct
+
+        error = error_pct(estimate_bytes, measured_bytes)
         with self._connect() as db:  # the context manager commits
             cur = db.execute("INSERT INTO runs (created, kind, model, settings, device, estimate_bytes, measured_bytes,"
                              " error_pct, record, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

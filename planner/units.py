@@ -29,3 +29,13 @@ def parse_size(text: str) -> int:
     if not m or m.group(2).upper() not in _UNITS:
         raise ValueError(f"not a size: {text!r} (use bytes or units like 24GiB, 800MB)")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def gib_to_bytes(gib: float) -> int:
+    """A budget typed in GiB (the pages' number inputs) -> bytes, truncated as the budget was on every page."""
+    return int(gib * 2**30)
+
+
+def bytes_to_gib(n: int, digits: int = 1) -> float:
+    """Bytes -> GiB rounded to `digits` (a number input's default value)."""
+    return round(n / 2**30, digits)
