@@ -193,3 +193,46 @@ def test_compare_error_and_the_runs_summary():
     only_a = runs_summary(runs, ["a"])
     assert only_a.worst_error_pct == 1.0 and len(only_a.runs) == 2 and only_a.not_completed == 1
     assert runs_summary([], []).worst_error_pct == 0.0
+
+
+def test_estimate_infer_budget_answers_what_the_page_answers(capsys):
+    """`estimate infer --budget`: the inference facade's figures in the record's `fit` (the CLI and the page
+    call the same planner.serving.plan_inference)."""
+    from planner.cli import main as cli
+
+    args = ["estimate", "infer", "--model", "llama-3.2-1b", "--batch-size", "2", "--prompt-len", "1000",
+            "--new-tokens", "24", "--precision", "bf16", "--device", "cuda", "--budget", "16GiB", "--json"]
+    assert cli.main(args) == 0
+    rec = json.loads(capsys.readouterr().out)
+    p = plan_inference(PRESETS["llama-3.2-1b"], InferSpec(2, 1000, 24, precision="bf16", device="cuda"), 16 * 2**30)
+    assert rec["peak_bytes"] == p.peak_bytes
+    assert rec["fit"] == {"budget_bytes": 16 * 2**30, "cuda_context_bytes": p.cuda_context_bytes,
+                          "tensor_budget_bytes": p.tensor_budget_bytes, "fits": True, "max_batch_size": p.max_batch,
+                          "max_batch_reason": p.max_batch_reason, "max_context": p.max_context,
+                          "max_context_reason": p.max_context_reason, "kv_cache_tokens": p.kv_tokens,
+                          "kv_cache_tokens_vllm": p.kv_tokens_vllm}
+    assert p.max_batch > 2 and p.kv_tokens > 0
+    assert cli.main(args[:-2] + ["--budget", "lots"]) == 2  # bad input: exit 2, one line
+    assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_estimate_train_parallel_budget_answers_the_fewest_devices(capsys):
+    """`estimate train --parallel fsdp --budget`: the page's fewest-devices solver (planner.fit.fewest_ranks) on
+    the same budget for tensors; --budget without --parallel is refused in one line (one device: `fit`)."""
+    from planner.cli import main as cli
+    from planner.fit import fewest_ranks
+
+    args = ["estimate", "train", "--model", "llama-3.2-1b", "--batch-size", "1", "--seq-len", "2048",
+            "--precision", "bf16", "--checkpointing", "--world-size", "2", "--parallel", "fsdp", "--device", "cuda",
+            "--budget", "8GiB", "--json"]
+    assert cli.main(args) == 0
+    rec = json.loads(capsys.readouterr().out)
+    spec = TrainSpec(1, 2048, "bf16", checkpointing=True, device="cuda")
+    usable = tensor_budget(8 * 2**30, "cuda", True)
+    fewest, why = fewest_ranks(PRESETS["llama-3.2-1b"], spec, ParallelSpec(2, "fsdp"), usable)
+    assert fewest > 1
+    assert rec["fit"] == {"budget_bytes": 8 * 2**30, "cuda_context_bytes": rec["fit"]["cuda_context_bytes"],
+                          "tensor_budget_bytes": usable, "fewest_ranks": fewest, "fewest_reason": why}
+    assert cli.main(["estimate", "train", "--model", "gpt2-small", "--batch-size", "1", "--seq-len", "64",
+                     "--budget", "8GiB"]) == 2
+    assert "--parallel" in capsys.readouterr().err

@@ -5,6 +5,8 @@
     python -m planner measure  infer --config my.json --batch-size 2 --prompt-len 64 --new-tokens 8 --json \
         [--progress] [--timeout S] [--memory-limit 2GiB]
     python -m planner simulate infer --model llama-3-8b --batch-size 8 --prompt-len 32768 --new-tokens 16 --json
+    python -m planner estimate infer --model llama-3.1-8b --batch-size 1 --prompt-len 7936 --new-tokens 256 \
+        --precision bf16 --device cuda --budget 80GiB     # and how many sequences fit (the Planner page's figures)
 
 The estimate needs no torch; measure and simulate run the call in a child process (planner.measure.worker
 kinds "infer" and "simulate-infer"). Bad input: exit 2 with one line; out of memory or time: exit 3.
@@ -47,6 +49,11 @@ def add_infer(group, command, kind: str) -> None:
     p.add_argument("--double-quant", action="store_true", help="with nf4 / fp4: bnb_4bit_use_double_quant")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the record as JSON (default: a short text)")
+    if kind == "estimate":
+        p.add_argument("--budget", help="memory budget of the device (24GiB, 80GB, bytes): the record adds `fit`, the "
+                                        "largest batch at this context, the longest context at this batch and the KV "
+                                        "cache tokens that fit (planner.serving; the CUDA context off on cuda; "
+                                        "default: none)")
     if kind != "estimate":
         p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3; default: %(default)s)")
         p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result (default: none)")
@@ -77,6 +84,26 @@ def estimate_record(cfg, ispec) -> dict:
     return {"model": config_to_dict(cfg), "run": ispec.to_dict(), **est}
 
 
+def fit_record(cfg, ispec, budget_text: str) -> dict:
+    """`estimate infer --budget`: what the Planner page's inference mode answers for this budget, from the same
+    facade (planner.serving.plan_inference): does it fit, the largest batch at this context, the longest context
+    at this batch, the KV cache tokens that fit beside the weights (vLLM's rule beside it, theirs)."""
+    from ..serving import plan_inference
+
+    try:
+        budget = parse_size(budget_text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if budget <= 0:
+        raise ConfigError(f"the budget must be positive, got {budget_text}")
+    p = plan_inference(cfg, ispec, budget)
+    return {"budget_bytes": budget, "cuda_context_bytes": p.cuda_context_bytes,
+            "tensor_budget_bytes": p.tensor_budget_bytes, "fits": p.fits, "max_batch_size": p.max_batch,
+            "max_batch_reason": p.max_batch_reason, "max_context": p.max_context,
+            "max_context_reason": p.max_context_reason, "kv_cache_tokens": p.kv_tokens,
+            "kv_cache_tokens_vllm": p.kv_tokens_vllm}
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
     cfg, ispec = parse_infer(args)
     if args.command != "estimate" and ispec.cache == "offloaded" and ispec.device_type != "cuda":
@@ -94,6 +121,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
                               "wrap a fake tensor); measure it, or simulate nf4 / fp4")
     if args.command == "estimate":
         rec = estimate_record(cfg, ispec)
+        if getattr(args, "budget", None):
+            rec["fit"] = fit_record(cfg, ispec, args.budget)
         if args.json:
             print(json.dumps(rec))
         else:
@@ -101,6 +130,15 @@ def cmd_infer(args: argparse.Namespace) -> int:
             for k, v in rec["components"].items():
                 print(f"  {k:12s} {fmt_bytes(v)}")
             print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+            if "fit" in rec:
+                f = rec["fit"]
+                print(f"budget {fmt_bytes(f['budget_bytes'])}: {fmt_bytes(f['tensor_budget_bytes'])} for tensors; "
+                      + ("fits" if f["fits"] else "does not fit"))
+                print(f"largest batch at {ispec.total_len:,} tokens: {f['max_batch_size']} ({f['max_batch_reason']})")
+                print(f"longest context at batch {ispec.batch_size}: {f['max_context']:,} ({f['max_context_reason']})")
+                if f["kv_cache_tokens"] or f["kv_cache_tokens_vllm"]:
+                    print(f"KV cache tokens that fit beside the weights: {f['kv_cache_tokens']:,} "
+                          f"(vLLM's rule, theirs: {f['kv_cache_tokens_vllm']:,})")
         return 0
     from ..runner import run_worker
 

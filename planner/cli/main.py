@@ -120,6 +120,9 @@ def build_parser() -> _Parser:
     _add_model(p)
     _add_run(p, seq_required=False)
     cli_parallel.add_parallel_args(p)
+    p.add_argument("--budget", help="with --parallel: the memory of one device (80GB, 24GiB, bytes): the record adds "
+                                    "`fit`, the fewest devices of that size that fit the run, as the Planner page "
+                                    "answers it (default: none; one device: `fit --budget`)")
     from .module import add_module_args  # --module: answered from its what-if fit (planner/cli/module.py)
 
     add_module_args(p)
@@ -200,6 +203,9 @@ def build_parser() -> _Parser:
 
 
 def cmd_estimate_train(args) -> int:
+    if getattr(args, "budget", None) and not cli_parallel.parallel_requested(args):
+        raise ConfigError("estimate train --budget answers the fewest devices of a --parallel run; for one device: "
+                          "python -m planner fit --budget SIZE")
     if getattr(args, "module", None):
         from .module import cmd_estimate_module
 

@@ -95,9 +95,30 @@ def _print_groups(rec: dict, key: str = "rank_groups") -> None:
         print(f"  {who:<16} peak {fmt_bytes(g['peak_bytes']):>11} in {g['peak_phase']}")
 
 
+def fewest_record(cfg, spec, pspec, budget_text: str) -> dict:
+    """`estimate train --parallel ... --budget SIZE`: the fewest devices of that size that fit the run (batch per
+    rank), with the same solver and the same budget for tensors as the Planner page (planner.fit.fewest_ranks;
+    on cuda less the CUDA context and the allocator's reserve)."""
+    from ..fit import cuda_context_bytes, fewest_ranks, tensor_budget
+    from ..units import parse_size
+
+    try:
+        budget = parse_size(budget_text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if budget <= 0:
+        raise ConfigError(f"the budget must be positive, got {budget_text}")
+    usable = tensor_budget(budget, spec.device, spec.checkpointing)
+    fewest, why = fewest_ranks(cfg, spec, pspec, usable)
+    return {"budget_bytes": budget, "cuda_context_bytes": cuda_context_bytes(spec.device),
+            "tensor_budget_bytes": usable, "fewest_ranks": fewest, "fewest_reason": why}
+
+
 def cmd_estimate(args, cfg, spec) -> int:
     pspec = parse_parallel(args)
     rec = _estimate(cfg, spec, pspec)
+    if getattr(args, "budget", None):
+        rec["fit"] = fewest_record(cfg, spec, pspec, args.budget)
     if args.json:
         print(json.dumps(rec))
         return 0
@@ -111,6 +132,11 @@ def cmd_estimate(args, cfg, spec) -> int:
     print(f"for comparison, model states only ({ref['closest']}): ZeRO paper "
           f"{fmt_bytes(ref['zero_paper'][ref['closest']])}"
           + (f", DeepSpeed {fmt_bytes(ref['deepspeed'][ref['closest']])}" if ref['closest'] in ref['deepspeed'] else ""))
+    if "fit" in rec:
+        f = rec["fit"]
+        print(f"budget {fmt_bytes(f['budget_bytes'])} per device: {fmt_bytes(f['tensor_budget_bytes'])} for tensors; "
+              f"fewest devices that fit ({pspec.parallel}, batch {spec.batch_size} per rank): "
+              + (f"{f['fewest_ranks']} ({f['fewest_reason']})" if f["fewest_ranks"] else f"none ({f['fewest_reason']})"))
     return 0
 
 
