@@ -19,7 +19,7 @@ from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_l
 from planner.fitted import is_fitted
 from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
 from planner.parallel import sequence_parallel_applies
-from planner.plan import longest_context, plan_fitted, plan_training
+from planner.plan import plan_fitted, plan_training
 from planner.infer_spec import INFER_PRECISIONS, InferSpec, infer_args
 from planner.jobs import Job, JobBusy
 from planner.reference import UNSLOTH_LLAMA31_8B
@@ -90,7 +90,7 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     except ConfigError as exc:
         st.error(str(exc))
         return
-    est, spec, run_cfg, pspec = p.estimate, p.spec, p.cfg, p.parallel
+    est, spec, pspec = p.estimate, p.spec, p.parallel
     state["run_settings"] = {"spec": dataclasses.asdict(spec), "attention": attention, "budget": budget,
                              "parallel": dataclasses.asdict(pspec) if pspec else None}
 
@@ -183,7 +183,7 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         box = st.expander(f"Longest context at each GPU size, beside {published.source}", key="published_open",
                           on_change="rerun")
         if box.open:
-            rows = longest_context(run_cfg, spec, published)
+            rows = p.published_context(published)
             box.dataframe(pd.DataFrame([{"GPU (GiB)": r["budget_gb"],
                                          f"this estimate (your settings, batch {spec.batch_size})": f"{r['this estimate']:,}",
                                          **{f"{k} (theirs)": ("OOM" if r[k] is None else f"{r[k]:,}")

@@ -110,6 +110,11 @@ class Plan:
         return ([{"phase": k, "bytes": v} for k, v in self.estimate.phase_peak_bytes.items()]
                 + [{"phase": f"transient: {k}", "bytes": v} for k, v in self.estimate.transients.items()])
 
+    def published_context(self, reference) -> list[dict]:
+        """The longest context at each budget of a published table (planner.reference.LongestContext) at this
+        plan's settings, beside the published columns (longest_context below); asked only when the page shows it."""
+        return longest_context(self.cfg, self.spec, reference)
+
     @property
     def allocator_reserve_bytes(self) -> int:
         """On cuda, what the fit keeps free for the caching allocator's reserve (planner/fit.py ALLOCATOR_RESERVE)."""

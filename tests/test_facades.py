@@ -236,3 +236,13 @@ def test_estimate_train_parallel_budget_answers_the_fewest_devices(capsys):
     assert cli.main(["estimate", "train", "--model", "gpt2-small", "--batch-size", "1", "--seq-len", "64",
                      "--budget", "8GiB"]) == 2
     assert "--parallel" in capsys.readouterr().err
+
+
+def test_training_facade_published_context_is_longest_context():
+    from planner.plan import longest_context
+    from planner.reference import UNSLOTH_LLAMA31_8B
+
+    run = {**RUN, "precision": "bf16", "checkpointing": True, "device": "cuda", "lora_r": 32,
+           "lora_targets": "all-linear", "quantize_base": "nf4", "double_quant": True}
+    p = plan_training(PRESETS["llama-3.1-8b"], run, 1, 2048, "sdpa", 24 * 2**30)
+    assert p.published_context(UNSLOTH_LLAMA31_8B) == longest_context(p.cfg, p.spec, UNSLOTH_LLAMA31_8B)
