@@ -46,8 +46,8 @@ def main() -> int:
                 page.wait_for_timeout(1500)
                 if page.locator("[data-testid='stException'], [data-testid='stAlertContentError']").count():
                     raise SystemExit("the page shows an error")
-                # From the batch / sequence / budget row to the end of the ranked changes
-                top = page.get_by_role("slider").first.bounding_box()["y"] - 60
+                # From the estimated peak against the budget to the end of the ranked changes
+                top = page.get_by_test_id("stMetric").first.bounding_box()["y"] - 16
                 table = page.get_by_test_id("stDataFrame").first.bounding_box()
                 bottom = table["y"] + table["height"] + 16
                 main_box = page.get_by_test_id("stMain").bounding_box()
