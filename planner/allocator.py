@@ -547,3 +547,56 @@ def replay(events, capacity: int | None = None, max_split_size_mb: int | None = 
     res.segments = a.segments
     res.retries = a.retries
     return res
+
+
+# -- a training run's event list: build, warm-up step, measured step ------------------------------------------------
+# cuBLAS's workspace: one per (handle, stream), allocated through the caching allocator at a thread's first cuBLAS call
+# and kept (aten/src/ATen/cuda/CublasHandlePool.cpp getCurrentCUDABlasHandle -> getCUDABlasLtWorkspace); a training
+# step calls cuBLAS on the Python thread (forward) and on autograd's device thread (backward): two workspaces of
+# planner/estimate/training.py CUBLAS_WORKSPACE_BYTES_PER_HANDLE each.
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_scaled_mm",
+                        "aten::addmv", "aten::mv", "aten::dot"})
+
+
+def training_events(initial, step, steps: int = 2, cublas_workspace: int = 0, measured_step: int = 2) -> list:
+    """The allocator-visible sequence of a measured training run (planner/measure/training.py): the model's
+    parameters and buffers and the batch as they are built, then `steps` steps; step 1 creates the optimizer's
+    state at its optimizer phase (torch.optim's lazy _init_group); a MARK before step `measured_step` resets the
+    peaks, as torch.cuda.reset_peak_memory_stats does before the timed step.
+
+    initial: [(uid, nbytes, category)] the storages alive when the tracked step starts (planner.measure.events
+    EventLog.initial, in its order). step: the tracked step's events in dispatch order (autograd's thread included,
+    in the order the engine ran its nodes): ("a", uid, nbytes, op, phase) | ("f", uid) | ("p", phase).
+    cublas_workspace: bytes of one cuBLAS workspace (0: none), allocated at the first matmul of the forward and of
+    the backward of step 1 (each thread's first cuBLAS call) and never freed.
+
+    A storage the step allocates and keeps (none in a set_to_none step) stays allocated into the next step; a step's
+    free of an initial storage frees it (it is not re-made)."""
+    ev = []
+    state = [(uid, n) for uid, n, cat in initial if cat == "optimizer state"]
+    for uid, n, cat in initial:
+        if cat != "optimizer state":
+            ev.append((ALLOC, ("i", uid), n))
+    init_uids = {uid for uid, _, _ in initial}
+    for k in range(1, steps + 1):
+        if k == measured_step:
+            ev.append((MARK, f"step {k}", 0))
+        phase = None
+        need_ws = {"forward": k == 1 and cublas_workspace > 0, "backward": k == 1 and cublas_workspace > 0}
+        for e in step:
+            kind = e[0]
+            if kind == "a":
+                ev.append((ALLOC, (k, e[1]), e[2]))
+                if need_ws.get(phase) and e[3] in MATMUL_OPS:
+                    ev.append((ALLOC, ("cublas", phase), cublas_workspace))
+                    need_ws[phase] = False
+            elif kind == "f":
+                uid = e[1]
+                ev.append((FREE, ("i", uid) if uid in init_uids else (k, uid), 0))
+            else:
+                phase = e[1]
+                if phase in ("loss",):
+                    phase = "forward"   # the loss runs on the Python thread, as the forward does
+                if phase == "optimizer" and k == 1:
+                    ev.extend((ALLOC, ("i", uid), n) for uid, n in state)
+    return ev
