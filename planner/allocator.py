@@ -600,3 +600,66 @@ def training_events(initial, step, steps: int = 2, cublas_workspace: int = 0, me
                 if phase == "optimizer" and k == 1:
                     ev.extend((ALLOC, ("i", uid), n) for uid, n in state)
     return ev
+
+
+def config_from_env(conf: str | None) -> dict:
+    """The options of PYTORCH_CUDA_ALLOC_CONF this model follows (CUDAAllocatorConfig::parseArgs: comma-separated
+    key:value pairs): {"expandable_segments": bool, "max_split_size_mb": int | None}; other keys are ignored."""
+    out = {"expandable_segments": False, "max_split_size_mb": None}
+    for item in (conf or "").split(","):
+        key, _, value = item.strip().partition(":")
+        if key == "expandable_segments":
+            out["expandable_segments"] = value.strip() == "True"
+        elif key == "max_split_size_mb" and value.strip().isdigit():
+            out["max_split_size_mb"] = int(value)
+    return out
+
+
+def figures(events, capacity: int | None = None, conf: str | None = None) -> dict:
+    """The record's keys for a replayed run whose MARK opens the measured step (planner/measure/training.py resets
+    the peaks before it): reserved_peak_bytes (what max_memory_reserved would say), fragmentation_bytes (that less
+    the replayed max_memory_allocated), and `allocator_replay`: the detail (per-pool cached bytes at the allocated
+    peak, segments, the OOM point when `capacity` is given). conf: a PYTORCH_CUDA_ALLOC_CONF string."""
+    res = replay(events, capacity=capacity, **config_from_env(conf))
+    out = {"allocator_replay": {**res.as_dict(), "events": len(events), "alloc_conf": conf or ""}}
+    if res.oom is None and res.windows:
+        _, reserved, allocated = res.windows[-1]
+        out["reserved_peak_bytes"] = reserved
+        out["fragmentation_bytes"] = reserved - allocated
+    return out
+
+
+def run_figures(initial, step, cublas_workspace: int, capacity: int | None = None, conf: str | None = None) -> dict:
+    """figures() for a run made up from one tracked step (training_events: build, step 1, step 2)."""
+    return figures(training_events(initial, step, steps=2, cublas_workspace=cublas_workspace), capacity, conf)
+
+
+def events_from_run(run, cublas_workspace: int = 0, measured_step: str = "step 2", host_scalars: bool = True) -> list:
+    """The allocator's events from a whole simulated run (planner.measure.alloc_events.simulate_run: the build, then
+    each step after its ("m", "step K") mark): ("a", uid, nbytes, op, phase, ndim) | ("f", uid) | ("p", phase) |
+    ("m", label). A MARK (the peaks' reset) before `measured_step`; the cuBLAS workspaces after the first matmul of
+    the first forward and of the first backward (each thread's first cuBLAS call).
+    host_scalars: 0-dim tensors the optimizer phase makes are the host's (torch/optim/adamw.py _init_group keeps
+    `step` on the CPU unless capturable or fused, and _multi_tensor_adamw adds a CPU tensor(1.0) to it), not the
+    allocator's."""
+    ev = []
+    phase = "setup"
+    need_ws = {"forward": cublas_workspace > 0, "backward": cublas_workspace > 0}
+    for e in run:
+        kind = e[0]
+        if kind == "a":
+            if host_scalars and phase == "optimizer" and e[5] == 0:
+                continue
+            ev.append((ALLOC, e[1], e[2]))
+            if need_ws.get(phase) and e[3] in MATMUL_OPS:
+                ev.append((ALLOC, ("cublas", phase), cublas_workspace))
+                need_ws[phase] = False
+        elif kind == "f":
+            ev.append((FREE, e[1], 0))
+        elif kind == "p":
+            phase = "forward" if e[1] == "loss" else e[1]
+        elif kind == "m":
+            phase = "setup"
+            if e[1] == measured_step:
+                ev.append((MARK, e[1], 0))
+    return ev

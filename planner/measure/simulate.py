@@ -367,6 +367,10 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         "sim_peak_rss_bytes": procmem.read_status().get("VmHWM", 0),
     }
     result.update(host_figures(tracker, spec))
+    if step.device.type == "cuda":  # what nvidia-smi would show: the caching allocator replayed (planner/allocator.py)
+        from .alloc_events import replay_figures
+
+        result.update(replay_figures(log, device_capacity(step.device)))
     if trace:
         result["trace"] = {"ops": tracker.op_names, "phases": tracker.op_phases, "bytes": tracker.op_bytes}
     result.update(finish_log(log, exports, emit))
