@@ -439,9 +439,15 @@ def allocator_reserve_fraction(device: str, checkpointing: bool | None) -> float
     return ALLOCATOR_RESERVE[bool(checkpointing)]
 
 
-def tensor_budget(budget: int, device: str, checkpointing: bool | None = None) -> int:
+def tensor_budget(budget: int, device: str, checkpointing: bool | None = None,
+                  reserve_bytes: int | None = None) -> int:
     """What the estimated peak (tensors the allocator holds) is compared with: the budget less the CUDA context
-    and, for a training run on cuda (`checkpointing` given), less the allocator's reserve on top of the peak."""
+    and, for a training run on cuda (`checkpointing` given), less the allocator's reserve on top of the peak.
+    reserve_bytes: the reserve a caching-allocator replay found for this run (planner/allocator.py: a simulate
+    record's fragmentation_bytes, reserved less allocated at the peak), kept free instead of the measured worst
+    share (ALLOCATOR_RESERVE)."""
+    if reserve_bytes is not None and device.startswith("cuda"):
+        return budget - cuda_context_bytes(device) - reserve_bytes
     return int((budget - cuda_context_bytes(device)) / (1 + allocator_reserve_fraction(device, checkpointing)))
 
 
@@ -491,12 +497,19 @@ def gpu_info() -> dict | None:
     return {"name": name.strip(), "total_bytes": int(total) * 2**20}
 
 
-def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None) -> dict:
-    """The fit answer as the CLI prints it and the app shows it (one place, so both agree)."""
+def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None,
+               reserve_bytes: int | None = None) -> dict:
+    """The fit answer as the CLI prints it and the app shows it (one place, so both agree). reserve_bytes: the
+    allocator's reserve from a replay of this run (see tensor_budget); `allocator_reserve_source` says which."""
     rec: dict = {"budget_bytes": budget, "cuda_context_bytes": cuda_context_bytes(spec.device)}
-    usable = tensor_budget(budget, spec.device, spec.checkpointing)
-    if allocator_reserve_fraction(spec.device, spec.checkpointing):
+    usable = tensor_budget(budget, spec.device, spec.checkpointing, reserve_bytes)
+    if spec.device.startswith("cuda") and reserve_bytes is not None:
+        rec["allocator_reserve_bytes"] = reserve_bytes
+        rec["allocator_reserve_source"] = "replay: the caching allocator replayed on the run's events (planner/allocator.py)"
+    elif allocator_reserve_fraction(spec.device, spec.checkpointing):
         rec["allocator_reserve_bytes"] = budget - rec["cuda_context_bytes"] - usable
+        rec["allocator_reserve_source"] = ("measured share: the worst measured on an H200 (planner/fit.py ALLOCATOR_RESERVE, "
+                                           f"{ALLOCATOR_RESERVE[bool(spec.checkpointing)]:.1%} of the peak)")
     budget = usable
     if batch_given:
         rec["max_seq_len"], rec["reason"] = max_seq_len(cfg, spec, budget)

@@ -1,0 +1,72 @@
+"""The allocator replay wired into the planner: the simulated run's event list (planner/measure/alloc_events.py)
+against the simulation's own live bytes, the records' reserved keys, and the fit keeping a replay's reserve free."""
+import dataclasses
+
+from planner.allocator import events_from_run, replay, run_figures
+from planner.config import config_from_dict
+from planner.estimate.training import CUDA_CONTEXT_BYTES, estimate_training
+from planner.fit import fit_report
+from planner.spec import TrainSpec
+
+TINY = config_from_dict({"arch": "gpt2", "vocab_size": 300, "context_length": 64, "emb_dim": 32, "n_heads": 2,
+                         "n_layers": 2, "drop_rate": 0.1})
+SPEC = TrainSpec(2, 32, "fp32", optimizer_impl="foreach", device="cpu")
+
+
+def test_event_lists_hold_the_simulated_live_bytes():
+    """Without the cuBLAS workspaces, the requests alive at once peak at the simulation's own peak (its tracked step):
+    in the list made up from the tracked step (build, step 1 with the optimizer's lazy state, step 2) and in the
+    whole run logged from the build on."""
+    from planner.measure.alloc_events import simulate_events, simulate_run
+
+    rec, initial, step = simulate_events(TINY, SPEC)
+    fig = run_figures(initial, step, 0)
+    assert fig["allocator_replay"]["requested_peak_bytes"] == rec["peak_bytes"]
+    assert fig["reserved_peak_bytes"] >= fig["allocator_replay"]["allocated_peak_bytes"] >= rec["peak_bytes"]
+    run = simulate_run(TINY, SPEC)
+    assert [e[1] for e in run if e[0] == "m"] == ["step 1", "step 2"]
+    res = replay(events_from_run(run, 0, host_scalars=False))
+    assert res.requested_peak_bytes == rec["peak_bytes"]
+    assert res.windows[0][0] == "step 2"
+
+
+def test_simulate_replay_figures_keys():
+    """simulate --device cuda adds these (planner/measure/simulate.py); the function is device-blind."""
+    from planner.measure import simulate as sim
+    from planner.measure.alloc_events import replay_figures
+
+    kept = {}
+    original = sim.finish_log
+
+    def keep(log, exports, emit=lambda e: None):
+        kept["log"] = log
+        return original(log, exports, emit)
+    sim.finish_log = keep
+    try:
+        sim.simulate_training(TINY, SPEC)
+    finally:
+        sim.finish_log = original
+    out = replay_figures(kept["log"])
+    assert out["reserved_peak_bytes"] - out["fragmentation_bytes"] == out["allocator_replay"]["windows"][-1][2]
+    assert out["reserved_peak_source"].startswith("simulate:")
+
+
+def test_estimate_record_names_its_reserved_source():
+    from planner.cli.args import _estimate_record
+
+    rec = _estimate_record(TINY, dataclasses.replace(SPEC, device="cuda"))
+    assert rec["reserved_peak_bytes"] - rec["fragmentation_bytes"] == rec["peak_bytes"]
+    assert rec["reserved_peak_source"].startswith("estimate:") and "not a replay" in rec["reserved_peak_source"]
+    assert "reserved_peak_bytes" not in _estimate_record(TINY, SPEC)
+
+
+def test_fit_keeps_a_replays_reserve_free():
+    spec = TrainSpec(1, 64, device="cuda")
+    budget, reserve = 2 * 2**30, 50 * 2**20
+    rec = fit_report(TINY, spec, budget, batch_given=False, reserve_bytes=reserve)
+    tensors = budget - CUDA_CONTEXT_BYTES - reserve
+    assert rec["allocator_reserve_bytes"] == reserve and rec["allocator_reserve_source"].startswith("replay")
+    best = rec["max_batch_size"]
+    assert estimate_training(TINY, dataclasses.replace(spec, batch_size=best)).peak_bytes <= tensors
+    assert estimate_training(TINY, dataclasses.replace(spec, batch_size=best + 1)).peak_bytes > tensors
+    assert fit_report(TINY, spec, budget, batch_given=False)["allocator_reserve_source"].startswith("measured share")
