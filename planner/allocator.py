@@ -554,6 +554,8 @@ def replay(events, capacity: int | None = None, max_split_size_mb: int | None = 
 # and kept (aten/src/ATen/cuda/CublasHandlePool.cpp getCurrentCUDABlasHandle -> getCUDABlasLtWorkspace); a training
 # step calls cuBLAS on the Python thread (forward) and on autograd's device thread (backward): two workspaces of
 # planner/estimate/training.py CUBLAS_WORKSPACE_BYTES_PER_HANDLE each.
+# torch.tensor(x) dispatches aten::lift_fresh on a fresh CPU tensor (torch/csrc/utils/tensor_new.cpp internal_new_from_data)
+HOST_SCALAR_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_scaled_mm",
                         "aten::addmv", "aten::mv", "aten::dot"})
 
@@ -641,14 +643,16 @@ def events_from_run(run, cublas_workspace: int = 0, measured_step: str = "step 2
     the first forward and of the first backward (each thread's first cuBLAS call).
     host_scalars: 0-dim tensors the optimizer phase makes are the host's (torch/optim/adamw.py _init_group keeps
     `step` on the CPU unless capturable or fused, and _multi_tensor_adamw adds a CPU tensor(1.0) to it), not the
-    allocator's."""
+    allocator's; so is a step's `torch.tensor(x)` (aten::lift_fresh, no device given: the CPU; e.g. the book's GELU
+    `torch.tensor(2.0 / torch.pi)`). In the build, under `with torch.device(device)`, it is the device's."""
     ev = []
     phase = "setup"
+    in_step = False
     need_ws = {"forward": cublas_workspace > 0, "backward": cublas_workspace > 0}
     for e in run:
         kind = e[0]
         if kind == "a":
-            if host_scalars and phase == "optimizer" and e[5] == 0:
+            if host_scalars and e[5] == 0 and (phase == "optimizer" or (in_step and e[3] in HOST_SCALAR_OPS)):
                 continue
             ev.append((ALLOC, e[1], e[2]))
             if need_ws.get(phase) and e[3] in MATMUL_OPS:
@@ -660,6 +664,7 @@ def events_from_run(run, cublas_workspace: int = 0, measured_step: str = "step 2
             phase = "forward" if e[1] == "loss" else e[1]
         elif kind == "m":
             phase = "setup"
+            in_step = True
             if e[1] == measured_step:
                 ev.append((MARK, e[1], 0))
     return ev
