@@ -30,25 +30,22 @@ def test_event_lists_hold_the_simulated_live_bytes():
     assert res.windows[0][0] == "step 2"
 
 
-def test_simulate_replay_figures_keys():
-    """simulate --device cuda adds these (planner/measure/simulate.py); the function is device-blind."""
-    from planner.measure import simulate as sim
-    from planner.measure.alloc_events import replay_figures
+def test_simulate_records_the_replay_of_its_whole_run():
+    """simulate --device cuda logs its build and warm-up step and joins them to the tracked step
+    (planner/measure/simulate.py, alloc_events.RunLog): the same run simulate_run logs in one go, so the same
+    replay. Device-blind: forced here on the CPU."""
+    from planner.allocator import figures
+    from planner.estimate.training import CUBLAS_WORKSPACE_BYTES_PER_HANDLE
+    from planner.measure.alloc_events import simulate_run
+    from planner.measure.simulate import simulate_training
 
-    kept = {}
-    original = sim.finish_log
-
-    def keep(log, exports, emit=lambda e: None):
-        kept["log"] = log
-        return original(log, exports, emit)
-    sim.finish_log = keep
-    try:
-        sim.simulate_training(TINY, SPEC)
-    finally:
-        sim.finish_log = original
-    out = replay_figures(kept["log"])
-    assert out["reserved_peak_bytes"] - out["fragmentation_bytes"] == out["allocator_replay"]["windows"][-1][2]
-    assert out["reserved_peak_source"].startswith("simulate:")
+    rec = simulate_training(TINY, SPEC, allocator_replay=True)
+    alone = figures(events_from_run(simulate_run(TINY, SPEC), CUBLAS_WORKSPACE_BYTES_PER_HANDLE))
+    assert rec["reserved_peak_bytes"] == alone["reserved_peak_bytes"]
+    assert rec["fragmentation_bytes"] == alone["fragmentation_bytes"]
+    assert rec["allocator_replay"]["events"] == alone["allocator_replay"]["events"]
+    assert rec["reserved_peak_source"].startswith("simulate: the build, the warm-up step and the tracked step")
+    assert "reserved_peak_bytes" not in simulate_training(TINY, SPEC)   # on the CPU, by default: no replay
 
 
 def test_estimate_record_names_its_reserved_source():
