@@ -626,3 +626,60 @@ def choose_layout(cfg: ModelConfig, spec, budget: int, base=None) -> dict:
     return {"best": best, "candidates": rows,
             "reason": (f"{best['layout']} on {best['devices']} devices ({best['reason']})" if best
                        else "no layout fits this budget at this batch per rank")}
+
+
+# ---------------------------------------------------------------- the allocator's reserve from a replay (cuda)
+
+def replay_reserve(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 900) -> dict:
+    """Simulate `spec` on cuda in a child (planner/measure/simulate.py replays its whole run through the caching
+    allocator, planner/allocator.py) and return its figures: {"fragmentation_bytes", "reserved_peak_bytes"}, or
+    {"oom": {...}} where the replay ran out of the device's memory. ConfigError (one line) if it cannot run."""
+    from .config import config_to_dict
+    from .runner import run_worker
+
+    out = run_worker({"kind": "simulate", "spec": dataclasses.asdict(spec), "config": config_to_dict(cfg)},
+                     timeout_s=timeout_s)
+    if out.exit_code:
+        raise ConfigError(f"the allocator replay needs simulate --device cuda: "
+                          f"{out.record.get('error') or 'the simulation failed (exit ' + str(out.exit_code) + ')'}")
+    rep = out.record.get("allocator_replay") or {}
+    if rep.get("oom"):
+        return {"oom": rep["oom"]}
+    return {k: out.record[k] for k in ("fragmentation_bytes", "reserved_peak_bytes")}
+
+
+def fit_report_replayed(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None,
+                        replay: Callable[[ModelConfig, TrainSpec], dict] = replay_reserve, rounds: int = 3) -> dict:
+    """fit_report on cuda with the allocator's reserve from a replay of the answer's own run instead of the measured
+    share: the measured share's answer is simulated and replayed, the fit redone keeping that run's reserve free,
+    until the answer's run is the one replayed (at most `rounds` replays). A replay that runs out of the device's
+    memory moves the answer one batch (or 64 tokens of sequence) down. `allocator_reserve_run` names the replayed
+    run; a neighbour of it is judged with its reserve."""
+    rec = fit_report(cfg, spec, budget, batch_given, costs)
+    replayed: dict = {}
+    for _ in range(rounds):
+        run = TrainSpec(**rec["run"])
+        key = (run.batch_size, run.seq_len)
+        if key in replayed:
+            break
+        got = replayed[key] = replay(cfg, run)
+        if "oom" in got:
+            smaller = (dataclasses.replace(run, seq_len=run.seq_len - 64) if batch_given
+                       else dataclasses.replace(run, batch_size=run.batch_size - 1))
+            if smaller.batch_size < 1 or smaller.seq_len < 1:
+                rec.update({"fits": False, "allocator_replay_oom": got["oom"]})
+                return rec
+            reserve = replay(cfg, smaller).get("fragmentation_bytes")
+            if reserve is None:
+                rec.update({"fits": False, "allocator_replay_oom": got["oom"]})
+                return rec
+            key = (smaller.batch_size, smaller.seq_len)
+            replayed[key] = {"fragmentation_bytes": reserve}
+        new = fit_report(cfg, spec, budget, batch_given, costs, reserve_bytes=replayed[key]["fragmentation_bytes"])
+        new["allocator_reserve_run"] = {"batch_size": key[0], "seq_len": key[1]}
+        rec = new
+    rec["allocator_replays"] = [{"batch_size": b, "seq_len": s, **v} for (b, s), v in replayed.items()]
+    final = replayed.get((rec["run"]["batch_size"], rec["run"]["seq_len"]), {})
+    if "oom" in final:  # the answer is a run whose own replay ran out of memory: say so, do not offer it
+        rec.update({"fits": False, "allocator_replay_oom": final["oom"]})
+    return rec

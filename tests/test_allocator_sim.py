@@ -67,3 +67,37 @@ def test_fit_keeps_a_replays_reserve_free():
     assert estimate_training(TINY, dataclasses.replace(spec, batch_size=best)).peak_bytes <= tensors
     assert estimate_training(TINY, dataclasses.replace(spec, batch_size=best + 1)).peak_bytes > tensors
     assert fit_report(TINY, spec, budget, batch_given=False)["allocator_reserve_source"].startswith("measured share")
+
+
+def test_fit_answers_from_the_replay_of_its_own_run():
+    """fit --replay-reserve: the measured share's answer is replayed, the fit redone with that run's reserve, until
+    the answer is the run replayed (the replay here stands in for the simulate child: a fixed reserve per run)."""
+    from planner.fit import fit_report_replayed
+
+    spec, budget = TrainSpec(1, 64, device="cuda"), 2 * 2**30
+    seen = []
+
+    def replay(cfg, run):
+        seen.append(run.batch_size)
+        return {"fragmentation_bytes": 10 * 2**20, "reserved_peak_bytes": 0}
+    rec = fit_report_replayed(TINY, spec, budget, batch_given=False, replay=replay)
+    share = fit_report(TINY, spec, budget, batch_given=False)
+    assert rec["allocator_reserve_bytes"] == 10 * 2**20 and rec["allocator_reserve_source"].startswith("replay")
+    assert rec["max_batch_size"] >= share["max_batch_size"]   # 10 MiB is less than the measured share here
+    assert rec["allocator_reserve_run"]["batch_size"] == seen[-1] == rec["max_batch_size"]
+
+    def runs_out(cfg, run):   # a replay that runs out at the answer: one batch down is replayed instead
+        return {"oom": {"event": 1}} if run.batch_size == share["max_batch_size"] else {"fragmentation_bytes": 0}
+    rec = fit_report_replayed(TINY, spec, budget, batch_given=False, replay=runs_out, rounds=1)
+    assert rec["allocator_reserve_run"]["batch_size"] == share["max_batch_size"] - 1
+
+
+def test_fit_replay_reserve_cli_refusals():
+    import subprocess
+    import sys
+
+    for device, words in (("cpu", "give --device cuda"), ("cuda", "needs simulate --device cuda")):
+        r = subprocess.run([sys.executable, "-m", "planner", "fit", "--model", "gpt2-small", "--seq-len", "128",
+                            "--budget", "8GiB", "--device", device, "--replay-reserve", "--json"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
