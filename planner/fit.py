@@ -439,9 +439,15 @@ def allocator_reserve_fraction(device: str, checkpointing: bool | None) -> float
     return ALLOCATOR_RESERVE[bool(checkpointing)]
 
 
-def tensor_budget(budget: int, device: str, checkpointing: bool | None = None) -> int:
+def tensor_budget(budget: int, device: str, checkpointing: bool | None = None,
+                  reserve_bytes: int | None = None) -> int:
     """What the estimated peak (tensors the allocator holds) is compared with: the budget less the CUDA context
-    and, for a training run on cuda (`checkpointing` given), less the allocator's reserve on top of the peak."""
+    and, for a training run on cuda (`checkpointing` given), less the allocator's reserve on top of the peak.
+    reserve_bytes: the reserve a caching-allocator replay found for this run (planner/allocator.py: a simulate
+    record's fragmentation_bytes, reserved less allocated at the peak), kept free instead of the measured worst
+    share (ALLOCATOR_RESERVE)."""
+    if reserve_bytes is not None and device.startswith("cuda"):
+        return budget - cuda_context_bytes(device) - reserve_bytes
     return int((budget - cuda_context_bytes(device)) / (1 + allocator_reserve_fraction(device, checkpointing)))
 
 
@@ -491,12 +497,19 @@ def gpu_info() -> dict | None:
     return {"name": name.strip(), "total_bytes": int(total) * 2**20}
 
 
-def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None) -> dict:
-    """The fit answer as the CLI prints it and the app shows it (one place, so both agree)."""
+def fit_report(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None,
+               reserve_bytes: int | None = None) -> dict:
+    """The fit answer as the CLI prints it and the app shows it (one place, so both agree). reserve_bytes: the
+    allocator's reserve from a replay of this run (see tensor_budget); `allocator_reserve_source` says which."""
     rec: dict = {"budget_bytes": budget, "cuda_context_bytes": cuda_context_bytes(spec.device)}
-    usable = tensor_budget(budget, spec.device, spec.checkpointing)
-    if allocator_reserve_fraction(spec.device, spec.checkpointing):
+    usable = tensor_budget(budget, spec.device, spec.checkpointing, reserve_bytes)
+    if spec.device.startswith("cuda") and reserve_bytes is not None:
+        rec["allocator_reserve_bytes"] = reserve_bytes
+        rec["allocator_reserve_source"] = "replay: the caching allocator replayed on the run's events (planner/allocator.py)"
+    elif allocator_reserve_fraction(spec.device, spec.checkpointing):
         rec["allocator_reserve_bytes"] = budget - rec["cuda_context_bytes"] - usable
+        rec["allocator_reserve_source"] = ("measured share: the worst measured on an H200 (planner/fit.py ALLOCATOR_RESERVE, "
+                                           f"{ALLOCATOR_RESERVE[bool(spec.checkpointing)]:.1%} of the peak)")
     budget = usable
     if batch_given:
         rec["max_seq_len"], rec["reason"] = max_seq_len(cfg, spec, budget)
@@ -613,3 +626,60 @@ def choose_layout(cfg: ModelConfig, spec, budget: int, base=None) -> dict:
     return {"best": best, "candidates": rows,
             "reason": (f"{best['layout']} on {best['devices']} devices ({best['reason']})" if best
                        else "no layout fits this budget at this batch per rank")}
+
+
+# ---------------------------------------------------------------- the allocator's reserve from a replay (cuda)
+
+def replay_reserve(cfg: ModelConfig, spec: TrainSpec, timeout_s: float = 900) -> dict:
+    """Simulate `spec` on cuda in a child (planner/measure/simulate.py replays its whole run through the caching
+    allocator, planner/allocator.py) and return its figures: {"fragmentation_bytes", "reserved_peak_bytes"}, or
+    {"oom": {...}} where the replay ran out of the device's memory. ConfigError (one line) if it cannot run."""
+    from .config import config_to_dict
+    from .runner import run_worker
+
+    out = run_worker({"kind": "simulate", "spec": dataclasses.asdict(spec), "config": config_to_dict(cfg)},
+                     timeout_s=timeout_s)
+    if out.exit_code:
+        raise ConfigError(f"the allocator replay needs simulate --device cuda: "
+                          f"{out.record.get('error') or 'the simulation failed (exit ' + str(out.exit_code) + ')'}")
+    rep = out.record.get("allocator_replay") or {}
+    if rep.get("oom"):
+        return {"oom": rep["oom"]}
+    return {k: out.record[k] for k in ("fragmentation_bytes", "reserved_peak_bytes")}
+
+
+def fit_report_replayed(cfg, spec, budget: int, batch_given: bool, costs: dict | None = None,
+                        replay: Callable[[ModelConfig, TrainSpec], dict] = replay_reserve, rounds: int = 3) -> dict:
+    """fit_report on cuda with the allocator's reserve from a replay of the answer's own run instead of the measured
+    share: the measured share's answer is simulated and replayed, the fit redone keeping that run's reserve free,
+    until the answer's run is the one replayed (at most `rounds` replays). A replay that runs out of the device's
+    memory moves the answer one batch (or 64 tokens of sequence) down. `allocator_reserve_run` names the replayed
+    run; a neighbour of it is judged with its reserve."""
+    rec = fit_report(cfg, spec, budget, batch_given, costs)
+    replayed: dict = {}
+    for _ in range(rounds):
+        run = TrainSpec(**rec["run"])
+        key = (run.batch_size, run.seq_len)
+        if key in replayed:
+            break
+        got = replayed[key] = replay(cfg, run)
+        if "oom" in got:
+            smaller = (dataclasses.replace(run, seq_len=run.seq_len - 64) if batch_given
+                       else dataclasses.replace(run, batch_size=run.batch_size - 1))
+            if smaller.batch_size < 1 or smaller.seq_len < 1:
+                rec.update({"fits": False, "allocator_replay_oom": got["oom"]})
+                return rec
+            reserve = replay(cfg, smaller).get("fragmentation_bytes")
+            if reserve is None:
+                rec.update({"fits": False, "allocator_replay_oom": got["oom"]})
+                return rec
+            key = (smaller.batch_size, smaller.seq_len)
+            replayed[key] = {"fragmentation_bytes": reserve}
+        new = fit_report(cfg, spec, budget, batch_given, costs, reserve_bytes=replayed[key]["fragmentation_bytes"])
+        new["allocator_reserve_run"] = {"batch_size": key[0], "seq_len": key[1]}
+        rec = new
+    rec["allocator_replays"] = [{"batch_size": b, "seq_len": s, **v} for (b, s), v in replayed.items()]
+    final = replayed.get((rec["run"]["batch_size"], rec["run"]["seq_len"]), {})
+    if "oom" in final:  # the answer is a run whose own replay ran out of memory: say so, do not offer it
+        rec.update({"fits": False, "allocator_replay_oom": final["oom"]})
+    return rec

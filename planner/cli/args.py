@@ -153,7 +153,24 @@ def _estimate_record(cfg, spec) -> dict:
 
     est = estimate_training(cfg, spec).to_dict()
     # basis (issue #20): "formula" here; "fitted simulation" for what is answered from a what-if fit
-    return {"model": config_to_dict(cfg), "run": asdict(spec), "basis": "formula", **est}
+    return {"model": config_to_dict(cfg), "run": asdict(spec), "basis": "formula", **est, **reserved_lines(spec, est)}
+
+
+def reserved_lines(spec, est: dict) -> dict:
+    """On cuda, what max_memory_reserved would be: the estimate has no ordered list of tensors to replay through
+    the caching allocator (planner/allocator.py; simulate --device cuda replays its step), so its figure is the
+    peak plus the reserve the fit keeps free (planner/fit.py ALLOCATOR_RESERVE: the worst share measured on an
+    H200), and `reserved_peak_source` says so."""
+    from ..fit import ALLOCATOR_RESERVE, allocator_reserve_fraction
+
+    share = allocator_reserve_fraction(spec.device, spec.checkpointing)
+    if not share or "peak_bytes" not in est:
+        return {}
+    reserved = int(est["peak_bytes"] * (1 + share))
+    return {"reserved_peak_bytes": reserved, "fragmentation_bytes": reserved - est["peak_bytes"],
+            "reserved_peak_source": (f"estimate: the peak plus the worst reserve share measured on an H200 "
+                                     f"({ALLOCATOR_RESERVE[bool(spec.checkpointing)]:.1%}, planner/fit.py "
+                                     "ALLOCATOR_RESERVE), not a replay of the allocator")}
 
 
 def _print_table(rec: dict, keys: list[str]) -> None:

@@ -169,6 +169,9 @@ def build_parser() -> _Parser:
                                     "machine's total RAM")
     p.add_argument("--measure-costs", action="store_true",
                    help="measure checkpointing's and gradient accumulation's step-time cost here (a 2-block proxy)")
+    p.add_argument("--replay-reserve", action="store_true",
+                   help="on cuda: keep free the caching allocator's reserve a replay of the answer's own simulated "
+                        "run finds (simulate --device cuda: needs a CUDA build and device), not the measured share")
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "finetune-amp", "longest-context", "record", "export", "losses",
@@ -458,14 +461,21 @@ def cmd_fit(args) -> int:
     from ..fitted import is_fitted
 
     if is_fitted(cfg):  # issue #20: answered from the model's fit of simulations (planner/cli/fitted.py)
-        if args.measure_costs:
-            raise ConfigError(f"{cfg.model_type}: --measure-costs needs a formula family")
+        if args.measure_costs or args.replay_reserve:
+            raise ConfigError(f"{cfg.model_type}: --measure-costs and --replay-reserve need a formula family")
         from .fitted import fit_report_fitted
 
         rec = {**fit_report_fitted(cfg, spec, budget, batch_given, args), "budget_source": source}
     else:
         costs = measure_costs(cfg, spec, on_step=None if args.json else progress) if args.measure_costs else None
-        rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
+        if args.replay_reserve:
+            if not spec.device.startswith("cuda"):
+                raise ConfigError("--replay-reserve is the CUDA caching allocator's reserve: give --device cuda")
+            from ..fit import fit_report_replayed
+
+            rec = {**fit_report_replayed(cfg, spec, budget, batch_given, costs), "budget_source": source}
+        else:
+            rec = {**fit_report(cfg, spec, budget, batch_given, costs), "budget_source": source}
     if args.json:
         print(json.dumps(rec))
         return 0
@@ -474,7 +484,8 @@ def cmd_fit(args) -> int:
     if rec.get("cuda_context_bytes"):
         reserve = rec.get("allocator_reserve_bytes", 0)
         print(f"  minus the CUDA context {fmt_bytes(rec['cuda_context_bytes'])} (outside the allocator)"
-              + (f" and the allocator's reserve {fmt_bytes(reserve)} (measured on an H200: docs/gpu.md)" if reserve else "")
+              + (f" and the allocator's reserve {fmt_bytes(reserve)} ({rec.get('allocator_reserve_source', '')})"
+                 if reserve else "")
               + f": {fmt_bytes(budget - rec['cuda_context_bytes'] - reserve)} for tensors")
     if batch_given:
         print(f"longest sequence that fits at batch {r['batch_size']}: {rec['max_seq_len']} ({rec['reason']})")

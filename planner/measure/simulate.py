@@ -206,11 +206,15 @@ def fake_error_message(exc: BaseException) -> str | None:
 
 def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None,
                       module: tuple[str, str] | None = None, max_timeline_points: int = 600,
-                      trace: bool = False, exports: dict | None = None) -> dict:
+                      trace: bool = False, exports: dict | None = None, allocator_replay: bool | None = None) -> dict:
     """Simulate the step of `cfg` (or of the user's `module` = (path, function name)) under `spec`.
 
     With `trace`, the record also has "trace": {"ops": [aten op name], "phases": [...], "bytes": [live bytes
     after the op]} for every op of the tracked step (planner.whatif fits these).
+
+    On cuda (or with `allocator_replay`), the build and the warm-up step are logged too and the whole run is
+    replayed through the caching allocator (planner/allocator.py): the record gains reserved_peak_bytes,
+    fragmentation_bytes and allocator_replay.
 
     Raises SimulationError (one line) for what cannot be simulated; its `train_phase` says where.
     """
@@ -224,7 +228,7 @@ def simulate_training(cfg: ModelConfig | None, spec: TrainSpec, emit: Callable[[
                               "plus the paged part)")
     holder: dict = {}
     try:
-        return _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace, exports)
+        return _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace, exports, allocator_replay)
     except SimulationError as exc:
         exc.train_phase = _phase(holder)
         raise
@@ -304,27 +308,41 @@ def cpu_grouped_mm_meta(device: str):
         meta._meta_grouped_mm_common = original
 
 
-def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False, exports=None) -> dict:
+def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False, exports=None,
+              allocator_replay=None) -> dict:
     t_start = time.perf_counter()
     emit({"event": "progress", "stage": "build", "fraction": 0.05})
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        if module is not None:
-            from ..routines.user_module import ModuleError, ModuleTrainingStep
+    if allocator_replay is None:
+        allocator_replay = spec.device.startswith("cuda")
+    runlog = None
+    if allocator_replay:  # the build and the warm-up step logged for the allocator replay (planner/allocator.py)
+        from .alloc_events import RunLog
 
-            try:
-                step = ModuleTrainingStep(Path(module[0]), module[1], spec, guard=_guard,
-                                          input_shape=module[2] if len(module) > 2 else None)
-            except ModuleError as exc:
-                raise SimulationError(str(exc)) from None
-        else:
-            step = _training_routine.TrainingStep(cfg, spec)
+        runlog = RunLog()
+    logged = runlog.tracking if runlog is not None else contextlib.nullcontext
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with logged():
+            if module is not None:
+                from ..routines.user_module import ModuleError, ModuleTrainingStep
+
+                try:
+                    step = ModuleTrainingStep(Path(module[0]), module[1], spec, guard=_guard,
+                                              input_shape=module[2] if len(module) > 2 else None)
+                except ModuleError as exc:
+                    raise SimulationError(str(exc)) from None
+            else:
+                step = _training_routine.TrainingStep(cfg, spec)
         holder["step"] = step
         adopt_fake_tensors(step.model, mode)
         answers = _Answers(step)
         emit({"event": "progress", "stage": "warm-up step", "fraction": 0.2})
-        with answers, CpuKernelDtypes(), real_run_branches(), cpu_grouped_mm_meta(spec.device):
-            step.run()
+        if runlog is not None:
+            runlog.mark("step 1")
+        with answers, CpuKernelDtypes(), logged() as logger, real_run_branches(), cpu_grouped_mm_meta(spec.device):
+            step.run(**({"on_phase": logger.set_phase} if logger is not None else {}))
         gc.collect()
+        if runlog is not None:
+            runlog.end_warmup()
 
         emit({"event": "progress", "stage": "tracked step", "fraction": 0.6})
         answers.reads = dict.fromkeys(answers.reads, 0)  # report the tracked step's reads
@@ -336,6 +354,7 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         persistent = tracker.current
         recorder = _PhaseRecorder(tracker, step.device)
         log = start_log(tracker, step)
+        tracked_keys = dict(log.uid_of) if runlog is not None else None  # the initial storages' uids
         tracker.recording = True
         step.pack_scope = tracker.host_scope  # --offload-activations: the host copies counted apart
         try:
@@ -367,6 +386,11 @@ def _simulate(cfg, spec, emit, module, max_timeline_points, holder, trace=False,
         "sim_peak_rss_bytes": procmem.read_status().get("VmHWM", 0),
     }
     result.update(host_figures(tracker, spec))
+    if runlog is not None:  # what nvidia-smi would show: the caching allocator replayed (planner/allocator.py)
+        from .alloc_events import device_capacity, replay_figures
+
+        capacity = device_capacity(step.device) if step.device.type == "cuda" else None
+        result.update(replay_figures(log, capacity, runlog.join(log, tracked_keys)))
     if trace:
         result["trace"] = {"ops": tracker.op_names, "phases": tracker.op_phases, "bytes": tracker.op_bytes}
     result.update(finish_log(log, exports, emit))
