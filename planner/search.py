@@ -26,11 +26,14 @@ Pruning, all on memory (the time callable is called once per kept plan, so any t
   first (fails: the combination is out), then the largest micro-batch is bisected over the divisors of the
   samples per rank;
 - within a group (same task, layout, attention), each axis has a memory order (MEMORY_ORDER: full checkpointing
-  keeps less than every:K and selective, which keep less than none; the fused losses less than the default; an
-  offload less than none; 8-bit or paged states less than AdamW's; pure bf16 less than AMP and fp32): a
+  keeps less than every:K and selective, which keep less than none; the optimizer on the host less than on the
+  device; 8-bit or paged states less than AdamW's; pure bf16 less than AMP and fp32): a
   combination whose lower neighbour on one axis did not fit at micro-batch 1 is not estimated, and its largest
   micro-batch is at most its lower neighbours'. tests/test_search.py checks that the pruned search answers what
-  the unpruned enumeration answers, plan for plan.
+  the unpruned enumeration answers, plan for plan. Not ordered (the enumeration found the estimate's peak higher
+  with them at some micro-batch): the fused losses (chunked-ce's chunk above the default loss's logits at a short
+  micro-batch), the activations' offload (its device figure above none's at micro-batch 1, fp32, Qwen2.5-0.5B);
+  and accumulation 1 apart from the accumulating micro-batches (no gradients held between micro-batches).
 Settings left out of the space, each dominated in memory and time: eager attention (sdpa: the same maths, no
 s x s tensors, faster kernels), the foreach and for-loop optimizers (fused: no temporaries and PyTorch's fastest,
 torch/optim/optimizer.py's docs "fused > foreach > for-loop"), fp16-AMP where the GPU has bf16 (the same bytes as
@@ -41,8 +44,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping, NamedTuple
 
 from .config import ConfigError, ModelConfig, with_attention
 from .spec import TrainSpec, check_fits_model, run_args
@@ -74,11 +77,11 @@ BNB = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
 MEMORY_ORDER = {
     "checkpointing": {None: ("full", "selective", "every:2", "every:4"), "every:4": ("full", "every:2"),
                       "every:2": ("full",), "selective": ("full",), "full": ()},
-    "loss": {"default": ("chunked-ce", "cce"), "chunked-ce": (), "cce": ()},
     "offload_optimizer": {False: (True,), True: ()},
-    "offload_activations": {False: (True,), True: ()},
-    "optimizer": {"adamw": ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"), "adamw-8bit": ("paged-adamw-8bit",),
-                  "paged-adamw": ("paged-adamw-8bit",), "paged-adamw-8bit": ()},
+    # (paged-adamw-8bit and paged-adamw are not ordered: with the 32-bit states paged out, the 8-bit one's unpaged
+    # small states and quantization maps kept more on GPT-2 small, the enumeration found)
+    "optimizer": {"adamw": ("adamw-8bit", "paged-adamw"), "adamw-8bit": ("paged-adamw-8bit",),
+                  "paged-adamw": (), "paged-adamw-8bit": ()},
     "precision": {"fp32": ("bf16",), "bf16-amp": ("bf16",), "fp16-amp": ("bf16",), "bf16": ()},
 }
 AXES = tuple(MEMORY_ORDER)
@@ -88,8 +91,7 @@ AXES = tuple(MEMORY_ORDER)
 TimeOf = Callable[..., "float | Mapping"]
 
 
-@dataclass(frozen=True)
-class Combo:
+class Combo(NamedTuple):
     """One point of the space but the micro-batch: what the search varies, in the order of AXES, and its group."""
     task: str                   # full | lora | qlora
     layout: str                 # single | ddp | fsdp
@@ -121,7 +123,7 @@ class Plan:
     step_time_s: float | None = None
     flops_per_step: float | None = None
     tokens_per_s: float | None = None
-    changes: list = field(default_factory=list)
+    combo: Combo | None = None  # the point of the space it is (the tests compare the search with the enumeration)
 
     def flags(self, model_flags: list[str]) -> list[str]:
         """The command line that runs this plan as is: `python -m planner estimate|simulate|measure train FLAGS`."""
@@ -143,7 +145,7 @@ class SearchResult:
     plans: list[Plan]                   # every combination that fits, at its largest micro-batch
     best: Plan | None
     by_quality: dict[str, Plan]         # the fastest plan of each class that has one
-    pareto: list[Plan]                  # peak against step time, fastest first (empty without a time model)
+    pareto: list[Plan]                  # over `plans`: peak against step time, fastest first (none without a time model)
     smallest: Plan | None               # the smallest peak found (what the refusal quotes when nothing fits)
     timed: bool                         # a time model priced the plans
     stats: dict                         # combinations, estimates, pruned, seconds
@@ -264,6 +266,8 @@ class _Space:
         per_rank = self.samples // c.world
         if c.layout == "fsdp":  # accumulation with FSDP is not modelled (estimate_distributed): accum 1 only
             return [per_rank]
+        if c.checkpointing in (None, "full"):
+            return divisors(per_rank)
         from .cli.args import policy_estimated
 
         # a checkpointing policy the estimate does not model with accumulation (planner/estimate/ckpt_policy.py)
@@ -319,14 +323,14 @@ def _largest(values: list[int], fits: Callable[[int], bool], bisect: bool) -> in
 def _plan(space: "_Space", c: Combo, micro: int, attention: str, tb: int) -> Plan:
     peak, host = space.peak(c, micro)
     spec = space.spec(c, micro)
-    return Plan(spec, attention, _pspec(c), peak, tb, host, quality_of(spec))
+    return Plan(spec, attention, _pspec(c), peak, tb, host, quality_of(spec), combo=c)
 
 
 def _lower_neighbours(c: Combo, members: set) -> list[Combo]:
     out = []
     for name in AXES:
         for v in MEMORY_ORDER[name].get(c.axis(name), ()):
-            n = dataclasses.replace(c, **{name: v})
+            n = c._replace(**{name: v})
             if n in members:
                 out.append(n)
     return out
@@ -384,10 +388,11 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
     for c in sorted(members, key=_order_key):
         tb = tensor_budget(budget, "cuda", c.checkpointing is not None)
         lower = _lower_neighbours(c, members) if prune else []
-        if not space.valid(c):
+        try:
+            micros = space.micro_batches(c)
+        except ConfigError:  # the spec itself refuses the combination
             invalid += 1
             continue
-        micros = space.micro_batches(c)
         if not micros:
             continue
         # a lower neighbour keeps no more bytes at any micro-batch: its peak at a micro-batch no larger than this
@@ -398,6 +403,9 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
             peak1[c] = (micros[0], max(p for _, p in over))  # a lower bound, enough for its upper neighbours
             dev_max[c], tb_of[c] = 0, tb
             pruned += 1
+            continue
+        if not space.valid(c):
+            invalid += 1
             continue
         cap = min((dev_max[n] for n in lower if n in dev_max and tb_of[n] >= tb), default=micros[-1])
         tb_of[c] = tb
@@ -410,28 +418,45 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
         def host_fits(m: int) -> bool:
             return host_ram is None or space.peak(c, m)[1] <= host_ram
 
-        # a lower neighbour fitted at this largest micro-batch: try it first (one estimate when it fits too)
-        hopeful = any(dev_max.get(n) == ok[-1] for n in lower) if ok else False
-        if prune and hopeful and dev_fits(ok[-1]) and host_fits(ok[-1]):
-            # the largest allowed micro-batch fits: one estimate (its peak at the smallest is then under the budget,
-            # which prunes no upper neighbour: theirs is no smaller)
-            dev_max[c] = ok[-1]
-            plans.append(_plan(space, c, ok[-1], cfg.attention, tb))
+        top = micros[-1]  # accumulation 1: no gradients held between micro-batches, so its peak may be the lower
+        if prune and top in ok and any(dev_max.get(n) == top for n in lower) and dev_fits(top) and host_fits(top):
+            # a lower neighbour fitted at it: tried first, one estimate when it fits here too (the peak at the other
+            # micro-batches then prunes no upper neighbour: theirs is no smaller, their budget no smaller)
+            dev_max[c] = top
+            plans.append(_plan(space, c, top, cfg.attention, tb))
             continue
-        first = space.peak(c, micros[0])
-        if first is None:
+        ends = [space.peak(c, m) for m in dict.fromkeys((micros[0], top))]
+        ends = [e[0] for e in ends if e is not None]
+        if not ends:
             continue  # not modelled: no memory fact to pass on
-        peak1[c] = (micros[0], first[0])
-        n_dev = _largest(ok, dev_fits, prune)
-        dev_max[c] = ok[n_dev - 1] if n_dev else 0
-        n_all = _largest(ok[:n_dev], host_fits, prune)
-        if not n_all:
+        # the lowest peak over its micro-batches: the smallest accumulating one's or accumulation 1's
+        peak1[c] = (micros[0], min(ends))
+        # the largest fitting micro-batch: accumulation 1 alone, else bisected among the accumulating ones (the
+        # peak grows with the micro-batch there, the gradients held between micro-batches in each)
+        dev_top = top in ok and dev_fits(top)
+        if dev_top and host_fits(top):
+            dev_max[c] = top
+            plans.append(_plan(space, c, top, cfg.attention, tb))
             continue
-        plans.append(_plan(space, c, ok[n_all - 1], cfg.attention, tb))
+        rest = [m for m in ok if m != top]
+        n_dev = _largest(rest, dev_fits, prune)
+        dev_max[c] = top if dev_top else rest[n_dev - 1] if n_dev else 0
+        n_all = _largest(rest[:n_dev], host_fits, prune)
+        if n_all:
+            plans.append(_plan(space, c, rest[n_all - 1], cfg.attention, tb))
     found = [(v[0], k) for k, v in space.memo.items() if v is not None]
     if found:  # the smallest device peak of every estimate made
         _, (c, m) = min(found, key=lambda f: (f[0], _order_key(f[1][0]), f[1][1]))
         smallest = _plan(space, c, m, cfg.attention, tensor_budget(budget, "cuda", c.checkpointing is not None))
+    stats = {"combinations": len(combos), "invalid": invalid, "estimates": space.estimates, "pruned": pruned,
+             "fitting": len(plans), "seconds": time.perf_counter() - t0}
+    return rank(cfg, plans, smallest, stats, tokens_per_step, time_of)
+
+
+def rank(cfg: ModelConfig, plans: list[Plan], smallest: Plan | None, stats: dict, tokens_per_step: int,
+         time_of: TimeOf | None) -> SearchResult:
+    """Price the kept plans with time_of (once each) and answer: the fastest per quality class, best, the front."""
+    plans = [dataclasses.replace(p) for p in plans]  # a copy each: a plan ranked again keeps its first prices
     timed = time_of is not None
     if timed:
         for p in plans:
@@ -450,8 +475,6 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
             best = min(tier_plans, key=key)
             break
     pareto = pareto_front(plans) if timed else []
-    stats = {"combinations": len(combos), "invalid": invalid, "estimates": space.estimates, "pruned": pruned,
-             "fitting": len(plans), "seconds": time.perf_counter() - t0}
     return SearchResult(plans, best, by_quality, pareto, smallest, timed, stats)
 
 
