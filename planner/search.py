@@ -232,14 +232,21 @@ def _pspec(c: Combo):
     return ParallelSpec(world_size=c.world, parallel=c.layout)
 
 
+# Estimates kept between searches in one process (the page searches again on every move of a control): keyed by the
+# model's repr, the question's shape and the point; cleared past this many (a few MB of tuples).
+ESTIMATES_KEPT = 100_000
+_ESTIMATES: dict = {}
+
+
 class _Space:
     """One question's memoised estimates: (combo, micro-batch) -> (peak, host bytes), or None where the estimate
     refuses the run (not modelled)."""
 
     def __init__(self, cfg: ModelConfig, seq_len: int, samples: int):
         self.cfg, self.seq_len, self.samples = cfg, seq_len, samples
+        self.cfg_key = repr(cfg)  # every field (planner/accounting.py per_config keys on it too)
         self.memo: dict = {}
-        self.estimates = 0
+        self.estimates = 0  # made by this search (not found kept from an earlier one)
 
     def spec(self, c: Combo, micro: int) -> TrainSpec:
         per_rank = self.samples // c.world
@@ -276,8 +283,13 @@ class _Space:
     def peak(self, c: Combo, micro: int) -> tuple[int, int] | None:
         key = (c, micro)
         if key not in self.memo:
-            self.estimates += 1
-            self.memo[key] = self._estimate(c, micro)
+            shared = (self.cfg_key, self.seq_len, self.samples, c, micro)
+            if shared not in _ESTIMATES:
+                if len(_ESTIMATES) > ESTIMATES_KEPT:
+                    _ESTIMATES.clear()
+                self.estimates += 1
+                _ESTIMATES[shared] = self._estimate(c, micro)
+            self.memo[key] = _ESTIMATES[shared]
         return self.memo[key]
 
     def _estimate(self, c: Combo, micro: int) -> tuple[int, int] | None:
@@ -508,3 +520,158 @@ def pareto_front(plans: list[Plan]) -> list[Plan]:
         if not out or p.peak_bytes < out[-1].peak_bytes:
             out.append(p)
     return out
+
+
+# ---------------------------------------------------------------- inference: weights x KV cache x batch
+
+# Quality of a generate() plan, best first.
+INFER_QUALITY = {
+    "exact": "the weights in the checkpoint's dtype (or wider) and an unquantized KV cache",
+    "16bit": "an fp32 checkpoint's weights cast to 16 bits",
+    "8bit": "LLM.int8 weights (bitsandbytes), or the KV cache in fp8 (transformers' QuantizedCache)",
+    "4bit": "NF4 weights (bitsandbytes; fp4 is left out: the same bytes, NF4 the better fit to normal weights, "
+            "Dettmers et al. 2023)",
+}
+INFER_TIERS = (("exact", "16bit"), ("8bit",), ("4bit",))
+# weight quantization searched: (quantize_weights, double_quant)
+INFER_WEIGHTS = (("none", False), ("int8", False), ("nf4", False), ("nf4", True))
+INFER_BATCH_LIMIT = 4096  # the largest batch searched (generate() calls of more prompts at once are rare)
+
+
+@dataclass
+class InferPlan:
+    ispec: object               # planner.infer_spec.InferSpec
+    attention: str
+    peak_bytes: int
+    budget_bytes: int
+    host_bytes: int
+    quality: str
+    step_time_s: float | None = None   # the generate() call's
+    flops_per_step: float | None = None
+    tokens_per_s: float | None = None
+
+    def flags(self, model_flags: list[str]) -> list[str]:
+        """`python -m planner estimate|simulate|measure infer FLAGS` runs this plan as is."""
+        s = self.ispec
+        return (list(model_flags) + ["--batch-size", str(s.batch_size), "--prompt-len", str(s.prompt_len),
+                                     "--new-tokens", str(s.new_tokens), "--precision", s.precision,
+                                     "--attention", self.attention, "--cache", s.cache, "--quantize-weights",
+                                     s.quantize_weights] + (["--double-quant"] if s.double_quant else [])
+                + ["--device", s.device])
+
+    def to_dict(self, model_flags: list[str]) -> dict:
+        return {"flags": self.flags(model_flags), "peak_bytes": self.peak_bytes, "flops_per_step": self.flops_per_step,
+                "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s, "quality": self.quality,
+                "budget_bytes": self.budget_bytes, "host_bytes": self.host_bytes, "batch_size": self.ispec.batch_size}
+
+
+def infer_quality(cfg: ModelConfig, ispec) -> str:
+    from .config import checkpoint_dtype
+
+    if ispec.quantize_weights in ("nf4", "fp4"):
+        return "4bit"
+    if ispec.quantize_weights == "int8" or ispec.cache == "quantized":
+        return "8bit"
+    wide = {"float32": 4, "bfloat16": 2, "float16": 2}
+    same = ispec.param_dtype == checkpoint_dtype(cfg) or wide[ispec.param_dtype] > wide[checkpoint_dtype(cfg)]
+    return "exact" if same else "16bit"
+
+
+def search_infer(cfg: ModelConfig, *, prompt_len: int, new_tokens: int, budget: int, host_ram: int | None = None,
+                 half: str = "bf16", time_of: TimeOf | None = None, batch_limit: int = INFER_BATCH_LIMIT) -> SearchResult:
+    """Every weight precision x weight quantization x KV cache the family's generate() runs, each at its largest
+    batch that fits (the peak grows with the batch: doubling, then bisection, planner/fit.py largest_fitting); the
+    most tokens/s per quality class (INFER_QUALITY) and the front of peak against the call's time. Precisions: the
+    checkpoint's dtype and the GPU's 16-bit float (fp32 for a 16-bit checkpoint is left out: the same maths, twice
+    the bytes, slower)."""
+    from .arch import family_of
+    from .config import checkpoint_dtype
+    from .estimate.inference import estimate_inference
+    from .fit import largest_fitting, tensor_budget
+    from .infer_spec import InferSpec, check_infer
+
+    t0 = time.perf_counter()
+    if prompt_len <= 0 or new_tokens <= 0:
+        raise ConfigError("the prompt length and the new tokens must be positive")
+    if budget <= 0:
+        raise ConfigError("the budget must be positive")
+    try:
+        cfg = with_attention(cfg, "sdpa")
+    except ConfigError:
+        pass
+    tb = tensor_budget(budget, "cuda")
+    ckpt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[checkpoint_dtype(cfg)]
+    precisions = tuple(dict.fromkeys((half,) if ckpt != "fp32" else ("fp32", half)))
+    if ckpt != "fp32" and ckpt != half:  # a bf16 checkpoint on a GPU without bf16: fp16 (and fp32, exact)
+        precisions = ("fp32", half)
+    caches = family_of(cfg).infer_caches(cfg)
+    estimates = 0
+    memo: dict = {}
+
+    def at(ispec):
+        nonlocal estimates
+        if ispec not in memo:
+            estimates += 1
+            try:
+                est = estimate_inference(cfg, ispec)
+                memo[ispec] = (est["peak_bytes"], est.get("host_kv_cache_bytes", 0))
+            except ConfigError:
+                memo[ispec] = None
+        return memo[ispec]
+
+    plans, n, invalid = [], 0, 0
+    for prec in precisions:
+        for q, dq in INFER_WEIGHTS:
+            for cache in caches:
+                n += 1
+                one = lambda b: InferSpec(batch_size=b, prompt_len=prompt_len, new_tokens=new_tokens, precision=prec,
+                                          cache=cache, quantize_weights=q, device="cuda", double_quant=dq)
+                try:
+                    check_infer(cfg, one(1))
+                except ConfigError:
+                    invalid += 1
+                    continue
+
+                def fits(b: int) -> bool:
+                    got = at(one(b))
+                    return got is not None and got[0] <= tb and (host_ram is None or got[1] <= host_ram)
+
+                if not fits(1):
+                    continue
+                b = largest_fitting(fits, 1, batch_limit)
+                peak, host = at(one(b))
+                ispec = one(b)
+                plans.append(InferPlan(ispec, cfg.attention, peak, tb, host, infer_quality(cfg, ispec)))
+    found = [(v[0], k) for k, v in memo.items() if v is not None]
+    smallest = None
+    if found:
+        peak, ispec = min(found, key=lambda f: f[0])
+        smallest = InferPlan(ispec, cfg.attention, peak, tb, memo[ispec][1], infer_quality(cfg, ispec))
+    timed = time_of is not None
+    if timed:
+        for p in plans:
+            price = _as_price(time_of(cfg, p.ispec, None))
+            p.step_time_s = price["step_time_s"]
+            p.flops_per_step = price.get("flops_per_step")
+            p.tokens_per_s = price.get("tokens_per_s", p.ispec.batch_size * new_tokens / p.step_time_s
+                                       if p.step_time_s else None)
+        key = lambda p: (-p.tokens_per_s, p.peak_bytes)
+    else:  # the memory side only: the most prompts at once, then the smallest peak (an ordinal, never a rate)
+        key = lambda p: (-p.ispec.batch_size, p.peak_bytes)
+    by_quality: dict = {}
+    for p in sorted(plans, key=key):
+        by_quality.setdefault(p.quality, p)
+    best = None
+    for tier in INFER_TIERS:
+        tier_plans = [by_quality[q] for q in tier if q in by_quality]
+        if tier_plans:
+            best = min(tier_plans, key=key)
+            break
+    pareto = []
+    if timed:
+        for p in sorted(plans, key=lambda p: (p.step_time_s / p.ispec.batch_size, p.peak_bytes)):
+            if not pareto or p.peak_bytes < pareto[-1].peak_bytes:
+                pareto.append(p)  # per-token time against peak: fastest first, each smaller than the last
+    stats = {"combinations": n, "invalid": invalid, "estimates": estimates, "pruned": 0, "fitting": len(plans),
+             "seconds": time.perf_counter() - t0}
+    return SearchResult(plans, best, by_quality, pareto, smallest, timed, stats)

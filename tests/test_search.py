@@ -24,6 +24,14 @@ from planner.spec import TrainSpec
 GiB = 2**30
 
 
+def _sdpa(cfg):
+    """The attention the search runs: sdpa, or the family's own where it has none (Gemma 2)."""
+    try:
+        return with_attention(cfg, "sdpa")
+    except ValueError:
+        return cfg
+
+
 def crc_time(cfg, spec, pspec=None):
     """A test cost: an arbitrary per-combination weight in [1, 2) (a hash of the settings, micro-batch aside) times
     (1 + 1/micro-batch): per-micro-batch overhead, so the largest fitting micro-batch is a combination's fastest."""
@@ -48,7 +56,7 @@ def roofline_like_time(cfg, spec, pspec=None):
 
 def enumerate_all(cfg, seq_len, tokens, budget, host, combos):
     """Every (combination, micro-batch) whose estimate fits: no pruning, no bisection."""
-    cfg = with_attention(cfg, "sdpa")
+    cfg = _sdpa(cfg)
     space = _Space(cfg, seq_len, tokens // seq_len)
     out = []
     for c in combos:
@@ -71,11 +79,11 @@ def enumerate_all(cfg, seq_len, tokens, budget, host, combos):
 def test_search_matches_the_exhaustive_enumeration(model, gpus, allow):
     cfg = resolve_model(model, None)
     seq, tokens, host = 256, 1024, 64 * GiB
-    combos = combinations(with_attention(cfg, "sdpa"), "finetune", allow, gpus, tokens // seq)
+    combos = combinations(_sdpa(cfg), "finetune", allow, gpus, tokens // seq)
     if allow:  # a small LoRA space: its estimates walk every block (the full one is the canonical test's)
         combos = [c for c in combos if c.precision == "bf16" and c.loss == "default" and not c.offload_optimizer]
     # budgets around the space's peaks: some fit, some do not
-    peaks = sorted(estimate_training(with_attention(cfg, "sdpa"), spec_of(c, seq, 1, 1)).peak_bytes
+    peaks = sorted(estimate_training(_sdpa(cfg), spec_of(c, seq, 1, 1)).peak_bytes
                    for c in combos[::7] if c.layout == "single" and c.checkpointing in (None, "full")
                    and not c.offload_activations and not c.offload_optimizer)
     for q in ((0.6,) if allow else (0.2, 0.6)):
@@ -130,9 +138,9 @@ def test_nothing_fits_answers_the_smallest_peak():
     res = search(cfg, seq_len=512, tokens_per_step=1024, budget=CUDA_CONTEXT_BYTES + 2**20, host_ram=64 * GiB,
                  time_of=crc_time)
     assert res.best is None and not res.plans and res.smallest is not None
-    every = _Space(with_attention(cfg, "sdpa"), 512, 2)
+    every = _Space(_sdpa(cfg), 512, 2)
     # the smallest over the whole space: the memory-minimal corner (bf16, full checkpointing, both offloads)
-    corner = min(every.peak(c, 1)[0] for c in combinations(with_attention(cfg, "sdpa"), samples=2)
+    corner = min(every.peak(c, 1)[0] for c in combinations(_sdpa(cfg), samples=2)
                  if every.valid(c) and every.peak(c, 1) is not None)
     assert res.smallest.peak_bytes == corner > res.smallest.budget_bytes
 
@@ -145,12 +153,12 @@ def test_left_out_settings_keep_no_fewer_bytes():
             for ck in (False, True):
                 spec = TrainSpec(batch_size=2, seq_len=512, precision=prec, checkpointing=ck, device="cuda",
                                  optimizer_impl="fused")
-                fused = estimate_training(with_attention(cfg, "sdpa"), spec).peak_bytes
+                fused = estimate_training(_sdpa(cfg), spec).peak_bytes
                 assert fused <= estimate_training(with_attention(cfg, "eager"), spec).peak_bytes
                 for impl in ("foreach", "for-loop"):
                     other = TrainSpec(batch_size=2, seq_len=512, precision=prec, checkpointing=ck, device="cuda",
                                       optimizer_impl=impl)
-                    assert fused <= estimate_training(with_attention(cfg, "sdpa"), other).peak_bytes
+                    assert fused <= estimate_training(_sdpa(cfg), other).peak_bytes
 
 
 def _cli(argv):
@@ -227,3 +235,27 @@ def test_pareto_front_is_fastest_first_and_shrinking():
     pts = [Plan(spec, "sdpa", None, peak, 0, 0, "exact", step_time_s=t) for t, peak in
            ((1.0, 10), (1.0, 12), (2.0, 9), (3.0, 9), (2.5, 5), (4.0, 6))]
     assert [(p.step_time_s, p.peak_bytes) for p in pareto_front(pts)] == [(1.0, 10), (2.0, 9), (2.5, 5)]
+
+
+def test_inference_plans_run_as_is_and_fit():
+    """--infer: the most prompts at once (no time model here) per quality class; each plan's flags parse with the
+    CLI's own parser for estimate, simulate and measure infer, and re-estimate to the plan's peak."""
+    from planner.cli.infer import estimate_record, parse_infer
+
+    code, out, _ = _cli(["plan", "--model", "llama-3.1-8b", "--budget", "24GiB", "--infer", "--prompt-len", "8192",
+                         "--new-tokens", "512", "--host-ram", "64GiB", "--json"])
+    assert code == 0
+    rec = json.loads(out)
+    assert rec["best"]["quality"] == "exact" and rec["best"]["peak_bytes"] <= rec["best"]["budget_bytes"]
+    assert {p["quality"] for p in rec["plans"]} == {"exact", "8bit", "4bit"}  # a bf16 checkpoint: no 16bit class
+    parser = build_parser()
+    for plan in rec["plans"]:
+        for verb in ("estimate", "simulate", "measure"):
+            args = parser.parse_args([verb, "infer"] + plan["flags"])
+            cfg, ispec = parse_infer(args)
+            assert ispec.batch_size == plan["batch_size"] and ispec.device == "cuda"
+        assert estimate_record(cfg, ispec)["peak_bytes"] == plan["peak_bytes"]
+    # a budget under the 4-bit weights: refused with the smallest peak
+    code, out, err = _cli(["plan", "--model", "llama-3.1-8b", "--budget", "4GiB", "--infer", "--prompt-len", "8192",
+                           "--new-tokens", "512", "--json"])
+    assert code == 2 and json.loads(out)["smallest"]["quality"] == "4bit" and "smallest peak" in err

@@ -20,6 +20,9 @@ from ..config import ConfigError, resolve_model
 from ..units import fmt_bytes, parse_size
 from .args import EXIT_INVALID, _add_model
 
+NO_TIME_MODEL_INFER = ("no time model: planner/estimate/compute.py is not importable here or no --gpu was given, so "
+                       "plans are ranked on the memory side only (the largest batch that fits, then the smallest "
+                       "peak); no rate is given")
 NO_TIME_MODEL = ("no time model: planner/estimate/compute.py is not importable here or no --gpu was given, so plans "
                  "are ranked on the memory side only (the cost rank of their slowing changes, planner/fit.py CHANGES, "
                  "then the fewest micro-batches, then the smallest peak); no time is given")
@@ -29,7 +32,7 @@ def add_plan(top, command) -> None:
     p = command(top, "plan", "Search every combination of settings that fits a GPU; the fastest plan per quality "
                              "class and the Pareto front of memory against time (planner/search.py).")
     _add_model(p)
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sample")
+    p.add_argument("--seq-len", type=int, help="tokens per sample (required but with --infer)")
     p.add_argument("--tokens-per-step", type=int,
                    help="tokens per optimizer step, held by every plan (micro-batch x accumulation x ranks x "
                         "seq-len) (default: one sample, the --seq-len)")
@@ -44,6 +47,12 @@ def add_plan(top, command) -> None:
                                                "(default: none, the task as asked)")
     p.add_argument("--optimizer", default="adamw", help="the optimizer the task uses (adamw: its 8-bit and paged "
                                                          "variants are searched too)")
+    p.add_argument("--infer", action="store_true",
+                   help="plan generate() instead: weight precision x quantization x KV cache x batch, the most "
+                        "tokens/s that fit (needs --prompt-len and --new-tokens); plans run with estimate|simulate|"
+                        "measure infer")
+    p.add_argument("--prompt-len", type=int, help="--infer: tokens per prompt")
+    p.add_argument("--new-tokens", type=int, help="--infer: tokens generated per prompt")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
 
 
@@ -113,17 +122,41 @@ def cmd_plan(args) -> int:
         import psutil
 
         host = psutil.virtual_memory().total
+    if args.infer:
+        if args.prompt_len is None or args.new_tokens is None:
+            raise ConfigError("--infer needs --prompt-len P and --new-tokens N")
+        if args.seq_len is not None or args.tokens_per_step is not None or args.allow or args.task != "finetune":
+            raise ConfigError("--infer plans generate(): --seq-len, --tokens-per-step, --allow and --task are training's")
+        if args.gpus != 1:
+            raise ConfigError("--infer plans one GPU's generate() (no tensor-parallel serving is searched): leave out --gpus")
+        from ..search import search_infer
+
+        res = search_infer(cfg, prompt_len=args.prompt_len, new_tokens=args.new_tokens, budget=budget, host_ram=host,
+                           half=_half(gpu) if gpu is not None else "bf16", time_of=time_model(gpu))
+        head = {"budget_bytes": budget, "gpus": args.gpus, "host_ram_bytes": host, "prompt_len": args.prompt_len,
+                "new_tokens": args.new_tokens, "task": "infer"}
+        return _answer(args, res, head, model_flags, budget, "infer")
+    if args.prompt_len is not None or args.new_tokens is not None:
+        raise ConfigError("--prompt-len and --new-tokens go with --infer")
+    if args.seq_len is None:
+        raise ConfigError("the following arguments are required: --seq-len (or --infer)")
     allow = tuple(a.strip() for a in args.allow.split(",") if a.strip())
     tokens = args.tokens_per_step or args.seq_len
     res = search(cfg, seq_len=args.seq_len, tokens_per_step=tokens, budget=budget, gpus=args.gpus, host_ram=host,
                  task=args.task, allow=allow, optimizer=args.optimizer, half=_half(gpu) if gpu is not None else "bf16",
                  time_of=time_model(gpu))
     head = {"budget_bytes": budget, "gpus": args.gpus, "host_ram_bytes": host, "seq_len": args.seq_len,
-            "tokens_per_step": tokens, "task": args.task, "allow": list(allow),
-            "time_model": "planner/estimate/compute.py price (a roofline)" if res.timed else None,
-            "search": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.stats.items()}}
+            "tokens_per_step": tokens, "task": args.task, "allow": list(allow)}
+    return _answer(args, res, head, model_flags, budget, "train")
+
+
+def _answer(args, res, head: dict, model_flags: list[str], budget: int, verb: str) -> int:
+    from ..search import INFER_QUALITY, QUALITY
+
+    head["time_model"] = "planner/estimate/compute.py price (a roofline)" if res.timed else None
+    head["search"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.stats.items()}
     if not res.timed:
-        head["note"] = NO_TIME_MODEL
+        head["note"] = NO_TIME_MODEL if verb == "train" else NO_TIME_MODEL_INFER
     if res.best is None:
         small = res.smallest
         why = ("nothing in the searched space fits: the smallest peak found is "
@@ -134,9 +167,7 @@ def cmd_plan(args) -> int:
                               "smallest": small.to_dict(model_flags) if small else None, **head}))
         print(f"planner: error: {why}", file=sys.stderr)
         return EXIT_INVALID
-    from ..search import QUALITY
-
-    plans = [res.by_quality[q] for q in QUALITY if q in res.by_quality]
+    plans = [res.by_quality[q] for q in (QUALITY if verb == "train" else INFER_QUALITY) if q in res.by_quality]
     rec = {"best": res.best.to_dict(model_flags), "plans": [p.to_dict(model_flags) for p in plans],
            "pareto": [p.to_dict(model_flags) for p in res.pareto], "fitting": len(res.plans), **head}
     if args.json:
@@ -145,10 +176,10 @@ def cmd_plan(args) -> int:
     print(f"{len(res.plans)} of {res.stats['combinations']} combinations fit {args.gpus} x {fmt_bytes(budget)} "
           f"({res.stats['seconds'] * 1e3:.0f} ms, {res.stats['estimates']} estimates)")
     if not res.timed:
-        print(f"note: {NO_TIME_MODEL}")
+        print(f"note: {head['note']}")
     for p in plans:
         mark = "best " if p is res.best else "     "
-        t = f"{p.step_time_s:.3f} s/step, {p.tokens_per_s:,.0f} tok/s" if p.step_time_s else "time not modelled"
+        t = f"{p.step_time_s:.3f} s, {p.tokens_per_s:,.0f} tok/s" if p.step_time_s else "time not modelled"
         print(f"{mark}{p.quality:<6} peak {fmt_bytes(p.peak_bytes):>11}  {t}")
-        print(f"       python -m planner estimate train {' '.join(p.flags(model_flags))}")
+        print(f"       python -m planner estimate {verb} {' '.join(p.flags(model_flags))}")
     return 0
