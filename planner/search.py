@@ -25,13 +25,13 @@ Pruning, all on memory (the time callable is called once per kept plan, so any t
 - the peak grows with the micro-batch (planner/fit.py bisects on the same fact): per combination, micro-batch 1
   first (fails: the combination is out), then the largest micro-batch is bisected over the divisors of the
   samples per rank;
-- within a group (same task, layout, attention), each axis has a memory order (MEMORY_ORDER: full checkpointing
-  keeps less than every:K and selective, which keep less than none; the optimizer on the host less than on the
-  device; 8-bit or paged states less than AdamW's; pure bf16 less than AMP and fp32): a
+- within a group (same task, layout, attention), each axis has a memory order (MEMORY_ORDER: every checkpointing
+  policy keeps less than none; the optimizer on the host less than on the device; 8-bit or paged states less
+  than AdamW's; pure bf16 less than AMP and fp32): a
   combination whose lower neighbour on one axis did not fit at micro-batch 1 is not estimated, and its largest
   micro-batch is at most its lower neighbours'. tests/test_search.py checks that the pruned search answers what
   the unpruned enumeration answers, plan for plan. Not ordered (the enumeration found the estimate's peak higher
-  with them at some micro-batch): the fused losses (chunked-ce's chunk above the default loss's logits at a short
+  with them at some micro-batch): the checkpointing policies among themselves, the fused losses (chunked-ce's chunk above the default loss's logits at a short
   micro-batch), the activations' offload (its device figure above none's at micro-batch 1, fp32, Qwen2.5-0.5B);
   and accumulation 1 apart from the accumulating micro-batches (no gradients held between micro-batches).
 Settings left out of the space, each dominated in memory and time: eager attention (sdpa: the same maths, no
@@ -75,8 +75,11 @@ BNB = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
 
 # Memory order per axis: value -> the values that keep no more bytes than it (the lower ones), all else equal.
 MEMORY_ORDER = {
-    "checkpointing": {None: ("full", "selective", "every:2", "every:4"), "every:4": ("full", "every:2"),
-                      "every:2": ("full",), "selective": ("full",), "full": ()},
+    # (none above every policy only, and not with the activations offloaded: Gemma 2 2B's every:2 and every:4 peaks
+    # fell below full checkpointing's at accumulation 1, fp32; Qwen3-0.6B's selective and full above none's with
+    # save_on_cpu, bf16; the enumeration found)
+    "checkpointing": {None: ("full", "selective", "every:2", "every:4"), "every:4": (), "every:2": (),
+                      "selective": (), "full": ()},
     "offload_optimizer": {False: (True,), True: ()},
     # (paged-adamw-8bit and paged-adamw are not ordered: with the 32-bit states paged out, the 8-bit one's unpaged
     # small states and quantization maps kept more on GPT-2 small, the enumeration found)
@@ -124,6 +127,7 @@ class Plan:
     flops_per_step: float | None = None
     tokens_per_s: float | None = None
     combo: Combo | None = None  # the point of the space it is (the tests compare the search with the enumeration)
+    cfg: ModelConfig | None = dataclasses.field(default=None, repr=False)  # the model as it runs (its attention)
 
     def flags(self, model_flags: list[str]) -> list[str]:
         """The command line that runs this plan as is: `python -m planner estimate|simulate|measure train FLAGS`."""
@@ -242,9 +246,13 @@ class _Space:
     """One question's memoised estimates: (combo, micro-batch) -> (peak, host bytes), or None where the estimate
     refuses the run (not modelled)."""
 
-    def __init__(self, cfg: ModelConfig, seq_len: int, samples: int):
-        self.cfg, self.seq_len, self.samples = cfg, seq_len, samples
-        self.cfg_key = repr(cfg)  # every field (planner/accounting.py per_config keys on it too)
+    def __init__(self, cfgs: list[ModelConfig], seq_len: int, samples: int):
+        """cfgs: the model with its attention kernels, preferred first (sdpa, then the model's own where a run of
+        the family is estimated with it only: the book's GPT-2 fine-tuned)."""
+        self.cfgs, self.seq_len, self.samples = list(cfgs), seq_len, samples
+        self.cfg = self.cfgs[0]
+        self.keys = [repr(c) for c in self.cfgs]  # every field (planner/accounting.py per_config keys on it too)
+        self.choice: dict = {}  # combo -> index in cfgs of the kernel it runs with, None: no kernel runs it
         self.memo: dict = {}
         self.estimates = 0  # made by this search (not found kept from an earlier one)
 
@@ -252,11 +260,20 @@ class _Space:
         per_rank = self.samples // c.world
         return spec_of(c, self.seq_len, micro, per_rank // micro)
 
+    def cfg_of(self, c: Combo) -> ModelConfig:
+        return self.cfgs[self.choice.get(c) or 0]
+
     def valid(self, c: Combo) -> bool:
-        """The cheap checks (no estimate): the spec's own, the model's, the estimate's policy and offload checks."""
+        """The cheap checks (no estimate): the spec's own, the model's, the estimate's policy and offload checks;
+        the first attention kernel that passes them is the combination's."""
+        if c not in self.choice:
+            self.choice[c] = next((i for i, cfg in enumerate(self.cfgs) if self._valid(cfg, c)), None)
+        return self.choice[c] is not None
+
+    def _valid(self, cfg: ModelConfig, c: Combo) -> bool:
         try:
             spec = self.spec(c, 1)
-            check_fits_model(self.cfg, spec)
+            check_fits_model(cfg, spec)
             if c.offload_optimizer:
                 from .estimate.offload import check_offload_optimizer
 
@@ -264,7 +281,7 @@ class _Space:
             if c.offload_activations:
                 from .estimate.offload_act import check_offload_activations
 
-                check_offload_activations(self.cfg, spec)
+                check_offload_activations(cfg, spec)
         except ConfigError:
             return False
         return True
@@ -278,12 +295,12 @@ class _Space:
         from .cli.args import policy_estimated
 
         # a checkpointing policy the estimate does not model with accumulation (planner/estimate/ckpt_policy.py)
-        return [m for m in divisors(per_rank) if policy_estimated(self.cfg, self.spec(c, m))]
+        return [m for m in divisors(per_rank) if policy_estimated(self.cfg_of(c), self.spec(c, m))]
 
     def peak(self, c: Combo, micro: int) -> tuple[int, int] | None:
         key = (c, micro)
         if key not in self.memo:
-            shared = (self.cfg_key, self.seq_len, self.samples, c, micro)
+            shared = (self.keys[self.choice.get(c) or 0], self.seq_len, self.samples, c, micro)
             if shared not in _ESTIMATES:
                 if len(_ESTIMATES) > ESTIMATES_KEPT:
                     _ESTIMATES.clear()
@@ -299,17 +316,17 @@ class _Space:
                 from .estimate.training import estimate_training
                 from .fit import host_bytes_of
 
-                est = estimate_training(self.cfg, spec)
+                est = estimate_training(self.cfg_of(c), spec)
                 host = host_bytes_of(est) + est.transients.get("paged_optimizer_state_not_counted", 0)
                 return est.peak_bytes, host
             from .estimate.distributed import estimate_distributed
 
-            est = estimate_distributed(self.cfg, spec, _pspec(c))
+            est = estimate_distributed(self.cfg_of(c), spec, _pspec(c))
             paged = 0
             if c.optimizer in ("paged-adamw-8bit", "paged-adamw"):
                 from .estimate.training import estimate_training
 
-                paged = estimate_training(self.cfg, spec).transients.get("paged_optimizer_state_not_counted", 0)
+                paged = estimate_training(self.cfg_of(c), spec).transients.get("paged_optimizer_state_not_counted", 0)
             return est.peak_bytes, (est.host_bytes + paged) * c.world
         except ConfigError:
             return None
@@ -332,15 +349,18 @@ def _largest(values: list[int], fits: Callable[[int], bool], bisect: bool) -> in
     return lo
 
 
-def _plan(space: "_Space", c: Combo, micro: int, attention: str, tb: int) -> Plan:
+def _plan(space: "_Space", c: Combo, micro: int, tb: int) -> Plan:
     peak, host = space.peak(c, micro)
     spec = space.spec(c, micro)
-    return Plan(spec, attention, _pspec(c), peak, tb, host, quality_of(spec), combo=c)
+    cfg = space.cfg_of(c)
+    return Plan(spec, cfg.attention, _pspec(c), peak, tb, host, quality_of(spec), combo=c, cfg=cfg)
 
 
 def _lower_neighbours(c: Combo, members: set) -> list[Combo]:
     out = []
     for name in AXES:
+        if name == "checkpointing" and c.offload_activations:
+            continue  # the saved tensors are on the host: a policy's recompute can keep more (Qwen3-0.6B, bf16)
         for v in MEMORY_ORDER[name].get(c.axis(name), ()):
             n = c._replace(**{name: v})
             if n in members:
@@ -380,13 +400,15 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
     if gpus < 1 or budget <= 0:
         raise ConfigError("the GPU count and the budget must be positive")
     samples = tokens_per_step // seq_len
+    cfgs = [cfg]
     try:
-        cfg = with_attention(cfg, "sdpa")
+        cfgs = [with_attention(cfg, "sdpa"), cfg] if cfg.attention != "sdpa" else cfgs
     except ConfigError:
         pass  # a family without sdpa keeps its own kernel
+    check_fits_model(cfgs[0], TrainSpec(batch_size=1, seq_len=seq_len, device="cuda"))  # the context, the family's
     if combos is None:
-        combos = combinations(cfg, task, allow, gpus, samples, optimizer, half)
-    space = _Space(cfg, seq_len, samples)
+        combos = combinations(cfgs[0], task, allow, gpus, samples, optimizer, half)
+    space = _Space(cfgs, seq_len, samples)
     # validated lazily (the checks walk the model for LoRA): a pruned combination is never checked
     members = {c for c in combos if samples % c.world == 0}
     invalid = 0
@@ -399,7 +421,9 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
     plans, smallest, pruned = [], None, 0  # smallest: the smallest peak estimated (after the loop)
     for c in sorted(members, key=_order_key):
         tb = tensor_budget(budget, "cuda", c.checkpointing is not None)
-        lower = _lower_neighbours(c, members) if prune else []
+        # lower neighbours whose bytes bound this one's: those run with the preferred kernel (sdpa keeps no more than
+        # the model's own: tests/test_search.py), or pruned on such bounds
+        lower = [n for n in _lower_neighbours(c, members) if not space.choice.get(n)] if prune else []
         try:
             micros = space.micro_batches(c)
         except ConfigError:  # the spec itself refuses the combination
@@ -431,11 +455,13 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
             return host_ram is None or space.peak(c, m)[1] <= host_ram
 
         top = micros[-1]  # accumulation 1: no gradients held between micro-batches, so its peak may be the lower
-        if prune and top in ok and any(dev_max.get(n) == top for n in lower) and dev_fits(top) and host_fits(top):
-            # a lower neighbour fitted at it: tried first, one estimate when it fits here too (the peak at the other
-            # micro-batches then prunes no upper neighbour: theirs is no smaller, their budget no smaller)
+        # the largest fitting micro-batch: accumulation 1 first (one estimate when it fits: the peak at the others
+        # then prunes no upper neighbour, theirs being no smaller and their budget no smaller), else bisected among
+        # the accumulating ones (the peak grows with the micro-batch there, the gradients held in each)
+        dev_top = top in ok and dev_fits(top)
+        if dev_top and host_fits(top):
             dev_max[c] = top
-            plans.append(_plan(space, c, top, cfg.attention, tb))
+            plans.append(_plan(space, c, top, tb))
             continue
         ends = [space.peak(c, m) for m in dict.fromkeys((micros[0], top))]
         ends = [e[0] for e in ends if e is not None]
@@ -443,23 +469,16 @@ def search(cfg: ModelConfig, *, seq_len: int, tokens_per_step: int, budget: int,
             continue  # not modelled: no memory fact to pass on
         # the lowest peak over its micro-batches: the smallest accumulating one's or accumulation 1's
         peak1[c] = (micros[0], min(ends))
-        # the largest fitting micro-batch: accumulation 1 alone, else bisected among the accumulating ones (the
-        # peak grows with the micro-batch there, the gradients held between micro-batches in each)
-        dev_top = top in ok and dev_fits(top)
-        if dev_top and host_fits(top):
-            dev_max[c] = top
-            plans.append(_plan(space, c, top, cfg.attention, tb))
-            continue
         rest = [m for m in ok if m != top]
         n_dev = _largest(rest, dev_fits, prune)
         dev_max[c] = top if dev_top else rest[n_dev - 1] if n_dev else 0
         n_all = _largest(rest[:n_dev], host_fits, prune)
         if n_all:
-            plans.append(_plan(space, c, rest[n_all - 1], cfg.attention, tb))
+            plans.append(_plan(space, c, rest[n_all - 1], tb))
     found = [(v[0], k) for k, v in space.memo.items() if v is not None]
     if found:  # the smallest device peak of every estimate made
         _, (c, m) = min(found, key=lambda f: (f[0], _order_key(f[1][0]), f[1][1]))
-        smallest = _plan(space, c, m, cfg.attention, tensor_budget(budget, "cuda", c.checkpointing is not None))
+        smallest = _plan(space, c, m, tensor_budget(budget, "cuda", c.checkpointing is not None))
     stats = {"combinations": len(combos), "invalid": invalid, "estimates": space.estimates, "pruned": pruned,
              "fitting": len(plans), "seconds": time.perf_counter() - t0}
     return rank(cfg, plans, smallest, stats, tokens_per_step, time_of)
@@ -472,7 +491,7 @@ def rank(cfg: ModelConfig, plans: list[Plan], smallest: Plan | None, stats: dict
     timed = time_of is not None
     if timed:
         for p in plans:
-            price = _as_price(time_of(cfg, p.spec, p.pspec))
+            price = _as_price(time_of(p.cfg or cfg, p.spec, p.pspec))
             p.step_time_s = price["step_time_s"]
             p.flops_per_step = price.get("flops_per_step")
             p.tokens_per_s = price.get("tokens_per_s", tokens_per_step / p.step_time_s if p.step_time_s else None)
