@@ -22,18 +22,19 @@ The answer: the fastest plan per quality class (QUALITY), the Pareto front of pe
 the fastest of the allowed LoRA, then QLoRA. Nothing fits: the smallest peak found, and the plan that has it.
 
 Pruning, all on memory (the time callable is called once per kept plan, so any time model gives the fastest):
-- the peak grows with the micro-batch (planner/fit.py bisects on the same fact): per combination, micro-batch 1
-  first (fails: the combination is out), then the largest micro-batch is bisected over the divisors of the
-  samples per rank;
-- within a group (same task, layout, attention), each axis has a memory order (MEMORY_ORDER: every checkpointing
-  policy keeps less than none; the optimizer on the host less than on the device; 8-bit or paged states less
-  than AdamW's; pure bf16 less than AMP and fp32): a
-  combination whose lower neighbour on one axis did not fit at micro-batch 1 is not estimated, and its largest
-  micro-batch is at most its lower neighbours'. tests/test_search.py checks that the pruned search answers what
-  the unpruned enumeration answers, plan for plan. Not ordered (the enumeration found the estimate's peak higher
-  with them at some micro-batch): the checkpointing policies among themselves, the fused losses (chunked-ce's chunk above the default loss's logits at a short
-  micro-batch), the activations' offload (its device figure above none's at micro-batch 1, fp32, Qwen2.5-0.5B);
-  and accumulation 1 apart from the accumulating micro-batches (no gradients held between micro-batches).
+- the peak grows with the micro-batch among the accumulating ones (the gradients held between micro-batches in
+  each; planner/fit.py bisects on the same fact); accumulation 1 holds none between micro-batches and is tried on
+  its own, first; the largest fitting accumulating micro-batch is bisected over the divisors of the samples per
+  rank;
+- within a group (same task and layout), each axis has a memory order (MEMORY_ORDER: no checkpointing keeps more
+  than every policy; the optimizer on the device more than on the host; AdamW's states more than 8-bit or paged
+  ones; AMP and fp32 more than pure bf16): a combination whose lower neighbour on one axis has its smallest peak
+  over this one's budget is not estimated, and its largest micro-batch is at most its lower neighbours'.
+  tests/test_search.py checks that the pruned search keeps what the unpruned enumeration keeps, plan for plan.
+  Not ordered (the enumeration found the estimate's peak higher with them at some micro-batch): the checkpointing
+  policies among themselves, or against none with the activations offloaded; the fused losses (chunked-ce above
+  the default loss at a short micro-batch); the activations' offload (its device figure above none's at
+  micro-batch 1, fp32, Qwen2.5-0.5B); the two paged optimizers.
 Settings left out of the space, each dominated in memory and time: eager attention (sdpa: the same maths, no
 s x s tensors, faster kernels), the foreach and for-loop optimizers (fused: no temporaries and PyTorch's fastest,
 torch/optim/optimizer.py's docs "fused > foreach > for-loop"), fp16-AMP where the GPU has bf16 (the same bytes as
@@ -240,6 +241,7 @@ def _pspec(c: Combo):
 # model's repr, the question's shape and the point; cleared past this many (a few MB of tuples).
 ESTIMATES_KEPT = 100_000
 _ESTIMATES: dict = {}
+_CHOICES: dict = {}  # the same for each combination's attention kernel (its validity checks walk the model)
 
 
 class _Space:
@@ -267,7 +269,12 @@ class _Space:
         """The cheap checks (no estimate): the spec's own, the model's, the estimate's policy and offload checks;
         the first attention kernel that passes them is the combination's."""
         if c not in self.choice:
-            self.choice[c] = next((i for i, cfg in enumerate(self.cfgs) if self._valid(cfg, c)), None)
+            shared = (self.keys[0], self.seq_len, self.samples, c)  # kept between searches, as the estimates
+            if shared not in _CHOICES:
+                if len(_CHOICES) > ESTIMATES_KEPT:
+                    _CHOICES.clear()
+                _CHOICES[shared] = next((i for i, cfg in enumerate(self.cfgs) if self._valid(cfg, c)), None)
+            self.choice[c] = _CHOICES[shared]
         return self.choice[c] is not None
 
     def _valid(self, cfg: ModelConfig, c: Combo) -> bool:

@@ -26,6 +26,7 @@ def _row(model: str, gpu: tuple, gpus: int, allow: tuple, seq: int, tokens: int)
     cfg = resolve_model(model, None)
     label, budget, half = gpu
     S._ESTIMATES.clear()
+    S._CHOICES.clear()
     t0, w0 = time.process_time(), time.perf_counter()
     res = S.search(cfg, seq_len=seq, tokens_per_step=tokens, budget=budget, gpus=gpus, host_ram=HOST, allow=allow,
                    half=half)
