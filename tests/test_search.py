@@ -264,3 +264,13 @@ def test_inference_plans_run_as_is_and_fit():
     code, out, err = _cli(["plan", "--model", "llama-3.1-8b", "--budget", "4GiB", "--infer", "--prompt-len", "8192",
                            "--new-tokens", "512", "--json"])
     assert code == 2 and json.loads(out)["smallest"]["quality"] == "4bit" and "smallest peak" in err
+
+
+def test_text_answer_lists_each_class_with_its_command():
+    code, out, _ = _cli(["plan", "--model", "gpt2-small", "--seq-len", "512", "--tokens-per-step", "1024",
+                         "--budget", "6GiB", "--host-ram", "64GiB"])
+    lines = out.splitlines()
+    assert code == 0 and "combinations fit 1 x 6.00 GiB" in lines[0] and "no time model" in lines[1]
+    assert sum(line.startswith("best ") for line in lines) == 1
+    assert all(line.strip().startswith("python -m planner estimate train --model gpt2-small")
+               for line in lines[3::2])

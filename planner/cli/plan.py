@@ -32,14 +32,14 @@ def add_plan(top, command) -> None:
     p = command(top, "plan", "Search every combination of settings that fits a GPU; the fastest plan per quality "
                              "class and the Pareto front of memory against time (planner/search.py).")
     _add_model(p)
-    p.add_argument("--seq-len", type=int, help="tokens per sample (required but with --infer)")
+    p.add_argument("--seq-len", type=int, help="tokens per sample (no default: required but with --infer)")
     p.add_argument("--tokens-per-step", type=int,
                    help="tokens per optimizer step, held by every plan (micro-batch x accumulation x ranks x "
                         "seq-len) (default: one sample, the --seq-len)")
     p.add_argument("--gpu", help="a GPU of the catalog (planner/gpus.py): its memory is the budget and its peak rates "
-                                 "price the plans")
+                                 "price the plans (default: none; give it or --budget)")
     p.add_argument("--gpus", type=int, default=1, help="how many of them (data-parallel layouts up to this many ranks)")
-    p.add_argument("--budget", help="one GPU's memory: bytes or units (24GiB); with --gpu, instead of its own")
+    p.add_argument("--budget", help="one GPU's memory: bytes or units (24GiB); with --gpu, instead of its own (default: the --gpu's)")
     p.add_argument("--host-ram", help="the host's RAM for the offloads and paged states (default: this machine's)")
     p.add_argument("--task", choices=("finetune", "train"), default="finetune",
                    help="finetune (a pretrained model: --allow may add LoRA / QLoRA) or train (from scratch)")
@@ -51,8 +51,8 @@ def add_plan(top, command) -> None:
                    help="plan generate() instead: weight precision x quantization x KV cache x batch, the most "
                         "tokens/s that fit (needs --prompt-len and --new-tokens); plans run with estimate|simulate|"
                         "measure infer")
-    p.add_argument("--prompt-len", type=int, help="--infer: tokens per prompt")
-    p.add_argument("--new-tokens", type=int, help="--infer: tokens generated per prompt")
+    p.add_argument("--prompt-len", type=int, help="--infer: tokens per prompt (no default: required with --infer)")
+    p.add_argument("--new-tokens", type=int, help="--infer: tokens generated per prompt (no default: required with --infer)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (bytes as integers)")
 
 
