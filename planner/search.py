@@ -32,7 +32,7 @@ Pruning, all on memory (the time callable is called once per kept plan, so any t
   over this one's budget is not estimated, and its largest micro-batch is at most its lower neighbours'.
   tests/test_search.py checks that the pruned search keeps what the unpruned enumeration keeps, plan for plan.
   Not ordered (the enumeration found the estimate's peak higher with them at some micro-batch): the checkpointing
-  policies among themselves, or against none with the activations offloaded; the fused losses (chunked-ce above
+  policies among themselves, or against none with the activations offloaded or on several ranks; the fused losses (chunked-ce above
   the default loss at a short micro-batch); the activations' offload (its device figure above none's at
   micro-batch 1, fp32, Qwen2.5-0.5B); the two paged optimizers.
 Settings left out of the space, each dominated in memory and time: eager attention (sdpa: the same maths, no
@@ -366,8 +366,10 @@ def _plan(space: "_Space", c: Combo, micro: int, tb: int) -> Plan:
 def _lower_neighbours(c: Combo, members: set) -> list[Combo]:
     out = []
     for name in AXES:
-        if name == "checkpointing" and c.offload_activations:
-            continue  # the saved tensors are on the host: a policy's recompute can keep more (Qwen3-0.6B, bf16)
+        if name == "checkpointing" and (c.offload_activations or c.layout != "single"):
+            # the saved tensors on the host: a policy's recompute can keep more (Qwen3-0.6B, bf16); FSDP2: selective
+            # and every:K above none (Phi-3-mini, fp32, 2 ranks): the enumeration found
+            continue
         for v in MEMORY_ORDER[name].get(c.axis(name), ()):
             n = c._replace(**{name: v})
             if n in members:

@@ -1,4 +1,5 @@
-"""The plan search's grid and timings (docs/plan.md's search section): `python -m planner.search_speed [--quick]`.
+"""The plan search's grid and timings (docs/plan.md's search section): `python -m planner.search_speed [--quick]`;
+with --check, the search against the exhaustive enumeration of its space on nine families.
 
 Each row is one question (model x GPU memory x count x task) answered by planner/search.py as `plan` answers it;
 its timings are CPU seconds of this process (time.process_time: the wall clock of a shared machine is not the
@@ -72,8 +73,70 @@ def markdown(rs: list[dict], seq: int = 2048, tokens: int = 16384) -> str:
         f"{r['again_ms']:.0f} |\n" for r in rs)
 
 
+# The families the enumeration check runs on (one preset each, small enough to enumerate in seconds)
+CHECK_MODELS = ("llama-3.2-1b", "tinyllama-1.1b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen1.5-moe-a2.7b", "phi-3-mini-4k",
+                "gemma-2-2b", "gpt2-medium", "gpt2-small")
+CHECK_LORA = ("llama-3.2-1b", "qwen2.5-0.5b", "gpt2-small", "gemma-2-2b")
+
+
+def enumeration_check(models=CHECK_MODELS, allow: tuple = (), seq: int = 256, tokens: int = 1024) -> list[dict]:
+    """The search against the exhaustive enumeration of its space (every combination at every micro-batch, no
+    pruning) at four budgets around the space's peaks: the combinations kept and their micro-batches must agree
+    (tests/test_search.py runs the same on three of these)."""
+    from . import search as S
+    from .config import ConfigError, resolve_model, with_attention
+    from .estimate.training import CUDA_CONTEXT_BYTES
+    from .fit import tensor_budget
+
+    out = []
+    for model in models:
+        cfg = resolve_model(model, None)
+        try:
+            fast = with_attention(cfg, "sdpa")
+        except ConfigError:
+            fast = cfg
+        kernels = [fast] if fast.attention == cfg.attention else [fast, cfg]
+        for gpus in ((1,) if allow else (1, 2)):
+            combos = S.combinations(fast, "finetune", allow, gpus, tokens // seq)
+            if allow:  # the LoRA / QLoRA space, and bf16's full-training part beside it
+                combos = [c for c in combos if c.task != "full" or c.precision == "bf16"]
+            space = S._Space(kernels, seq, tokens // seq)
+            every = {}
+            for c in combos:
+                try:
+                    micros = space.micro_batches(c)
+                except ConfigError:
+                    continue
+                if space.valid(c):
+                    every[c] = {m: space.peak(c, m) for m in micros}
+            peaks = sorted(p[0] for ms in every.values() for p in ms.values() if p is not None)
+            bad = kept = 0
+            for q in (0.1, 0.3, 0.5, 0.8):
+                budget = int(peaks[int(q * (len(peaks) - 1))] * 1.1) + CUDA_CONTEXT_BYTES
+                want = {}
+                for c, ms in every.items():
+                    tb = tensor_budget(budget, "cuda", c.checkpointing is not None)
+                    fit = [m for m, p in ms.items() if p is not None and p[0] <= tb and p[1] <= HOST]
+                    if fit:
+                        want[c] = max(fit)
+                res = S.search(cfg, seq_len=seq, tokens_per_step=tokens, budget=budget, gpus=gpus, host_ram=HOST,
+                               allow=allow, combos=combos)
+                got = {p.combo: p.spec.batch_size for p in res.plans}
+                bad += sum(got.get(c) != want.get(c) for c in set(got) | set(want))
+                kept += len(want)
+            out.append({"model": model, "gpus": gpus, "allow": ",".join(allow) or "-", "combinations": len(every),
+                        "fitting": kept, "mismatches": bad})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--check" in argv:  # the enumeration check: every family, then LoRA / QLoRA on four
+        rs = enumeration_check() + enumeration_check(CHECK_LORA, ("lora", "qlora"))
+        print("| model | GPUs | allowed | valid combinations | fitting (4 budgets) | mismatches |\n|---|---|---|---|---|---|")
+        for r in rs:
+            print(f"| {r['model']} | {r['gpus']} | {r['allow']} | {r['combinations']} | {r['fitting']} | {r['mismatches']} |")
+        return 1 if any(r["mismatches"] for r in rs) else 0
     print(markdown(rows(quick="--quick" in argv)))
     return 0
 
