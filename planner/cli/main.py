@@ -10,7 +10,7 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
-    python -m planner plan MODEL --seq-len N [--tokens-per-step T] --budget SIZE|--gpu NAME [--gpus N] [--allow lora,qlora] [--json]
+    python -m planner plan MODEL (--seq-len N [--tokens-per-step T] [--allow lora,qlora] | --infer --prompt-len P --new-tokens N) --budget SIZE|--gpu NAME [--gpus N] [--json]
     python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context|losses|checkpoint-policies [--quick] [--out FILE] [--family NAME]
     python -m planner bench finetune --family gpt2   (the book's GPT-2 fine-tuning rows)
     python -m planner bench distributed --family tp|fsdp-third   (only the TP / FSDP2 + TP rows, or issue #23's FSDP2 case family)
