@@ -274,3 +274,25 @@ def test_text_answer_lists_each_class_with_its_command():
     assert sum(line.startswith("best ") for line in lines) == 1
     assert all(line.strip().startswith("python -m planner estimate train --model gpt2-small")
                for line in lines[3::2])
+
+
+def test_layout_plans_run_as_is_per_rank():
+    """With --gpus, a DDP / FSDP2 plan's flags (--world-size, --parallel) parse into the very layout, whose per-rank
+    estimate is the plan's peak, the tokens per step held across the ranks."""
+    from planner.cli import parallel as cli_parallel
+    from planner.estimate.distributed import estimate_distributed
+
+    code, out, _ = _cli(["plan", "--model", "qwen2.5-0.5b", "--budget", "6GiB", "--gpus", "4", "--seq-len", "512",
+                         "--tokens-per-step", "4096", "--host-ram", "64GiB", "--json"])
+    assert code == 0
+    rec = json.loads(out)
+    layouts = [p for p in rec["plans"] + rec["pareto"] + [rec["best"]] if p["world_size"] > 1]
+    assert layouts
+    parser = build_parser()
+    for plan in layouts:
+        args = parser.parse_args(["estimate", "train"] + plan["flags"])
+        default_precision(args)
+        cfg, spec = parse_train(args)
+        pspec = cli_parallel.parse_parallel(args)
+        assert pspec.world_size == plan["world_size"] and spec.batch_size * spec.grad_accum * pspec.world_size * 512 == 4096
+        assert estimate_distributed(cfg, spec, pspec).peak_bytes == plan["peak_bytes"] <= plan["budget_bytes"]
