@@ -10,6 +10,7 @@
     python -m planner estimate load  MODEL --method METHOD|all [--device cpu|cuda[:N]] [--dtype DTYPE] [--json]
     python -m planner measure  load  MODEL --method METHOD|all --device ... [--dtype DTYPE] [--checkpoint PATH] [--json] [--progress]
     python -m planner fit MODEL --seq-len N [--batch-size N] [RUN options] [--budget SIZE] [--measure-costs] [--json]
+    python -m planner plan MODEL (--seq-len N [--tokens-per-step T] [--allow lora,qlora] | --infer --prompt-len P --new-tokens N) --budget SIZE|--gpu NAME [--gpus N] [--json]
     python -m planner bench accuracy|speed|loading|families|simulate|distributed|gpu|gpu-doc|finetune|finetune-8bit|longest-context|losses|checkpoint-policies [--quick] [--out FILE] [--family NAME]
     python -m planner bench finetune --family gpt2   (the book's GPT-2 fine-tuning rows)
     python -m planner bench distributed --family tp|fsdp-third   (only the TP / FSDP2 + TP rows, or issue #23's FSDP2 case family)
@@ -172,6 +173,9 @@ def build_parser() -> _Parser:
     p.add_argument("--replay-reserve", action="store_true",
                    help="on cuda: keep free the caching allocator's reserve a replay of the answer's own simulated "
                         "run finds (simulate --device cuda: needs a CUDA build and device), not the measured share")
+    from .plan import add_plan  # the plan search (issue #35): planner/cli/plan.py
+
+    add_plan(top, command)
     b = command(top, "bench", "Run a benchmark and print its markdown table (the tables in docs/).")
     b.add_argument("what", choices=("accuracy", "speed", "loading", "families", "simulate", "distributed", "gpu", "gpu-doc",
                                     "finetune", "finetune-8bit", "finetune-amp", "longest-context", "record", "export", "losses",
@@ -683,6 +687,10 @@ def main(argv: list[str] | None = None) -> int:
                 code = cmd_simulate_train(args)
             elif args.command == "fit":
                 code = cmd_fit(args)
+            elif args.command == "plan":
+                from .plan import cmd_plan
+
+                code = cmd_plan(args)
             else:
                 code = cmd_bench(args)
             sys.stdout.flush()
