@@ -58,6 +58,7 @@ class Gemma2Config(DecoderConfigMixin):
 
 
 class Gemma2(Gemma):
+    recompute_replays_last = True  # post_feedforward_layernorm saves after down_proj (planner/arch/base.py)
     offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "gemma2"
     model_types = ("gemma2",)

@@ -339,6 +339,10 @@ class HFGPT2(HFCausalLM):
         return [("c_attn", "addmm", n * 3 * h * w.e_m, 2 * n * h * 3 * h), att, ("attn c_proj", "addmm", n * h * w.e_m, 2 * n * h * h),
                 ("c_fc", "addmm", n * f * w.e_m, 2 * n * h * f), ("mlp c_proj", "addmm", n * h * w.e_m, 2 * n * f * h)]
 
+    def attention_fused(self, c, spec) -> bool:
+        """FLOPs (planner/estimate/compute.py): with dropout on the CPU SDPA's math kernel runs bmm (eager's count)."""
+        return self._flash(c, spec)
+
     @staticmethod
     def _flash(c: HFGPT2Config, spec) -> bool:
         """SDPA takes its flash kernel (no dropout, or a CUDA device); with dropout on the CPU, the math one."""

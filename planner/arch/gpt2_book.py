@@ -120,6 +120,10 @@ class BookGPT2(Family):
             "gpt2-xl": GPT2Config(**_BASE, emb_dim=1600, n_layers=48, n_heads=25),       # 1,638,022,400 untied
         }
 
+    def attention_input(self, short: str) -> str:
+        """planner/estimate/compute.py: the three projections (Linear names W_query, W_key, W_value)."""
+        return {"W_query": "q", "W_key": "k", "W_value": "v"}.get(short, "qkv")
+
     def tiny(self, cfg):
         return dataclasses.replace(cfg, vocab_size=64, context_length=16, emb_dim=16, n_heads=2, n_layers=1)
 
