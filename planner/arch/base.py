@@ -282,7 +282,9 @@ class Family:
     # projection is the last op that saves anything (a decoder's, then the residual add) never replays that matmul;
     # True: an op after it saves (Gemma 2's post-feedforward norm, MoE's routing-weight product), the whole block
     # replays.
-    recompute_replays_last: ClassVar[bool] = False
+    def recompute_replays_last(self, cfg) -> bool:
+        return False
+
     # transformers' activation_checkpointing_enable (and peft) call enable_input_require_grads with fine-tuning
     # under checkpointing: every block's input needs grad (planner/estimate/finetune.py)
     input_grads_with_checkpointing: ClassVar[bool] = True

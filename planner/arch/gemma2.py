@@ -58,7 +58,6 @@ class Gemma2Config(DecoderConfigMixin):
 
 
 class Gemma2(Gemma):
-    recompute_replays_last = True  # post_feedforward_layernorm saves after down_proj (planner/arch/base.py)
     offload_finetune = True  # --offload-activations with LoRA / a trainable subset measured (decoder.py)
     arch = "gemma2"
     model_types = ("gemma2",)
@@ -66,6 +65,9 @@ class Gemma2(Gemma):
     config_cls = Gemma2Config
     description = "transformers Gemma2ForCausalLM"
     grid_options = {"head_dim": 32, "sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it
+
+    def recompute_replays_last(self, c) -> bool:
+        return True  # post_feedforward_layernorm saves after down_proj (planner/arch/base.py)
 
     def presets(self) -> dict:
         # tests/data/gemma-2-2b.config.json; 2,614,341,888 parameters.

@@ -128,7 +128,8 @@ class MoEDecoder(RMSDecoder):
 
     # the routed output is scaled by the routing weights after the down GEMM (a mul that saves both operands), so
     # a checkpointed block's recompute replays the whole block (planner/arch/base.py)
-    recompute_replays_last = True
+    def recompute_replays_last(self, c) -> bool:
+        return True
 
     def compute_block_ops(self, c, spec, block: int) -> list:
         """The routed experts' two grouped GEMMs (grouped_mm_experts_forward): each of the b*s tokens through k

@@ -185,7 +185,7 @@ def _recompute(cfg, spec, block_fwd: list[int], last_op: list[int]) -> int:
 
     family = family_of(cfg)
     policy = policy_of(spec)
-    skip_last = not family.recompute_replays_last
+    skip_last = not family.recompute_replays_last(cfg)
     if policy != "selective":
         idx = checkpointed_blocks(policy, len(block_fwd))
         return sum(block_fwd[i] - (last_op[i] if skip_last else 0) for i in idx)

@@ -9,7 +9,10 @@ torch 2.13's FlopCounterMode has no formula for two kernels the CPU step runs, w
   aten._scaled_dot_product_flash_attention_for_cpu (+ _backward): counted with torch's own SDPA formulas
       (sdpa_flop_count / sdpa_backward_flop_count), as the CUDA flash / efficient / cuDNN kernels are;
   aten._grouped_mm (MoE's experts, forward and both grads): 2 x rows x contraction x columns over its groups,
-      as mm's formula is per group.
+      as mm's formula is per group;
+and bitsandbytes' custom op for QLoRA's 4-bit forward matmul, torch.ops.bitsandbytes.gemm_4bit (its input A
+(..., K) times the dequantized (N, K) weight: 2 x numel(A) x N; bitsandbytes/autograd/_functions.py MatMul4Bit,
+whose backward's input grad is a torch.matmul, counted as mm).
 """
 from __future__ import annotations
 
@@ -43,6 +46,22 @@ def _grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
 _REGISTERED = False
 
 
+def _gemm_4bit_flop(a_shape, b_shape, shape_b, *args, out_shape=None, **kwargs) -> int:
+    numel = 1
+    for size in a_shape:
+        numel *= size
+    return 2 * numel * shape_b[0]
+
+
+def _register_bnb() -> None:
+    """bitsandbytes' gemm_4bit formula (its ops exist once bitsandbytes is imported: a QLoRA step imports it)."""
+    import bitsandbytes  # noqa: F401  (registers torch.ops.bitsandbytes)
+
+    op = torch.ops.bitsandbytes.gemm_4bit
+    if op not in torch.utils.flop_counter.flop_registry:
+        register_flop_formula(op)(_gemm_4bit_flop)
+
+
 def _register() -> None:
     """Adds the formulas to FlopCounterMode's registry (torch.utils.flop_counter.flop_registry), once."""
     global _REGISTERED
@@ -66,6 +85,8 @@ def count_train_flops(cfg, spec, fake: bool = False) -> dict:
     does (full size without the memory)."""
     from ..routines.training import TrainingStep
 
+    if getattr(spec, "quantize_base", "none") != "none":
+        _register_bnb()
     if not fake:
         step = TrainingStep(cfg, spec)
         with counter() as fc:
