@@ -288,6 +288,9 @@ class Family:
     # transformers' activation_checkpointing_enable (and peft) call enable_input_require_grads with fine-tuning
     # under checkpointing: every block's input needs grad (planner/estimate/finetune.py)
     input_grads_with_checkpointing: ClassVar[bool] = True
+    # generate() decodes with a KV cache (one token a step); False: each step runs the whole sequence again (the
+    # book's generate_text_simple), the logits of every position included
+    infer_kv_cache: ClassVar[bool] = True
 
     def attention_dims(self, cfg) -> tuple[int, int]:
         """(query heads, head width) of the attention's s x s matmuls."""

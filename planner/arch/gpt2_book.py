@@ -123,6 +123,7 @@ class BookGPT2(Family):
     # planner/estimate/compute.py: peft calls no enable_input_require_grads on a module without
     # get_input_embeddings (below, _lora_recompute's note), so block 0's input needs no grad under checkpointing either
     input_grads_with_checkpointing = False
+    infer_kv_cache = False  # generate_text_simple: the whole sequence each step (planner/estimate/compute.py)
 
     def recompute_replays_last(self, c) -> bool:
         """drop_shortcut after the feed-forward saves its noise when drop_rate > 0 (planner/arch/base.py)."""

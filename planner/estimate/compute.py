@@ -272,15 +272,20 @@ def train_bytes(cfg, spec) -> dict:
 
 def infer_flops(cfg, ispec) -> dict:
     """FLOPs of generate(): the prefill (b x p tokens through every linear, attention at p x p, the head on the
-    last position: generate's logits_to_keep) and n - 1 decode steps (b tokens each, attention over the cache)."""
+    last position: generate's logits_to_keep) and n - 1 decode steps (b tokens each, attention over the cache: the
+    last token never enters the model). A family without a KV cache (Family.infer_kv_cache False: the book's
+    generate_text_simple) runs n forwards over the whole sequence so far, every position's logits included."""
     family = family_of(cfg)
     inv = tensor_inventory(cfg)
     b, p, new = ispec.batch_size, ispec.prompt_len, ispec.new_tokens
     per_token = sum(2 * lin.n_in * lin.n_out for lin in linears(inv) if lin.role != "head")
-    per_token += sum(op.flops // max(op.rows, 1) for i in range(cfg.layers)
-                     for op in family.compute_block_ops(cfg, _RowsSpec(1), i))
+    per_token += sum(op.flops for i in range(cfg.layers) for op in family.compute_block_ops(cfg, _RowsSpec(1), i))
     a, d = family.attention_dims(cfg)
     head = 2 * cfg.hidden * cfg.vocab_size
+    if not family.infer_kv_cache:
+        lengths = [p + j for j in range(new)]
+        total = sum(b * L * (per_token + head) + cfg.layers * 4 * b * a * L * L * d for L in lengths)
+        return {"prefill": 0, "decode": total, "flops_per_step": total}
     prefill = b * p * per_token + cfg.layers * 4 * b * a * p * p * d + b * head
     steps = max(new - 1, 0)
     cache = sum(p + j for j in range(1, steps + 1))
@@ -299,8 +304,14 @@ def infer_bytes(cfg, ispec) -> dict:
     """Decode's HBM reads: every weight once a step, and the KV cache read so far (b sequences)."""
     from ..accounting import param_count
 
+    from ..finetune import quantized_linears
+
     e_w = {"float32": 4, "bfloat16": 2, "float16": 2}.get(ispec.param_dtype, 2)
     weights = param_count(cfg) * e_w
+    q = getattr(ispec, "quantize_weights", "none")
+    if q != "none":  # bitsandbytes' packed linears: 4 bits (nf4 / fp4) or 1 byte (int8) an element
+        n_q = sum(lin.n_in * lin.n_out for lin in quantized_linears(cfg))
+        weights -= int(n_q * (e_w - (1.0 if q == "int8" else 0.5)))
     family = family_of(cfg)
     steps = max(ispec.new_tokens - 1, 0)
     kv_tok = family.kv_bytes_per_token(cfg, e_w)

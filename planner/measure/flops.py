@@ -105,3 +105,16 @@ def count_train_flops(cfg, spec, fake: bool = False) -> dict:
                     step.run()
     counts = fc.get_flop_counts().get("Global", {})
     return {"flops_per_step": int(sum(counts.values())), "by_op": {str(k): int(v) for k, v in counts.items()}}
+
+
+def count_infer_flops(cfg, ispec) -> dict:
+    """FlopCounterMode's count of one generate() call (planner.routines.inference.GenerationRun, real tensors)."""
+    from ..routines.inference import GenerationRun
+
+    if getattr(ispec, "quantize_weights", "none") != "none":
+        _register_bnb()
+    run = GenerationRun(cfg, ispec)
+    with counter() as fc:
+        run.run()
+    counts = fc.get_flop_counts().get("Global", {})
+    return {"flops_per_step": int(sum(counts.values())), "by_op": {str(k): int(v) for k, v in counts.items()}}
