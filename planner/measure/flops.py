@@ -118,3 +118,123 @@ def count_infer_flops(cfg, ispec) -> dict:
         run.run()
     counts = fc.get_flop_counts().get("Global", {})
     return {"flops_per_step": int(sum(counts.values())), "by_op": {str(k): int(v) for k, v in counts.items()}}
+
+
+# ---------------------------------------------------------------- the check's grids (docs/plan.md, tests/test_flops.py)
+
+def tiny_config(arch: str):
+    """(config, batch, seq) of a family's first grid shape (planner/arch/<family>.py grid_configs), or a tiny book
+    GPT-2 (it has no grid shapes)."""
+    from ..arch import families
+    from ..arch.gpt2_book import GPT2Config
+
+    grid = families()[arch].grid_configs()
+    if not grid:
+        return GPT2Config(vocab_size=1000, context_length=128, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0), 2, 64
+    _, cfg, b, s = grid[0]
+    return cfg, b, s
+
+
+def lora_settings(arch: str) -> dict:
+    """LoRA r=4 on peft's default targets for the model type, or all-linear where peft has none ({}: no LoRA)."""
+    from ..arch import families
+
+    fam = families()[arch]
+    if not fam.lora_supported:
+        return {}
+    return {"lora_r": 4} if fam.lora_default_targets else {"lora_r": 4, "lora_targets": "all-linear"}
+
+
+def train_grid(quick: bool = False) -> list[tuple[str, dict]]:
+    """(family, TrainSpec fields plus an optional "attention") rows. quick: the test's subset (every family under
+    full checkpointing with cce, selective, LoRA under checkpointing; Llama's own rows: eager LoRA, LoRA on k/o only,
+    LoRA selective, frozen layers, every:2, chunked-ce with AMP and accumulation)."""
+    from ..arch import families
+
+    rows: list[tuple[str, dict]] = []
+    for arch, fam in families().items():
+        lora = lora_settings(arch)
+        if quick:
+            rows += [(arch, {"checkpointing": True, "loss": "cce"}),
+                     (arch, {"checkpointing": True, "checkpoint_policy": "selective"})]
+            rows += [(arch, {**lora, "checkpointing": True})] if lora else []
+            continue
+        rows += [(arch, {}), (arch, {"checkpointing": True}), (arch, {"checkpointing": True,
+                                                                      "checkpoint_policy": "every:2"}),
+                 (arch, {"checkpointing": True, "checkpoint_policy": "selective"}), (arch, {"loss": "cce"}),
+                 (arch, {"loss": "chunked-ce"}), (arch, {"precision": "bf16-amp", "grad_accum": 2})]
+        if lora:
+            rows += [(arch, lora), (arch, {**lora, "checkpointing": True})]
+        if fam.subset_supported:
+            rows.append((arch, {"train_layers": "last:1"}))
+    rows += [("llama", {}), ("llama", {"lora_r": 4, "attention": "eager"}),
+             ("llama", {"lora_r": 4, "lora_targets": "k_proj,o_proj", "attention": "eager"}),
+             ("llama", {"lora_r": 4, "checkpointing": True, "checkpoint_policy": "selective"}),
+             ("llama", {"train_layers": "last:1"}), ("llama", {"checkpointing": True, "checkpoint_policy": "every:2"}),
+             ("llama", {"loss": "chunked-ce", "precision": "bf16-amp", "grad_accum": 2})]
+    unique = dict.fromkeys((a, tuple(sorted(k.items()))) for a, k in rows)
+    return [(a, dict(k)) for a, k in unique]
+
+
+def row_check(arch: str, fields: dict, fake: bool = False, cfg=None, batch=None, seq=None) -> dict:
+    """Estimate and FlopCounterMode's count of one row."""
+    from ..estimate.compute import train_flops
+    from ..spec import TrainSpec, prepare
+
+    fields = dict(fields)
+    attention = fields.pop("attention", None)
+    if cfg is None:
+        cfg, batch, seq = tiny_config(arch)
+    spec = TrainSpec(batch_size=batch, seq_len=seq, **fields)
+    cfg = prepare(cfg, spec, attention)
+    est = train_flops(cfg, spec)
+    got = count_train_flops(cfg, spec, fake=fake)
+    return {"estimate": est["flops_per_step"], "counted": got["flops_per_step"], "parts": est,
+            "error_pct": 100.0 * (est["flops_per_step"] - got["flops_per_step"]) / got["flops_per_step"]}
+
+
+# Full size on fake tensors (FlopCounterMode counts shapes): six presets, one realistic run each (CPU device: the
+# attention kernel counts as CUDA's fused ones do)
+FULL_SIZE = (
+    ("llama-3-8b", dict(batch_size=1, seq_len=2048, precision="bf16", lora_r=16, lora_targets="all-linear",
+                        checkpointing=True)),
+    ("gpt2-small", dict(batch_size=4, seq_len=1024)),
+    ("llama-3.2-1b", dict(batch_size=2, seq_len=2048, precision="bf16-amp", checkpointing=True,
+                          checkpoint_policy="selective")),
+    ("qwen3-0.6b", dict(batch_size=2, seq_len=1024, precision="bf16", loss="cce")),
+    ("gemma-2-2b", dict(batch_size=1, seq_len=1024, precision="bf16", lora_r=8, checkpointing=True)),
+    ("qwen1.5-moe-a2.7b", dict(batch_size=1, seq_len=512, precision="bf16", train_layers="last:2")),
+)
+
+
+def _label(fields: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in fields.items()) or "fp32, AdamW"
+
+
+def markdown(full_size: bool = True) -> str:
+    """The tables docs/plan.md shows: the tiny grid (real tensors) and the full-size presets (fake tensors)."""
+    from ..config import preset
+
+    lines = ["| family | run | estimate (FLOPs) | FlopCounterMode | error |", "|---|---|---:|---:|---:|"]
+    worst = 0.0
+    for arch, fields in train_grid():
+        r = row_check(arch, fields)
+        worst = max(worst, abs(r["error_pct"]))
+        lines.append(f"| {arch} | {_label(fields)} | {r['estimate']:,} | {r['counted']:,} | {r['error_pct']:+.3f}% |")
+    lines.append(f"\n{len(train_grid())} rows, worst |error| {worst:.3f}%.\n")
+    if full_size:
+        lines += ["| preset | run | estimate (FLOPs) | FlopCounterMode (fake tensors) | error |",
+                  "|---|---|---:|---:|---:|"]
+        for name, fields in FULL_SIZE:
+            f = dict(fields)
+            b, s = f.pop("batch_size"), f.pop("seq_len")
+            r = row_check(name, f, fake=True, cfg=preset(name), batch=b, seq=s)
+            lines.append(f"| {name} | b{b} s{s} {_label(f)} | {r['estimate']:,} | {r['counted']:,} | "
+                         f"{r['error_pct']:+.4f}% |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(markdown(full_size="--no-full-size" not in sys.argv))
