@@ -14,72 +14,28 @@ import time
 import pytest
 
 from planner.arch import families
-from planner.arch.gpt2_book import GPT2Config
 from planner.cli import main as cli
 from planner.estimate.compute import infer_flops, price, train_flops
 from planner.gpus import GPUS, gpu, peak_flops
 from planner.infer_spec import InferSpec
+from planner.measure.flops import tiny_config, train_grid
 from planner.spec import TrainSpec, prepare
 from planner.validation import ConfigError
 
 BAR = 0.01  # the issue's: within 1% of FlopCounterMode
-BOOK = GPT2Config(vocab_size=1000, context_length=128, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)
-
-
-def _tiny(arch: str, index: int = 0):
-    grid = families()[arch].grid_configs()
-    if not grid:  # the book's GPT-2 has no grid shapes: a tiny one
-        return BOOK, 2, 64
-    _, cfg, b, s = grid[index]
-    return cfg, b, s
-
-
-def _lora(arch: str) -> dict:
-    fam = families()[arch]
-    if not fam.lora_supported:
-        return {}
-    return {"lora_r": 4} if fam.lora_default_targets else {"lora_r": 4, "lora_targets": "all-linear"}
-
-
-def _rows():
-    rows = []
-    for arch, fam in families().items():
-        rows += [(arch, {}), (arch, {"checkpointing": True}), (arch, {"checkpointing": True,
-                                                                      "checkpoint_policy": "selective"}),
-                 (arch, {"loss": "cce"})]
-        if _lora(arch):
-            rows += [(arch, _lora(arch)), (arch, {**_lora(arch), "checkpointing": True})]
-        if fam.subset_supported:
-            rows.append((arch, {"train_layers": "last:1"}))
-    rows += [("llama", {"checkpointing": True, "checkpoint_policy": "every:2"}),
-             ("llama", {"loss": "chunked-ce"}), ("llama", {"precision": "bf16-amp", "grad_accum": 2}),
-             ("llama", {"lora_r": 4, "attention": "eager"}), ("llama", {"lora_r": 4, "lora_targets": "k_proj,o_proj",
-                                                                        "attention": "eager"}),
-             ("llama", {"lora_r": 4, "checkpointing": True, "checkpoint_policy": "selective"}),
-             ("gemma2", {"checkpointing": True, "checkpoint_policy": "every:2"}),
-             ("mixtral", {"checkpointing": True, "checkpoint_policy": "every:2"})]
-    return rows
-
-
 def _id(row) -> str:
     arch, kw = row
     return arch + "-" + ("-".join(f"{k}={v}" for k, v in kw.items()) or "fp32")
 
 
-@pytest.mark.parametrize("row", _rows(), ids=_id)
+@pytest.mark.parametrize("row", train_grid(quick=True), ids=_id)
 def test_train_flops_match_flop_counter(row):
-    from planner.measure.flops import count_train_flops
+    """The quick grid (planner/measure/flops.py train_grid; docs/plan.md has the whole one: 121 rows)."""
+    from planner.measure.flops import row_check
 
-    arch, kw = row
-    kw = dict(kw)
-    cfg, b, s = _tiny(arch)
-    attention = kw.pop("attention", None)
-    spec = TrainSpec(batch_size=b, seq_len=s, **kw)
-    cfg = prepare(cfg, spec, attention)
-    est = train_flops(cfg, spec)
-    got = count_train_flops(cfg, spec)["flops_per_step"]
-    assert got > 0
-    assert abs(est["flops_per_step"] - got) <= BAR * got, (est, got)
+    r = row_check(*row)
+    assert r["counted"] > 0
+    assert abs(r["error_pct"]) <= 100 * BAR, r
 
 
 def test_qlora_flops_match_flop_counter():
@@ -87,18 +43,18 @@ def test_qlora_flops_match_flop_counter():
     pytest.importorskip("bitsandbytes")
     from planner.measure.flops import count_train_flops
 
-    cfg, b, s = _tiny("llama")
+    cfg, b, s = tiny_config("llama")
     spec = TrainSpec(batch_size=b, seq_len=s, precision="bf16", lora_r=4, quantize_base="nf4", checkpointing=True)
     cfg = prepare(cfg, spec)
     got = count_train_flops(cfg, spec)["flops_per_step"]
     assert abs(train_flops(cfg, spec)["flops_per_step"] - got) <= BAR * got
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral", "gpt2-hf", "gemma2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "mixtral", "gpt2-hf", "gemma2", "gpt2"])
 def test_infer_flops_match_flop_counter(arch):
     from planner.measure.flops import count_infer_flops
 
-    cfg, _, _ = _tiny(arch)
+    cfg, _, _ = tiny_config(arch)
     for attention in families()[arch].attention_kinds(cfg):
         c = dataclasses.replace(cfg, attention=attention)
         ispec = InferSpec(batch_size=2, prompt_len=16, new_tokens=5)

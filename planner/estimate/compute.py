@@ -113,10 +113,34 @@ def _adapter_forward(op: MatOp) -> int:
     return 2 * op.rows * r * (op.n_in + op.n_out) if r else 0
 
 
-@per_config
 def train_flops(cfg, spec) -> dict:
     """FLOPs of one optimizer step of `spec` (every micro-batch), by part: forward, backward, recompute, loss (the
-    output head's matmuls, forward and backward, and a fused loss's recompute), and their total `flops_per_step`."""
+    output head's matmuls, forward and backward, and a fused loss's recompute), and their total `flops_per_step`.
+
+    Every term is b*s*X (a matmul over the tokens) or b*s*s*Y (the attention's s x s matmuls), times the
+    micro-batches: so the walk runs once per model and technique, at b = 1 and s = 1, 2, and each part is
+    b*(X*s + Y*s^2)*accum from the two (exact; memoised: the plan search prices thousands of batch x sequence x
+    accumulation points). A config with a sliding window walks each spec (whether a mask exists, and so SDPA's
+    kernel, depends on the sequence)."""
+    import dataclasses
+
+    if getattr(cfg, "sliding_window", None) is not None:
+        return _train_flops(cfg, spec)
+    unit = dataclasses.replace(spec, batch_size=1, seq_len=1, grad_accum=1, optimizer="adamw", optimizer_impl="default",
+                               offload_optimizer=False, offload_activations=False)
+    one, two = _train_flops(cfg, unit), _train_flops(cfg, dataclasses.replace(unit, seq_len=2))
+    b, s, k = spec.batch_size, spec.seq_len, spec.grad_accum
+    out = {}
+    for part in ("forward", "backward", "recompute", "loss"):
+        y2 = two[part] - 2 * one[part]  # 2*Y (F(2) = 2X + 4Y, F(1) = X + Y)
+        x = one[part] - y2 // 2
+        out[part] = k * b * (x * s + (y2 // 2) * s * s)
+    out["flops_per_step"] = sum(out.values())
+    return out
+
+
+@per_config
+def _train_flops(cfg, spec) -> dict:
     family = family_of(cfg)
     w = _Walk(cfg, spec)
     n, r = w.n, spec.lora_r
