@@ -50,7 +50,7 @@ def test_qlora_flops_match_flop_counter():
     assert abs(train_flops(cfg, spec)["flops_per_step"] - got) <= BAR * got
 
 
-@pytest.mark.parametrize("arch", ["llama", "mixtral", "gpt2-hf", "gemma2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "mixtral", "gpt2"])
 def test_infer_flops_match_flop_counter(arch):
     from planner.measure.flops import count_infer_flops
 

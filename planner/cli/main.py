@@ -1,6 +1,7 @@
 """`python -m planner`: the JSON command line scripts and CI rely on (its flags and keys are a contract).
 
-    python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
+    python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--gpu NAME] [--json]
+        (flops_per_step always; with --gpu NAME, planner/gpus.py: step_time_s and tokens_per_s, a roofline)
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
     python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
     python -m planner estimate|measure|simulate train ... --world-size N --parallel tp|fsdp+tp [--tp T] [--loss-parallel]
