@@ -267,8 +267,9 @@ def train_bytes(cfg, spec) -> dict:
     e_t = e_adapter if spec.lora_r else e_p
     states = _STATE_BYTES[spec.optimizer]
     e_s = 1 if "8bit" in spec.optimizer else e_t
-    # the update: read parameter, grad and states, write parameter and states
-    optimizer = n_train * (3 * e_t + 2 * states * e_s)
+    # the update: read parameter, grad and states, write parameter and states (on the host with --offload-optimizer:
+    # no HBM traffic; the host's own update is not priced)
+    optimizer = 0 if spec.offload_optimizer else n_train * (3 * e_t + 2 * states * e_s)
     accumulate = n_train * 2 * e_t * (spec.grad_accum - 1)
     passes = spec.grad_accum * (1 + (1 if spec.checkpointing else 0))  # forwards, recomputes
     casts = 0
