@@ -118,3 +118,26 @@ def test_cli_estimate_gains_flops_and_gpu(capsys):
                      "--gpu", "rtx-409", "--json"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and "unknown GPU 'rtx-409'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_two_point_walk_is_exact():
+    """train_flops scales two unit walks (b*s*X + b*s^2*Y terms): equal to the walk at each point itself."""
+    from planner.config import preset
+    from planner.estimate.compute import _train_flops
+
+    for name, kw in (("llama-3-8b", dict(precision="bf16", lora_r=16, checkpointing=True)),
+                     ("qwen3-30b-a3b", dict(precision="bf16", checkpointing=True, checkpoint_policy="selective")),
+                     ("gpt2-small", dict(loss="chunked-ce", train_layers="all"))):
+        cfg = preset(name)
+        for b, s, k in ((1, 512, 1), (3, 1000, 2), (8, 64, 4)):
+            spec = TrainSpec(batch_size=b, seq_len=s, grad_accum=k, **kw)
+            assert train_flops(cfg, spec) == _train_flops(cfg, spec), (name, b, s, k)
+
+
+def test_estimate_side_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, planner.estimate.compute, planner.gpus; "
+            "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
