@@ -10,8 +10,10 @@ BF16 tensor cores; a BF16 matmul there runs at no more than its FP32 rate: roofl
 
 Memory: a datasheet's "GB" of GPU memory is the binary unit (GDDR / HBM parts come in 2^30-byte multiples: an
 RTX 4090's 24 GB are 24 GiB, 25,757,220,864 B, as nvidia-smi and torch.cuda.mem_get_info report them), so
-memory_bytes = GB x 2^30. (The H200's "141 GB" is the usable capacity of six 24 GiB HBM3e stacks; torch reports
-150,754,820,096 B = 140.4 GiB on this project's H200, tests/data/cuda/2026-11-27-h200.)
+memory_bytes = GB x 2^30, except the H200's, whose "141 GB" is neither unit: its total is the one this project
+measured, torch.cuda.mem_get_info's 150,109,880,320 B = 139.8 GiB (tests/data/cuda/2026-11-27-h200/probe.json).
+What a process can allocate is less than the total (the CUDA context, the allocator's reserve): the plan search
+subtracts those.
 Bandwidths are in bytes per second, decimal (a datasheet's TB/s = 1e12 B/s). pcie_bytes_per_s is one direction
 (a host-to-device copy): half the bidirectional figure a datasheet quotes (PCIe Gen3 / Gen4 / Gen5 x16: 32 / 64 /
 128 GB/s both ways). nvlink_bytes_per_s is the datasheet's total per GPU, both directions (0: none).
@@ -52,7 +54,7 @@ _GA102_WHITEPAPER = ("NVIDIA Ampere GA102 GPU architecture whitepaper v2 (nvidia
 GPUS: dict[str, GPU] = {g.name: g for g in (
     # H200 SXM: 141 GB HBM3e, 4.8 TB/s; FP32 67 TFLOPS; BF16 / FP16 Tensor Core 1,979 TFLOPS with sparsity
     # (989.5 dense); NVLink 900 GB/s; PCIe Gen5 128 GB/s
-    GPU("h200", "NVIDIA H200 SXM 141 GB", 141 * GIB, 67 * TERA, 989.5 * TERA, 989.5 * TERA, 4.8 * TERA,
+    GPU("h200", "NVIDIA H200 SXM 141 GB", 150_109_880_320, 67 * TERA, 989.5 * TERA, 989.5 * TERA, 4.8 * TERA,
         64 * GIGA, 900 * GIGA,
         "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200, specifications: H200 SXM)"),
     # H100 SXM: 80 GB HBM3, 3.35 TB/s; FP32 67; BF16 / FP16 1,979 with sparsity (989.5 dense); NVLink 900 GB/s;
