@@ -276,6 +276,41 @@ class Family:
         holds outside the block (ctx: planner.estimate.training.SweepContext)."""
         raise NotImplementedError
 
+    # ---- compute (planner/estimate/compute.py: FLOPs as FlopCounterMode counts them) --------------------------
+    # Non-reentrant checkpoint stops the recompute once the block's last saved tensor is packed again, before the
+    # op that saves it runs (torch/utils/checkpoint.py _StopRecomputationError): False, a block whose MLP output
+    # projection is the last op that saves anything (a decoder's, then the residual add) never replays that matmul;
+    # True: an op after it saves (Gemma 2's post-feedforward norm, MoE's routing-weight product), the whole block
+    # replays.
+    def recompute_replays_last(self, cfg) -> bool:
+        return False
+
+    # transformers' activation_checkpointing_enable (and peft) call enable_input_require_grads with fine-tuning
+    # under checkpointing: every block's input needs grad (planner/estimate/finetune.py)
+    input_grads_with_checkpointing: ClassVar[bool] = True
+    # generate() decodes with a KV cache (one token a step); False: each step runs the whole sequence again (the
+    # book's generate_text_simple), the logits of every position included
+    infer_kv_cache: ClassVar[bool] = True
+
+    def attention_dims(self, cfg) -> tuple[int, int]:
+        """(query heads, head width) of the attention's s x s matmuls."""
+        d = getattr(cfg, "head_dim", None) or cfg.hidden // cfg.heads
+        return cfg.heads, d
+
+    def attention_fused(self, cfg, spec) -> bool:
+        """True when one fused SDPA kernel runs (its backward recomputes the scores: 5 s x s matmuls, torch's
+        sdpa_backward_flop_count); False: eager's bmm pair (or CUDA's math kernel, the same composite)."""
+        return cfg.attention == "sdpa"
+
+    def attention_input(self, short: str) -> str:
+        """Which attention input a projection makes (q, k, v; qkv: a fused projection), by its module's short name."""
+        return {"q_proj": "q", "k_proj": "k", "v_proj": "v"}.get(short, "qkv")
+
+    def compute_block_ops(self, cfg, spec, block: int) -> list:
+        """A block's matmuls beside its inventory linears (planner/estimate/compute.py MatOp), in FLOPs: none here
+        (MoE's routed experts: planner/arch/moe.py)."""
+        return []
+
     def selective_ops(self, cfg, spec, w) -> list | None:
         """One block's matmul and attention ops in forward order, as torchtitan's selective-checkpointing policy
         sees them: (label, kind, output bytes, FLOPs), kind "mm" (aten.mm: a Linear without bias on a 3-D

@@ -189,6 +189,13 @@ class RMSDecoder(HFCausalLM):
     def norm_terms(self, label, b, s, h, w, part="", where="block", per_layer=True) -> list[Term]:
         return parts.rms_norm(label, b, s, h, w, part=part, where=where, per_layer=per_layer)
 
+    def attention_fused(self, c, spec) -> bool:
+        """FLOPs (planner/estimate/compute.py): CUDA runs pure-fp32 grouped-head SDPA on the math kernel, a composite
+        of bmm that autograd differentiates op by op (parts.sdpa_math): eager's count, not the fused kernel's."""
+        from .terms import Widths
+
+        return c.attention == "sdpa" and not parts.sdpa_math(self.shape(c), self.masked(c, spec), spec, Widths.of(spec))
+
     def selective_ops(self, c, spec, w) -> list:
         """q, k, v (or Phi-3's qkv), the attention, o, then the MLP's (selective_mlp_ops). A Linear without bias
         on a 3-D input is aten.mm (ATen linear: matmul folds the batch into the rows), with a bias aten.addmm

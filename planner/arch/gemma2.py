@@ -66,6 +66,9 @@ class Gemma2(Gemma):
     description = "transformers Gemma2ForCausalLM"
     grid_options = {"head_dim": 32, "sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it
 
+    def recompute_replays_last(self, c) -> bool:
+        return True  # post_feedforward_layernorm saves after down_proj (planner/arch/base.py)
+
     def presets(self) -> dict:
         # tests/data/gemma-2-2b.config.json; 2,614,341,888 parameters.
         return {"gemma-2-2b": Gemma2Config(vocab_size=256000, hidden_size=2304, intermediate_size=9216,

@@ -339,6 +339,15 @@ class HFGPT2(HFCausalLM):
         return [("c_attn", "addmm", n * 3 * h * w.e_m, 2 * n * h * 3 * h), att, ("attn c_proj", "addmm", n * h * w.e_m, 2 * n * h * h),
                 ("c_fc", "addmm", n * f * w.e_m, 2 * n * h * f), ("mlp c_proj", "addmm", n * h * w.e_m, 2 * n * f * h)]
 
+    def recompute_replays_last(self, c) -> bool:
+        """The residual dropout after the MLP's c_proj saves its noise when resid_pdrop > 0 (planner/arch/base.py):
+        then the checkpointed block replays c_proj too (measured with FlopCounterMode: tests/test_flops.py)."""
+        return c.resid_pdrop > 0
+
+    def attention_fused(self, c, spec) -> bool:
+        """FLOPs (planner/estimate/compute.py): with dropout on the CPU SDPA's math kernel runs bmm (eager's count)."""
+        return self._flash(c, spec)
+
     @staticmethod
     def _flash(c: HFGPT2Config, spec) -> bool:
         """SDPA takes its flash kernel (no dropout, or a CUDA device); with dropout on the CPU, the math one."""

@@ -120,6 +120,19 @@ class BookGPT2(Family):
             "gpt2-xl": GPT2Config(**_BASE, emb_dim=1600, n_layers=48, n_heads=25),       # 1,638,022,400 untied
         }
 
+    # planner/estimate/compute.py: peft calls no enable_input_require_grads on a module without
+    # get_input_embeddings (below, _lora_recompute's note), so block 0's input needs no grad under checkpointing either
+    input_grads_with_checkpointing = False
+    infer_kv_cache = False  # generate_text_simple: the whole sequence each step (planner/estimate/compute.py)
+
+    def recompute_replays_last(self, c) -> bool:
+        """drop_shortcut after the feed-forward saves its noise when drop_rate > 0 (planner/arch/base.py)."""
+        return c.drop_rate > 0
+
+    def attention_input(self, short: str) -> str:
+        """planner/estimate/compute.py: the three projections (Linear names W_query, W_key, W_value)."""
+        return {"W_query": "q", "W_key": "k", "W_value": "v"}.get(short, "qkv")
+
     def tiny(self, cfg):
         return dataclasses.replace(cfg, vocab_size=64, context_length=16, emb_dim=16, n_heads=2, n_layers=1)
 

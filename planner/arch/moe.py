@@ -126,6 +126,21 @@ class MoEDecoder(RMSDecoder):
             out.append(t)
         return out
 
+    # the routed output is scaled by the routing weights after the down GEMM (a mul that saves both operands), so
+    # a checkpointed block's recompute replays the whole block (planner/arch/base.py)
+    def recompute_replays_last(self, c) -> bool:
+        return True
+
+    def compute_block_ops(self, c, spec, block: int) -> list:
+        """The routed experts' two grouped GEMMs (grouped_mm_experts_forward): each of the b*s tokens through k
+        experts, gate_up (h -> 2f) and down (f -> h); the router and Qwen2-MoE's shared expert are inventory linears."""
+        from ..estimate.compute import MatOp
+
+        nk, h, f = spec.batch_size * spec.seq_len * c.num_experts_per_tok, c.hidden_size, c.expert_size
+        p = f"model.layers.{block}.mlp.experts"
+        return [MatOp("experts gate_up (grouped)", "mlp.in", nk, h, 2 * f, (f"{p}.gate_up_proj",)),
+                MatOp("experts down (grouped)", "mlp.out", nk, f, h, (f"{p}.down_proj",))]
+
     def selective_mlp_ops(self, c, spec, w) -> list:
         """The sparse block as the selective policy sees it (measured op order, transformers 5.23): Qwen2-MoE's
         shared expert (gate, up, down: aten.mm) first, then the router (mm), the experts' two _grouped_mm (not

@@ -54,6 +54,9 @@ def add_infer(group, command, kind: str) -> None:
                                         "largest batch at this context, the longest context at this batch and the KV "
                                         "cache tokens that fit (planner.serving; the CUDA context off on cuda; "
                                         "default: none)")
+        from .main import _add_gpu
+
+        _add_gpu(p)
     if kind != "estimate":
         p.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is killed (exit 3; default: %(default)s)")
         p.add_argument("--progress", action="store_true", help="with --json: JSON progress lines before the result (default: none)")
@@ -120,13 +123,22 @@ def cmd_infer(args: argparse.Namespace) -> int:
             raise ConfigError("simulating --quantize-weights int8 is not supported (bitsandbytes' Int8Params cannot "
                               "wrap a fake tensor); measure it, or simulate nf4 / fp4")
     if args.command == "estimate":
+        from ..gpus import gpu as lookup_gpu
+        from .main import compute_fields
+
+        if getattr(args, "gpu", None):
+            lookup_gpu(args.gpu)  # a bad name: exit 2 before any estimate
         rec = estimate_record(cfg, ispec)
         if getattr(args, "budget", None):
             rec["fit"] = fit_record(cfg, ispec, args.budget)
+        rec.update(compute_fields(cfg, ispec, getattr(args, "gpu", None), infer=True))
         if args.json:
             print(json.dumps(rec))
         else:
             print(f"peak {fmt_bytes(rec['peak_bytes'])} ({rec['peak_bytes']:,} B) in {rec['peak_phase']}")
+            print(f"FLOPs: {rec['flops_per_step']:,}" + (
+                f"; on {rec['gpu']}: {rec['step_time_s']:.4g} s, {rec['tokens_per_s']:,.0f} new tokens/s "
+                "(roofline, not a measurement)" if "step_time_s" in rec else ""))
             for k, v in rec["components"].items():
                 print(f"  {k:12s} {fmt_bytes(v)}")
             print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))

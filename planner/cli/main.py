@@ -1,6 +1,7 @@
 """`python -m planner`: the JSON command line scripts and CI rely on (its flags and keys are a contract).
 
-    python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--json]
+    python -m planner estimate train MODEL RUN [--device cpu|cuda[:N]] [--gpu NAME] [--json]
+        (flops_per_step always; with --gpu NAME, planner/gpus.py: step_time_s and tokens_per_s, a roofline)
     python -m planner measure  train MODEL RUN --device cpu|cuda[:N] [--json] [--timeout S] [--progress]
     python -m planner estimate|measure train ... --world-size N --parallel ddp|fsdp [PARALLEL]   (per rank)
     python -m planner estimate|measure|simulate train ... --world-size N --parallel tp|fsdp+tp [--tp T] [--loss-parallel]
@@ -107,6 +108,34 @@ def _add_load(p: argparse.ArgumentParser, measure: bool = False) -> None:
                        help="with --json: a JSON progress line on stdout before each method, before the result")
 
 
+def _add_gpu(p: argparse.ArgumentParser) -> None:
+    from ..gpus import GPUS
+
+    p.add_argument("--gpu", metavar="NAME", default=None,
+                   help="price the step on this GPU (planner/gpus.py: " + ", ".join(GPUS) + "): step_time_s and "
+                        "tokens_per_s from a roofline over its published peaks (not a measurement)")
+
+
+def compute_fields(cfg, spec, gpu_name, infer: bool = False) -> dict:
+    """`flops_per_step` (planner/estimate/compute.py: what FlopCounterMode counts on the step), and with --gpu the
+    roofline's `step_time_s` and `tokens_per_s` (issue #35). A bad GPU name: ConfigError (exit 2)."""
+    from ..estimate import compute
+    from ..gpus import gpu as lookup
+
+    g = lookup(gpu_name) if gpu_name else None
+    if infer:
+        out = {"flops_per_step": compute.infer_flops(cfg, spec)["flops_per_step"]}
+        priced = compute.price_infer(cfg, spec, g) if g else None
+    else:
+        out = {"flops_per_step": compute.train_flops(cfg, spec)["flops_per_step"]}
+        priced = compute.price(cfg, spec, g) if g else None
+    if priced:
+        out.update({"gpu": g.name, "step_time_s": priced["step_time_s"], "tokens_per_s": priced["tokens_per_s"],
+                    "step_time_basis": priced["basis"],
+                    "step_time_parts": {k: v["time_s"] for k, v in priced["parts"].items()}})
+    return out
+
+
 def build_parser() -> _Parser:
     parser = _Parser(prog="python -m planner", description="Torch Memory Planner: will a PyTorch training run fit "
                      "in memory, and what to change so it fits.")
@@ -120,6 +149,7 @@ def build_parser() -> _Parser:
     p = command(est, "train", "The peak memory of one training step, phase by phase and term by term.")
     _add_model(p)
     _add_run(p, seq_required=False)
+    _add_gpu(p)
     cli_parallel.add_parallel_args(p)
     p.add_argument("--budget", help="with --parallel: the memory of one device (80GB, 24GiB, bytes): the record adds "
                                     "`fit`, the fewest devices of that size that fit the run, as the Planner page "
@@ -226,12 +256,20 @@ def cmd_estimate_train(args) -> int:
         return cmd_estimate_fitted(args, cfg, spec)
     if cli_parallel.parallel_requested(args):
         return cli_parallel.cmd_estimate(args, cfg, spec)
+    from ..gpus import gpu as lookup_gpu
+
+    if getattr(args, "gpu", None):
+        lookup_gpu(args.gpu)  # a bad name: exit 2 before any estimate
     rec = _estimate_record(cfg, spec)
+    rec.update(compute_fields(cfg, spec, getattr(args, "gpu", None)))
     if args.json:
         print(json.dumps(rec))
     else:
         _print_table(rec, ESTIMATE_KEYS)
         print("phase peaks:", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in rec["phase_peak_bytes"].items()))
+        print(f"FLOPs per step: {rec['flops_per_step']:,}" + (
+            f"; on {rec['gpu']}: {rec['step_time_s']:.4g} s a step, {rec['tokens_per_s']:,.0f} tokens/s "
+            "(roofline, not a measurement)" if "step_time_s" in rec else ""))
         if "host_activation_offload" in rec.get("transients", {}):  # --offload-activations: the host's own line
             from ..estimate.offload_act import DEVICE_NOTE
 

@@ -6,8 +6,8 @@
 Answers {"best": PLAN, "plans": [PLAN, ...] (the fastest of each quality class, best class first), "pareto": [...]}
 with PLAN = {"flags", "peak_bytes", "flops_per_step", "step_time_s", "tokens_per_s", "quality", ...}; each plan's
 flags run as is after `python -m planner estimate|simulate|measure train`. Times come from the compute model
-(planner/estimate/compute.py's price, with --gpu) when it is importable; otherwise the plans are ranked on the memory
-side only ("time_model": null and a note) and their time fields are null. Nothing fits: exit 2 with the smallest
+(planner/estimate/compute.py's price: a roofline over the --gpu's catalog rates); with --budget and no --gpu the
+plans are ranked on the memory side only ("time_model": null and a note) and their time fields are null. Nothing fits: exit 2 with the smallest
 peak found (one line on stderr; with --json, {"best": null, "smallest": PLAN} on stdout as well).
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from ..config import ConfigError, resolve_model
 from ..units import fmt_bytes, parse_size
 from .args import EXIT_INVALID, _add_model
 
-NO_TIME_MODEL_INFER = ("no time model: planner/estimate/compute.py is not importable here or no --gpu was given, so "
+NO_TIME_MODEL_INFER = ("no time model: no --gpu was given (the roofline needs a GPU's rates, planner/gpus.py), so "
                        "plans are ranked on the memory side only (the largest batch that fits, then the smallest "
                        "peak); no rate is given")
-NO_TIME_MODEL = ("no time model: planner/estimate/compute.py is not importable here or no --gpu was given, so plans "
+NO_TIME_MODEL = ("no time model: no --gpu was given (the roofline needs a GPU's rates, planner/gpus.py), so plans "
                  "are ranked on the memory side only (the cost rank of their slowing changes, planner/fit.py CHANGES, "
                  "then the fewest micro-batches, then the smallest peak); no time is given")
 
@@ -57,52 +57,35 @@ def add_plan(top, command) -> None:
 
 
 def _catalog_gpu(name: str):
-    """The catalog's entry for `name` (planner/gpus.py, built beside this: its API is read here in one place)."""
-    try:
-        from .. import gpus
-    except ImportError:
-        raise ConfigError("--gpu needs the GPU catalog (planner/gpus.py), not in this build: give --budget SIZE") from None
-    get = getattr(gpus, "get_gpu", None) or getattr(gpus, "gpu", None)
-    table = getattr(gpus, "GPUS", None)
-    if get is not None:
-        try:
-            found = get(name)
-        except (KeyError, ValueError) as exc:
-            raise ConfigError(f"unknown GPU {name!r}: {exc}") from None
-        if found is None:
-            raise ConfigError(f"unknown GPU {name!r}")
-        return found
-    if table is not None and name in table:
-        return table[name]
-    raise ConfigError(f"unknown GPU {name!r}" + (f"; choose one of: {', '.join(table)}" if table else ""))
+    """The catalog's entry for `name` (planner/gpus.py; an unknown name: ConfigError listing the known ones)."""
+    from ..gpus import gpu
+
+    return gpu(name)
 
 
 def _gpu_memory(gpu) -> int:
-    for key in ("memory_bytes", "mem_bytes", "memory"):
-        v = gpu.get(key) if isinstance(gpu, dict) else getattr(gpu, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    raise ConfigError("the catalog's GPU entry has no memory figure: give --budget")
+    """The GPU's memory: the budget the fit takes the CUDA context and the allocator's reserve from."""
+    return gpu.memory_bytes
 
 
 def _half(gpu) -> str:
-    """bf16 where the GPU computes in it, else fp16 (T4: no bf16 tensor cores)."""
-    for key in ("bf16_flops", "bf16_tflops", "bf16"):
-        v = gpu.get(key) if isinstance(gpu, dict) else getattr(gpu, key, None)
-        if v is not None:
-            return "bf16" if v else "fp16"
-    return "bf16"
+    """bf16 where the GPU has a BF16 tensor path, else fp16 (T4: planner/gpus.py bf16_flops None)."""
+    return "bf16" if gpu.bf16_flops is not None else "fp16"
 
 
 def time_model(gpu):
-    """The search's time_of from the compute model, or None where it is not importable (or no GPU is named)."""
+    """The search's time_of: the compute model's roofline (planner/estimate/compute.py price), None without a GPU."""
     if gpu is None:
         return None
-    try:
-        from ..estimate.compute import price
-    except ImportError:
-        return None
-    return lambda cfg, spec, pspec=None: price(cfg, spec, gpu, world=pspec.world_size if pspec is not None else 1)
+    from ..estimate.compute import price, price_infer
+    from ..infer_spec import InferSpec
+
+    def time_of(cfg, spec, pspec=None):
+        if isinstance(spec, InferSpec):
+            return price_infer(cfg, spec, gpu)
+        return price(cfg, spec, gpu, world=pspec.world_size if pspec is not None else 1)
+
+    return time_of
 
 
 def cmd_plan(args) -> int:
