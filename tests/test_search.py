@@ -296,3 +296,29 @@ def test_layout_plans_run_as_is_per_rank():
         pspec = cli_parallel.parse_parallel(args)
         assert pspec.world_size == plan["world_size"] and spec.batch_size * spec.grad_accum * pspec.world_size * 512 == 4096
         assert estimate_distributed(cfg, spec, pspec).peak_bytes == plan["peak_bytes"] <= plan["budget_bytes"]
+
+
+def test_plan_with_a_catalog_gpu_prices_plans_with_the_roofline():
+    """--gpu: the GPU's memory is the budget, and every plan's time is the compute model's roofline of its own run
+    (planner/estimate/compute.py price), so the best plan is the fastest of its class by that price."""
+    from planner.estimate.compute import price
+    from planner.gpus import gpu
+
+    argv = ["plan", "--model", "qwen2.5-0.5b", "--gpu", "l4", "--seq-len", "512", "--tokens-per-step", "1024",
+            "--host-ram", "64GiB", "--json"]
+    code, out, _ = _cli(argv)
+    assert code == 0
+    res = json.loads(out)
+    assert res["budget_bytes"] == gpu("l4").memory_bytes
+    assert res["time_model"] is not None
+    parser = build_parser()
+    for p in res["plans"]:
+        args = parser.parse_args(["estimate", "train"] + p["flags"])
+        default_precision(args)
+        cfg, spec = parse_train(args)
+        priced = price(with_attention(cfg, args.attention) if args.attention else cfg, spec, gpu("l4"))
+        assert p["step_time_s"] == pytest.approx(priced["step_time_s"], rel=1e-9)
+        assert p["flops_per_step"] == priced["flops_per_step"]
+    best = res["best"]
+    same_class = [p for p in res["plans"] if p["quality"] == best["quality"]]
+    assert best["step_time_s"] == min(p["step_time_s"] for p in same_class)
