@@ -62,6 +62,7 @@ class Gemma2(Gemma):
     arch = "gemma2"
     model_types = ("gemma2",)
     model_type = "gemma2"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/gemma2/configuration_gemma2.py Gemma2Config.attribute_map: none
     config_cls = Gemma2Config
     description = "transformers Gemma2ForCausalLM"
     grid_options = {"head_dim": 32, "sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it

@@ -83,6 +83,7 @@ class Llama(RMSDecoder):
     offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("llama",)
     model_type = "llama"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/llama/configuration_llama.py LlamaConfig.attribute_map: none
     config_cls = LlamaConfig
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers LlamaForCausalLM"

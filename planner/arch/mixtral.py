@@ -59,6 +59,8 @@ class Mixtral(MoEDecoder):
     arch = "mixtral"
     model_types = ("mixtral",)
     model_type = "mixtral"
+    # transformers 5.23 models/mixtral/configuration_mixtral.py MixtralConfig.attribute_map
+    hf_attribute_map = {"num_experts": "num_local_experts"}
     config_cls = MixtralConfig
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_local_experts", "num_experts_per_tok")
