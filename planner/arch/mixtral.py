@@ -66,6 +66,7 @@ class Mixtral(MoEDecoder):
                 "num_local_experts", "num_experts_per_tok")
     description = "transformers MixtralForCausalLM (sparse MoE)"
     router_name = "mlp.gate"
+    expert_width_key = "intermediate_size"
 
     def presets(self) -> dict:
         # mistralai/Mixtral-8x7B-v0.1 config.json; 46,702,792,704 parameters (tests hold the accounting to it).
