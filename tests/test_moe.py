@@ -116,3 +116,34 @@ def test_moe_combine_point_rows_once_out_of_bar(family, label):
     est = estimate_training(cfg, spec)
     assert sim["peak_phase"] == est.peak_phase == "backward"
     assert abs(est.peak_bytes - sim["peak_bytes"]) <= 64, (est.peak_bytes, sim["peak_bytes"])
+
+
+@pytest.mark.parametrize("h,f,precision", [(48, 50, "fp32"), (48, 52, "fp32"), (36, 48, "bf16"), (40, 56, "bf16"),
+                                           (36, 48, "bf16-amp")])
+def test_grouped_gemm_widths_refused_as_the_real_kernel_refuses(h, f, precision):
+    """The experts' grouped GEMM takes 16-byte row strides (planner/arch/moe.py check_run): a width the real step
+    raises on is refused with one line, one it runs is estimated (the fuzz check found the raise, issue #34)."""
+    import torch
+
+    from planner.config import ConfigError, config_from_dict
+    from planner.spec import prepare
+
+    cfg = config_from_dict({"arch": "mixtral", "vocab_size": 64, "hidden_size": h, "intermediate_size": f,
+                            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                            "num_local_experts": 4, "num_experts_per_tok": 2})
+    spec = TrainSpec(2, 7, precision)
+    try:
+        prepare(cfg, spec)
+        refused = False
+    except ConfigError as exc:
+        refused = "grouped GEMM" in str(exc)
+    model = family_of(cfg).build(cfg, "cpu", spec.param_dtype)
+    x = torch.randint(0, 64, (2, 7))
+    try:
+        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16-amp"):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        raised = False
+    except RuntimeError as exc:
+        raised = "multiple of 16 bytes" in str(exc)
+    assert refused == raised
