@@ -577,7 +577,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             # made its grads), and the residual's grad (measured on the op timeline)
             down_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "norm.post_mlp"))  # (and Gemma 2's post-feedforward norm's)
             points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * ctx.g
-                                                           + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
+                                                           + bsh * w.e_r + 3 * b * s * family.gated_mlp_width(cfg) * w.e_m)
         grads += 0 if grads_exist else n["block"] * e_p
         if i == L - 1:
             # the family's point frees the output head's saved input at the head's backward: a frozen head
