@@ -60,3 +60,26 @@ def test_either_spelling_is_read_and_the_own_spelling_wins():
     gpt2 = config_from_dict({"model_type": "gpt2", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
                              "num_attention_heads": 4, "max_position_embeddings": 128})
     assert (gpt2.n_embd, gpt2.n_layer, gpt2.n_head, gpt2.n_positions) == (32, 2, 4, 128)
+
+
+@pytest.mark.parametrize("family", [f for f in HF_FAMILIES if "head_dim" in {x.name for x in dataclasses.fields(
+    f.config_cls)}], ids=lambda f: f.arch)
+def test_explicit_head_dim_with_a_width_heads_do_not_divide_refused_as_transformers_refuses(family):
+    """A width the heads do not divide, with an explicit head_dim: refused where transformers' config class refuses
+    it (LlamaConfig / Gemma2Config.validate_architecture), read where it builds (the fuzz check, issue #34)."""
+    from planner.config import ConfigError
+
+    data = {**config_to_dict(family.grid_configs()[0][1]), "hidden_size": 176, "num_attention_heads": 6,
+            "num_key_value_heads": 2, "head_dim": 8}
+    try:
+        config_from_dict(data)
+        refused = False
+    except ConfigError:
+        refused = True
+    kwargs = {k: v for k, v in data.items() if k not in ("arch", "attention", "name", "torch_dtype")}
+    try:
+        AutoConfig.for_model(family.model_type, **kwargs)
+        raised = False
+    except Exception as exc:  # huggingface_hub's StrictDataclassClassValidationError (a ValueError inside)
+        raised = "not a multiple" in str(exc)
+    assert refused == raised, (family.arch, refused, raised)

@@ -55,6 +55,9 @@ class Gemma2Config(DecoderConfigMixin):
             raise ConfigError("transformers' Gemma2ForCausalLM does not run SDPA (it cannot soft-cap the attention "
                               "logits); use attention eager")
         self._validate()
+        if self.hidden_size % self.num_attention_heads:  # Gemma2Config.validate_architecture (transformers 5.23)
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                              f"{self.num_attention_heads} (transformers' Gemma2Config refuses it)")
 
 
 class Gemma2(Gemma):
