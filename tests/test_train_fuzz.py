@@ -21,10 +21,12 @@ CASES = int(os.environ.get("PLANNER_FUZZ_CASES") or 3)
 
 @pytest.fixture(scope="module", autouse=True)
 def _print_seed(request):
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    line = f"training fuzz: PLANNER_FUZZ_SEED={SEED} PLANNER_FUZZ_CASES={CASES}"
-    if reporter is not None:
-        reporter.write_line(line)
+    """The seed on the terminal past pytest's capture (and in every failure's message)."""
+    line = f"\ntraining fuzz: PLANNER_FUZZ_SEED={SEED} PLANNER_FUZZ_CASES={CASES}"
+    capman = request.config.pluginmanager.get_plugin("capturemanager")
+    if capman is not None:
+        with capman.global_and_fixture_disabled():
+            print(line)
     else:
         print(line)
 
