@@ -50,3 +50,27 @@ def test_a_seed_draws_the_same_cases_and_covers_every_family():
     again = [draw_case(SEED, i, small=True) for i in range(len(archs))]
     assert [c.label for c in first] == [c.label for c in again]
     assert sorted(c.arch for c in first) == sorted(archs)
+
+
+# Cases the fuzz check found past an exact estimate, held to it since (issue #34; docs/accuracy.md "Training fuzz").
+FOUND = [
+    # Phi-3 fine-tuned under every:K: an uncheckpointed block keeps qkv_proj's whole output (v a view of it),
+    # which the fine-tuning walk left out (-0.83% before, 98,692 B)
+    ({"arch": "phi3", "vocab_size": 951, "hidden_size": 32, "intermediate_size": 270, "num_hidden_layers": 2,
+      "num_attention_heads": 1, "num_key_value_heads": 1, "pad_token_id": 0, "attention": "sdpa"},
+     dict(batch_size=3, seq_len=257, precision="bf16", optimizer="sgd-momentum", checkpointing=True,
+          checkpoint_policy="every:2", lora_r=2, lora_targets="down_proj")),
+]
+
+
+@pytest.mark.parametrize("data,run", FOUND, ids=lambda v: v.get("arch", "") if "arch" in v else "")
+def test_found_case_exact(data, run):
+    from planner.config import config_from_dict
+    from planner.estimate.training import estimate_training
+    from planner.measure.training import measure_training
+    from planner.spec import TrainSpec, prepare
+
+    spec = TrainSpec(**run)
+    cfg = prepare(config_from_dict(data), spec)
+    est, meas = estimate_training(cfg, spec), measure_training(cfg, spec)
+    assert abs(est.peak_bytes - meas["peak_bytes"]) <= 64, (est.peak_bytes, meas["peak_bytes"])
