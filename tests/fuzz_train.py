@@ -192,19 +192,23 @@ def run_case(case: Case) -> dict:
 
 
 def summary(rows: list[dict], seeds: list[int]) -> str:
-    """docs/accuracy.md's table: cases per family, worst error on the peak, failures."""
+    """docs/accuracy.md's table: cases per family, worst error on the peak, cases past the bar, and the runs the
+    planner accepted but the real step raised on (rows with "error")."""
+    done = [r for r in rows if "error" not in r]
     lines = [f"seeds {', '.join(map(str, seeds))}; {len(rows)} cases; bar {BAR_PCT}% on the peak", "",
-             "| family | cases | worst peak error | mean abs error | past the bar | worst case (seed:index) |",
-             "|---|---:|---:|---:|---:|---|"]
+             "| family | cases | worst peak error | mean abs error | past the bar | real step raised | worst case "
+             "(seed:index) |", "|---|---:|---:|---:|---:|---:|---|"]
     for arch in fuzz_archs():
-        mine = [r for r in rows if r["arch"] == arch]
-        if not mine:
+        mine = [r for r in done if r["arch"] == arch]
+        raised = sum(1 for r in rows if r["arch"] == arch and "error" in r)
+        if not mine and not raised:
             continue
-        worst = max(mine, key=lambda r: abs(r["error_pct"]))
+        worst = max(mine, key=lambda r: abs(r["error_pct"])) if mine else None
         past = sum(abs(r["error_pct"]) > BAR_PCT for r in mine)
-        mean = sum(abs(r["error_pct"]) for r in mine) / len(mine)
-        lines.append(f"| {arch} | {len(mine)} | {worst['error_pct']:+.4f}% | {mean:.4f}% | {past} | "
-                     f"{worst.get('seed', '?')}:{worst['index']} |")
+        mean = sum(abs(r["error_pct"]) for r in mine) / len(mine) if mine else 0.0
+        lines.append(f"| {arch} | {len(mine)} | {worst['error_pct']:+.4f}% | {mean:.4f}% | {past} | {raised} | "
+                     f"{worst.get('seed', '?')}:{worst['index']} |" if worst else
+                     f"| {arch} | 0 | | | | {raised} | |")
     return "\n".join(lines)
 
 
@@ -212,12 +216,19 @@ def main(argv: list[str]) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seed", type=int, action="append", required=True)
+    ap.add_argument("--seed", type=int, action="append")
+    ap.add_argument("--summarise", nargs="+", metavar="ROWS.jsonl", help="print the table of rows written by --out")
     ap.add_argument("--cases", type=int, default=24, help="cases per seed")
     ap.add_argument("--start", type=int, default=0, help="first case index")
     ap.add_argument("--small", action="store_true", help="the in-suite sizes")
     ap.add_argument("--out", help="append one JSON row per case to this file")
     args = ap.parse_args(argv)
+    if args.summarise:
+        rows = [json.loads(line) for path in args.summarise for line in Path(path).read_text().splitlines() if line]
+        print(summary(rows, sorted({r["seed"] for r in rows})))
+        return 0
+    if not args.seed:
+        ap.error("--seed is required")
     rows = []
     for seed in args.seed:
         for i in range(args.start, args.start + args.cases):
@@ -231,10 +242,10 @@ def main(argv: list[str]) -> int:
             if args.out:
                 with open(args.out, "a") as fh:
                     fh.write(json.dumps(row) + "\n")
+            rows.append(row)
             if "error" in row:
                 print(f"{seed}:{i:<4d} {case.arch:10s} ERROR {row['error']}", flush=True)
                 continue
-            rows.append(row)
             flag = "  PAST THE BAR" if abs(row["error_pct"]) > BAR_PCT else ""
             print(f"{seed}:{i:<4d} {case.arch:10s} {row['error_pct']:+8.4f}% {row['estimated_phase']:>9s}/"
                   f"{row['measured_phase']:<9s} {row['measure_s']:5.1f}s  {case.label}{flag}", flush=True)

@@ -54,6 +54,13 @@ def test_a_seed_draws_the_same_cases_and_covers_every_family():
 
 # Cases the fuzz check found past an exact estimate, held to it since (issue #34; docs/accuracy.md "Training fuzz").
 FOUND = [
+    # issue #34's Mixtral (2.8% under when filed): on the CPU estimate = measure (= simulate) to 4 B on this code and
+    # on every commit back to the one that modelled MoE fine-tuning; held here at the issue's settings
+    ({"arch": "mixtral", "vocab_size": 4769, "hidden_size": 144, "intermediate_size": 208, "num_hidden_layers": 3,
+      "num_attention_heads": 6, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+      "tie_word_embeddings": False, "attention": "sdpa"},
+     dict(batch_size=3, seq_len=270, precision="bf16-amp", optimizer="adamw", checkpointing=True, lora_r=8,
+          lora_alpha=16.0, lora_targets="all-linear")),
     # Phi-3 fine-tuned under every:K: an uncheckpointed block keeps qkv_proj's whole output (v a view of it),
     # which the fine-tuning walk left out (-0.83% before, 98,692 B)
     ({"arch": "phi3", "vocab_size": 951, "hidden_size": 32, "intermediate_size": 270, "num_hidden_layers": 2,
