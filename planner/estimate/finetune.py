@@ -187,6 +187,8 @@ def _uncheckpointed_extra(cfg, spec, w) -> int:
     Measured (the fuzz check, issue #34): phi3 V951 h32 f270 a1 L2 b3 s257 bf16 every:2 LoRA down_proj, -0.83% before
     (98,692 B = b*s*(a + kv)*d*e_m + 4)."""
     family = family_of(cfg)
+    if getattr(spec, "offload_activations", False):
+        return 0  # save_on_cpu copies the saved view's own elements to the host: nothing holds the rest on the device
     return family.uncheckpointed_block_extra(cfg, spec, w) if hasattr(family, "uncheckpointed_block_extra") else 0
 
 
