@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from fuzz_train import BAR_PCT, cli_line, draw_case, run_case
+from fuzz_train import BAR_PCT, cli_line, draw_case, known_open, run_case
 
 SEED = int(os.environ.get("PLANNER_FUZZ_SEED") or random.SystemRandom().randrange(1_000_000))
 CASES = int(os.environ.get("PLANNER_FUZZ_CASES") or 3)
@@ -35,6 +35,8 @@ def _print_seed(request):
 def test_training_fuzz_case_within_the_bar(index):
     case = draw_case(SEED, index, small=True)
     row = run_case(case)
+    if abs(row["error_pct"]) > BAR_PCT and known_open(case):
+        pytest.xfail(f"PLANNER_FUZZ_SEED={SEED} case {index} {row['error_pct']:+.3f}%: {known_open(case)}")
     assert abs(row["error_pct"]) <= BAR_PCT, (
         f"PLANNER_FUZZ_SEED={SEED} case {index}: estimate {row['estimate_bytes']:,} ({row['estimated_phase']}) vs "
         f"measured {row['measured_bytes']:,} ({row['measured_phase']}): {row['error_pct']:+.3f}%\n"
