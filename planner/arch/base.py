@@ -58,6 +58,12 @@ class Family:
     # (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), and whether the
     # estimator models LoRA / a trainable subset for this family.
     lora_default_targets: ClassVar[tuple[str, ...]] = ()
+    # transformers' config class's `attribute_map` (configuration_<model>.py: a standard name -> the model's own
+    # key; PretrainedConfig.__setattr__ / __getattribute__ redirect one to the other, so a config.json may carry
+    # either spelling, and transformers 5 writes the target): each family file copies its class's table (never
+    # imported here; tests/test_config_aliases.py holds the copies to transformers' own). from_dict reads a key
+    # under either name.
+    hf_attribute_map: ClassVar[dict[str, str]] = {}
     lora_supported: ClassVar[bool] = False
     subset_supported: ClassVar[bool] = False
     qlora_supported: ClassVar[bool] = True  # with lora_supported, a transformers decoder: QLoRA measured on it
@@ -98,10 +104,11 @@ class Family:
 
     def from_dict(self, data: dict) -> Any:
         """Build the config from a JSON object; unknown keys are ignored (published files carry many)."""
+        fields = {f.name for f in dataclasses.fields(self.config_cls) if f.init}
+        data = self.read_aliases(data, fields)
         missing = [k for k in self.required if k not in data]
         if missing:
             raise ConfigError(f"{self.arch} config is missing key(s): {', '.join(missing)}")
-        fields = {f.name for f in dataclasses.fields(self.config_cls) if f.init}
         data = self.normalise(dict(data))
         if "torch_dtype" not in data and "dtype" in data:  # newer HF config.json files name it "dtype"
             data["torch_dtype"] = data["dtype"]
@@ -110,6 +117,16 @@ class Family:
             return self.config_cls(**kwargs)
         except TypeError as exc:  # e.g. a list where a number belongs
             raise ConfigError(f"invalid {self.arch} config: {exc}") from None
+
+    def read_aliases(self, data: dict, fields: set[str]) -> dict:
+        """The config's fields under transformers' aliases (hf_attribute_map, either direction, as from_config
+        reads them): a field missing from `data` takes its alias's value; the field's own spelling wins."""
+        data = dict(data)
+        for standard, own in self.hf_attribute_map.items():
+            for ours, theirs in ((standard, own), (own, standard)):
+                if ours in fields and ours not in data and theirs in data:
+                    data[ours] = data[theirs]
+        return data
 
     def normalise(self, data: dict) -> dict:
         """Map a published config.json's legacy spellings onto the config's fields (override per family)."""

@@ -115,6 +115,10 @@ class RMSDecoder(HFCausalLM):
         return parts.Shape(h=c.hidden_size, a=c.num_attention_heads, kv=c.num_key_value_heads, d=c.head_dim,
                            f=c.intermediate_size, attention=c.attention, act=c.hidden_act)
 
+    def gated_mlp_width(self, c) -> int:
+        """The width of the block's dense gated MLP (act(gate) * up), which fine-tuning's backward points walk."""
+        return c.intermediate_size
+
     def rope_dim(self, c) -> int:
         return c.head_dim
 

@@ -47,6 +47,7 @@ class Gemma(RMSDecoder):
     arch = "gemma"
     model_types = ("gemma",)
     model_type = "gemma"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/gemma/configuration_gemma.py GemmaConfig.attribute_map: none
     config_cls = GemmaConfig
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers GemmaForCausalLM"

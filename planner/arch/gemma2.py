@@ -55,6 +55,9 @@ class Gemma2Config(DecoderConfigMixin):
             raise ConfigError("transformers' Gemma2ForCausalLM does not run SDPA (it cannot soft-cap the attention "
                               "logits); use attention eager")
         self._validate()
+        if self.hidden_size % self.num_attention_heads:  # Gemma2Config.validate_architecture (transformers 5.23)
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                              f"{self.num_attention_heads} (transformers' Gemma2Config refuses it)")
 
 
 class Gemma2(Gemma):
@@ -62,6 +65,7 @@ class Gemma2(Gemma):
     arch = "gemma2"
     model_types = ("gemma2",)
     model_type = "gemma2"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/gemma2/configuration_gemma2.py Gemma2Config.attribute_map: none
     config_cls = Gemma2Config
     description = "transformers Gemma2ForCausalLM"
     grid_options = {"head_dim": 32, "sliding_window": 32}  # s64 and s48 run beyond the window, s8 inside it

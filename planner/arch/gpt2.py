@@ -77,6 +77,9 @@ class HFGPT2(HFCausalLM):
     arch = "gpt2-hf"
     model_types = ("gpt2",)
     model_type = "gpt2"
+    # transformers 5.23 models/gpt2/configuration_gpt2.py GPT2Config.attribute_map
+    hf_attribute_map = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions",
+                        "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
     config_cls = HFGPT2Config
     required = ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions")
     description = "transformers GPT2LMHeadModel"

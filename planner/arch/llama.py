@@ -44,10 +44,12 @@ class LlamaConfig:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         _check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
+        # an explicit head_dim too: transformers 5.23 LlamaConfig.validate_architecture refuses the config
+        # (configuration_llama.py; the fuzz check, issue #34)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
+                              f"num_attention_heads {self.num_attention_heads}")
         if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
-                                  f"num_attention_heads {self.num_attention_heads}")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         _check_positive(self, ("head_dim",))
         if self.head_dim % 2:
@@ -83,6 +85,7 @@ class Llama(RMSDecoder):
     offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("llama",)
     model_type = "llama"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/llama/configuration_llama.py LlamaConfig.attribute_map: none
     config_cls = LlamaConfig
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers LlamaForCausalLM"

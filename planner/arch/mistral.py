@@ -47,6 +47,7 @@ class Mistral(RMSDecoder):
     offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("mistral",)
     model_type = "mistral"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/mistral/configuration_mistral.py MistralConfig.attribute_map: none
     config_cls = MistralConfig
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers MistralForCausalLM"

@@ -59,11 +59,14 @@ class Mixtral(MoEDecoder):
     arch = "mixtral"
     model_types = ("mixtral",)
     model_type = "mixtral"
+    # transformers 5.23 models/mixtral/configuration_mixtral.py MixtralConfig.attribute_map
+    hf_attribute_map = {"num_experts": "num_local_experts"}
     config_cls = MixtralConfig
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_local_experts", "num_experts_per_tok")
     description = "transformers MixtralForCausalLM (sparse MoE)"
     router_name = "mlp.gate"
+    expert_width_key = "intermediate_size"
 
     def presets(self) -> dict:
         # mistralai/Mixtral-8x7B-v0.1 config.json; 46,702,792,704 parameters (tests hold the accounting to it).

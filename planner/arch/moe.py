@@ -92,13 +92,33 @@ class MoEDecoder(RMSDecoder):
         """The width of Qwen2-MoE's shared expert (a dense gated MLP beside the routed ones); 0: none."""
         return 0
 
+    def gated_mlp_width(self, c) -> int:
+        """The only dense gated MLP of a sparse block is Qwen2-MoE's shared expert (config intermediate_size is the
+        width of dense blocks, which no modelled config has: refuse_dense_layers) (the fuzz check, issue #34: qwen2_moe
+        V92 h24 f160 shared 97 b2 s33 bf16 checkpointing LoRA on the shared expert, +8.4% before)."""
+        return self.shared_expert_size(c)
+
     def shape(self, c) -> parts.Shape:
         # The backward's high points see the MLP per token: k experts of width f each.
         sh = super().shape(c)
         return dataclasses.replace(sh, f=c.num_experts_per_tok * c.expert_size)
 
+    expert_width_key: ClassVar[str] = "moe_intermediate_size"  # the config key of each expert's width
+
     def check_run(self, cfg, spec) -> None:
         super().check_run(cfg, spec)
+        # The experts run by torch's grouped GEMM (transformers 5.23 integrations/moe.py grouped_mm_experts_forward),
+        # which takes each operand's row stride in whole 16-byte units (aten/src/ATen/native/GroupedMMUtils.h,
+        # torch/_meta_registrations.py _meta_grouped_mm_common: "strides should be multiple of 16 bytes"): the
+        # experts' input width (hidden_size) and their own width, in the experts' parameter dtype (grouped_mm is on
+        # no autocast list). Measured on the CPU: Mixtral h48 f50 fp32 and h36 f48 bf16 raise it, h36 fp32 and
+        # h40 f56 bf16 run (the fuzz check, issue #34).
+        e = 2 if spec.param_dtype == "bfloat16" else 4
+        bad = [f"{key} {n}" for key, n in (("hidden_size", cfg.hidden_size), (self.expert_width_key, cfg.expert_size))
+               if n * e % 16]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)}: torch's grouped GEMM, which runs the experts, needs them in "
+                              f"multiples of {16 // e} in {spec.param_dtype} (16-byte strides)")
 
     # ---- inventory ------------------------------------------------------------------------------------
     def moe_specs(self, c, i: int) -> list[TensorSpec]:

@@ -58,6 +58,7 @@ class Phi3(RMSDecoder):
     arch = "phi3"
     model_types = ("phi3",)
     model_type = "phi3"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/phi3/configuration_phi3.py Phi3Config.attribute_map: none
     config_cls = Phi3Config
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers Phi3ForCausalLM"

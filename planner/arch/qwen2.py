@@ -56,6 +56,7 @@ class Qwen2(RMSDecoder):
     offload_plain = True  # --offload-activations' host copies measured (planner/arch/decoder.py offload_copies)
     model_types = ("qwen2",)
     model_type = "qwen2"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/qwen2/configuration_qwen2.py Qwen2Config.attribute_map: none
     config_cls = Qwen2Config
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers Qwen2ForCausalLM"

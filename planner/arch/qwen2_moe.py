@@ -64,6 +64,7 @@ class Qwen2Moe(MoEDecoder):
     arch = "qwen2_moe"
     model_types = ("qwen2_moe",)
     model_type = "qwen2_moe"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/qwen2_moe/configuration_qwen2_moe.py Qwen2MoeConfig.attribute_map: none
     config_cls = Qwen2MoeConfig
     required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts",
                 "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")

@@ -49,6 +49,7 @@ class Qwen3(RMSDecoder):
     arch = "qwen3"
     model_types = ("qwen3",)
     model_type = "qwen3"
+    hf_attribute_map: dict = {}  # transformers 5.23 models/qwen3/configuration_qwen3.py Qwen3Config.attribute_map: none
     config_cls = Qwen3Config
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     description = "transformers Qwen3ForCausalLM"

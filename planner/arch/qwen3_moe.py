@@ -55,6 +55,8 @@ class Qwen3Moe(MoEDecoder):
     arch = "qwen3_moe"
     model_types = ("qwen3_moe",)
     model_type = "qwen3_moe"
+    # transformers 5.23 models/qwen3_moe/configuration_qwen3_moe.py Qwen3MoeConfig.attribute_map
+    hf_attribute_map = {"num_experts": "num_local_experts"}
     config_cls = Qwen3MoeConfig
     required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts",
                 "num_experts_per_tok", "moe_intermediate_size")

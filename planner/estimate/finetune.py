@@ -177,7 +177,19 @@ def policy_kept(cfg, spec, w, per_block: list[list[Term]], quantized: bool = Fal
     ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
     stash = spec.batch_size * spec.seq_len * cfg.hidden * w.e_r
     cache = selective_saved(policy_ops(cfg, spec, w, quantized)) if spec.checkpoint_policy == "selective" else 0
-    return [stash + cache if i in ckpt else sum(t.bytes for t in per_block[i]) for i in range(L)]
+    extra = _uncheckpointed_extra(cfg, spec, w)
+    return [stash + cache if i in ckpt else sum(t.bytes for t in per_block[i]) + extra for i in range(L)]
+
+
+def _uncheckpointed_extra(cfg, spec, w) -> int:
+    """What a block every:K leaves alone keeps in checkpointing mode beyond its saved set (Phi-3: v a view of the
+    fused qkv output, planner/arch/phi3.py uncheckpointed_block_extra; full training adds it in ckpt_policy.py).
+    Measured (the fuzz check, issue #34): phi3 V951 h32 f270 a1 L2 b3 s257 bf16 every:2 LoRA down_proj, -0.83% before
+    (98,692 B = b*s*(a + kv)*d*e_m + 4)."""
+    family = family_of(cfg)
+    if getattr(spec, "offload_activations", False):
+        return 0  # save_on_cpu copies the saved view's own elements to the host: nothing holds the rest on the device
+    return family.uncheckpointed_block_extra(cfg, spec, w) if hasattr(family, "uncheckpointed_block_extra") else 0
 
 
 def selective_tail(cfg, spec, w, blk: list[Term], quantized: bool = False) -> int:
@@ -209,8 +221,12 @@ def policy_terms(cfg, spec, w, per_block: list[list[Term]], ckpt: set, quantized
         return [Term("selective checkpointing: the outputs the policy saves (every second mm, SDPA's)",
                      "L*(odd aten.mm outputs + SDPA output and logsumexp)", cfg.layers * cache, where="ckpt")]
     # (their names keep "autocast-cached": autocast_cache_bytes counts those copies once)
+    extra = _uncheckpointed_extra(cfg, spec, w)
     return [Term(f"block {i} (not checkpointed: {policy}): {t.name}", t.formula, t.bytes, where="ckpt")
-            for i, blk in enumerate(per_block) if i not in ckpt for t in blk]
+            for i, blk in enumerate(per_block) if i not in ckpt for t in blk] + [
+        Term(f"block {i} (not checkpointed: {policy}): kept beside its saved set in checkpointing mode",
+             "family uncheckpointed_block_extra", extra, where="ckpt")
+        for i in range(len(per_block)) if i not in ckpt and extra]
 
 
 def autocast_cache_bytes(cfg, spec, w, terms) -> int:
@@ -577,7 +593,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             # made its grads), and the residual's grad (measured on the op timeline)
             down_saved = sum(t.bytes for t in blk if t.part in ("mlp.out", "norm.post_mlp"))  # (and Gemma 2's post-feedforward norm's)
             points[f"block {i} gated product backward"] = (others + grads + ctx.current - down_saved + n["down"] * ctx.g
-                                                           + bsh * w.e_r + 3 * b * s * cfg.intermediate_size * w.e_m)
+                                                           + bsh * w.e_r + 3 * b * s * family.gated_mlp_width(cfg) * w.e_m)
         grads += 0 if grads_exist else n["block"] * e_p
         if i == L - 1:
             # the family's point frees the output head's saved input at the head's backward: a frozen head
