@@ -87,6 +87,9 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
         # window (masking_utils.py _ignore_causal_mask_sdpa), none for a full layer (is_causal)
         if c.attention == "eager":
             masks = sum(b * kv_len[w] * e for w in kinds)
+            # a mask the model builds for a layer kind it does not have (Gemma 2's full mask in a 1-layer model:
+            # Gemma2.infer_mask_count) spans every token
+            masks += max(fam.infer_mask_count(c) - len(kinds), 0) * b * T * e
         else:
             masks = sum(kv_len[w] for w in kinds if w is not None and kv_len[w] >= w)
         # per kind: (bytes of its own K/V before and after the update, the attention's tensors beyond them)
