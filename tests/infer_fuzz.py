@@ -42,6 +42,9 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 MAX_PROMPT = 300
 MAX_NEW = 16
 MAX_BATCH = 4
+# the suite's cases (tests/test_infer_fuzz.py) are drawn smaller, to keep its few measured cases within seconds
+SMALL = dict(max_prompt=72, max_new=6, max_vocab=2000, max_layers=2)
+FULL = dict(max_prompt=MAX_PROMPT, max_new=MAX_NEW, max_vocab=8000, max_layers=3)
 
 
 def new_seed() -> int:
@@ -67,15 +70,16 @@ def _heads(rng: random.Random) -> tuple[int, int]:
     return a, kv
 
 
-def random_config(rng: random.Random, name: str):
+def random_config(rng: random.Random, name: str, size: dict = FULL):
     """A random config of family `name` (its first grid config with random sizes), valid for its family."""
+    V, L, P = size["max_vocab"], size["max_layers"], size["max_prompt"] + size["max_new"]
     from planner.arch import families
 
     fam = families()[name]
     if name == "gpt2":  # the book's GPTModel (planner/arch/gpt2_book.py)
         a = rng.choice((1, 2, 3, 4, 6, 8))
-        return fam.config_cls(vocab_size=rng.randint(50, 4000), context_length=MAX_PROMPT + MAX_NEW + rng.randint(0, 64),
-                              emb_dim=a * rng.choice((8, 16, 24, 32)), n_heads=a, n_layers=rng.randint(1, 3),
+        return fam.config_cls(vocab_size=rng.randint(50, V // 2), context_length=P + rng.randint(0, 64),
+                              emb_dim=a * rng.choice((8, 16, 24, 32)), n_heads=a, n_layers=rng.randint(1, L),
                               qkv_bias=rng.random() < 0.5, attention=rng.choice(("eager", "sdpa")))
     base = fam.grid_configs()[0][1]
     fields = {f.name for f in dataclasses.fields(base)}
@@ -83,11 +87,11 @@ def random_config(rng: random.Random, name: str):
     d = rng.choice((8, 16, 24, 32))
     kw = {}
     if name == "gpt2-hf":
-        kw = dict(vocab_size=rng.randint(50, 8000), n_embd=a * d, n_head=a, n_layer=rng.randint(1, 3),
-                  n_positions=MAX_PROMPT + MAX_NEW + rng.randint(0, 64),
+        kw = dict(vocab_size=rng.randint(50, V), n_embd=a * d, n_head=a, n_layer=rng.randint(1, L),
+                  n_positions=P + rng.randint(0, 64),
                   n_inner=rng.choice((None, 8 * rng.randint(2, 64))))
     else:
-        kw = dict(vocab_size=rng.randint(50, 8000), num_hidden_layers=rng.randint(1, 3), num_attention_heads=a,
+        kw = dict(vocab_size=rng.randint(50, V), num_hidden_layers=rng.randint(1, L), num_attention_heads=a,
                   num_key_value_heads=kv, intermediate_size=8 * rng.randint(2, 64),
                   tie_word_embeddings=rng.random() < 0.5, max_position_embeddings=1024)
         if name in ("qwen3", "qwen3_moe", "gemma", "gemma2"):  # head_dim apart from hidden / heads
@@ -97,9 +101,9 @@ def random_config(rng: random.Random, name: str):
             if "head_dim" in fields:
                 kw["head_dim"] = d
         if name in ("mistral", "phi3"):  # a window the run crosses, one it stays inside, or none
-            kw["sliding_window"] = rng.choice((None, rng.randint(8, MAX_PROMPT + MAX_NEW)))
+            kw["sliding_window"] = rng.choice((None, rng.randint(8, P)))
         if name == "gemma2":
-            kw["sliding_window"] = rng.randint(8, MAX_PROMPT + MAX_NEW + 32)
+            kw["sliding_window"] = rng.randint(8, P + 32)
         if name == "mixtral":
             kw["num_local_experts"] = rng.randint(2, 6)
             kw["num_experts_per_tok"] = rng.randint(1, min(3, kw["num_local_experts"]))
@@ -116,17 +120,17 @@ def random_config(rng: random.Random, name: str):
     return dataclasses.replace(cfg, attention=rng.choice(kinds))
 
 
-def random_case(rng: random.Random, name: str, tries: int = 50):
+def random_case(rng: random.Random, name: str, size: dict = FULL, tries: int = 50):
     """(config, InferSpec) of family `name` that planner.infer_spec.check_infer accepts."""
     from planner.config import ConfigError
     from planner.infer_spec import InferSpec, check_infer
     from planner.serving import cache_choices
 
     for _ in range(tries):
-        cfg = random_config(rng, name)
+        cfg = random_config(rng, name, size)
         caches = [c for c in cache_choices(cfg) if c != "offloaded"]
-        ispec = InferSpec(batch_size=rng.randint(1, MAX_BATCH), prompt_len=rng.randint(1, MAX_PROMPT),
-                          new_tokens=rng.randint(1, MAX_NEW), precision=rng.choice(PRECISIONS),
+        ispec = InferSpec(batch_size=rng.randint(1, MAX_BATCH), prompt_len=rng.randint(1, size["max_prompt"]),
+                          new_tokens=rng.randint(1, size["max_new"]), precision=rng.choice(PRECISIONS),
                           cache=rng.choice(caches), device=DEVICE)
         try:
             check_infer(cfg, ispec)
@@ -136,7 +140,8 @@ def random_case(rng: random.Random, name: str, tries: int = 50):
     raise AssertionError(f"no accepted {name} case in {tries} draws")
 
 
-def draw_cases(seed: int, count: int, families: tuple[str, ...] = FAMILIES) -> list[tuple[str, object, object]]:
+def draw_cases(seed: int, count: int, families: tuple[str, ...] = FAMILIES,
+               size: dict = FULL) -> list[tuple[str, object, object]]:
     """`count` cases of one seed: the families in turn (a shuffled cycle), so every family is drawn."""
     rng = random.Random(seed)
     order: list[str] = []
@@ -144,7 +149,7 @@ def draw_cases(seed: int, count: int, families: tuple[str, ...] = FAMILIES) -> l
         cycle = list(families)
         rng.shuffle(cycle)
         order += cycle
-    return [(name, *random_case(rng, name)) for name in order[:count]]
+    return [(name, *random_case(rng, name, size)) for name in order[:count]]
 
 
 def label(cfg, ispec) -> str:

@@ -192,6 +192,10 @@ class Family:
 
         return DTYPE_BYTES[ispec.param_dtype] * (self.infer_mask_count(cfg) if hasattr(self, "infer_mask_count") else 1)
 
+    def infer_static_windows(self, cfg, ispec) -> bool:
+        """A StaticCache whose sliding layers keep their window (planner/arch/infer_windows.py static_window_options)."""
+        return False
+
     def infer_decode_ids_bytes(self, cfg, ispec) -> int:
         """generate's grown input_ids and attention_mask at the last step (int64 (b, p + n - 1) and (b, p + n))."""
         return 8 * ispec.batch_size * (2 * ispec.total_len - 1)

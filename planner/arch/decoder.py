@@ -801,7 +801,7 @@ class RMSDecoder(HFCausalLM):
     def check_infer(self, c, ispec) -> None:
         sw = self.sliding_window(c)
         self.check_infer_offloaded(c, ispec)
-        if sw is not None and sw < ispec.total_len and ispec.cache not in ("dynamic", "sliding", "offloaded"):
+        if sw is not None and sw < ispec.total_len and ispec.cache not in ("dynamic", "sliding", "offloaded", "static"):
             raise ConfigError(f"a sliding window ({sw}) shorter than prompt + new tokens ({ispec.total_len}) is "
                               f"modelled with --cache sliding (or dynamic: the same DynamicCache), not {ispec.cache}")
 
@@ -830,6 +830,13 @@ class RMSDecoder(HFCausalLM):
 
             return kv_after(self, c, ispec, e, ispec.new_tokens - 1)
         return super().infer_kv_decode_bytes(c, ispec, e)
+
+    def infer_static_windows(self, c, ispec) -> bool:
+        """generate's StaticCache gives a layer with a window a StaticSlidingWindowLayer (cache_utils.py
+        get_layer_types_and_kwargs): when a window is no longer than the cache (p + n - 1) it keeps the window."""
+        from .infer_windows import static_binds
+
+        return static_binds(self.infer_layer_windows(c), ispec)
 
     def infer_window_binds(self, c, ispec) -> bool:
         """A sliding window no longer than the last decode step's tokens: the cache keeps fewer tokens than a
@@ -1018,7 +1025,7 @@ class RMSDecoder(HFCausalLM):
         `_sliding_window_tensor` (int64) per sliding layer."""
         if ispec.cache == "static":
             mask = 0
-            if phase == "decode":  # the 4-D mask over the cache length, alive through the step (measured)
+            if phase == "decode" and not self.infer_static_windows(c, ispec):  # (else: infer_windows.py)  # the 4-D mask over the cache length, alive through the step (measured)
                 mask = ispec.batch_size * (ispec.total_len - 1) * (1 if c.attention == "sdpa" else
                                                                    self.infer_static_mask_bytes(c, ispec))
             return 8 * c.num_hidden_layers + mask
