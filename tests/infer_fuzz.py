@@ -127,7 +127,10 @@ def random_case(rng: random.Random, name: str, size: dict = FULL, tries: int = 5
     from planner.serving import cache_choices
 
     for _ in range(tries):
-        cfg = random_config(rng, name, size)
+        try:  # a config the planner refuses (as transformers would: Gemma 2's hidden size and heads) is drawn again
+            cfg = random_config(rng, name, size)
+        except ConfigError:
+            continue
         caches = [c for c in cache_choices(cfg) if c != "offloaded"]
         ispec = InferSpec(batch_size=rng.randint(1, MAX_BATCH), prompt_len=rng.randint(1, size["max_prompt"]),
                           new_tokens=rng.randint(1, size["max_new"]), precision=rng.choice(PRECISIONS),

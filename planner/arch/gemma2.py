@@ -55,6 +55,11 @@ class Gemma2Config(DecoderConfigMixin):
             raise ConfigError("transformers' Gemma2ForCausalLM does not run SDPA (it cannot soft-cap the attention "
                               "logits); use attention eager")
         self._validate()
+        if self.hidden_size % self.num_attention_heads:
+            # transformers 5.23 Gemma2Config.validate_architecture refuses it whatever head_dim is (found by issue
+            # #39's fuzz: gemma2 h280 a6 d24 failed to build in measure)
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                              f"{self.num_attention_heads} (transformers' Gemma2Config requires it)")
 
 
 class Gemma2(Gemma):
