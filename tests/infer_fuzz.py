@@ -219,8 +219,11 @@ def run_cases(cases, timeout_s: float = 3600):
 
 
 def check(name, cfg, ispec, meas: dict, sim: dict | None) -> dict:
+    from planner.config import config_to_dict
+
     res = {"family": name, "label": label(cfg, ispec), "measured": None, "estimated": None, "simulated": None,
-           "err_pct": None, "failures": []}
+           "err_pct": None, "failures": [], "config": config_to_dict(cfg), "spec": ispec.to_dict(),
+           "measure": meas, "simulate": sim}
     try:
         est = estimate_peak(cfg, ispec)
         res["estimated"] = est["peak_bytes"]
@@ -274,6 +277,25 @@ def table(results: list[dict], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def retable(path: str) -> int:
+    """The table of an --out file's cases with the estimate as the code is now."""
+    from planner.config import config_from_dict
+    from planner.infer_spec import InferSpec
+
+    results, seeds = [], []
+    for line in open(path):
+        old = json.loads(line)
+        cfg, ispec = config_from_dict(old["config"]), InferSpec(**old["spec"])
+        res = check(old["family"], cfg, ispec, old["measure"], old["simulate"])
+        res["seed"] = old["seed"]
+        seeds += [old["seed"]] if old["seed"] not in seeds else []
+        results.append(res)
+        if res["failures"]:
+            print(f"FAIL {res['label']}" + "".join(f"\n      {f}" for f in res["failures"]))
+    print(table(results, seeds))
+    return 1 if any(r["failures"] for r in results) else 0
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -283,10 +305,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--cases", type=int, default=None, help="cases per seed (default: PLANNER_FUZZ_CASES or 24)")
     ap.add_argument("--out", default=None, help="append one JSON line per case here")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated families to draw")
+    ap.add_argument("--retable", default=None, help="re-estimate the cases of an --out file (their measurements "
+                    "and simulations kept: they do not depend on the estimate) and print the table")
     args = ap.parse_args(argv)
     if args.child:
         child()
         return 0
+    if args.retable:
+        return retable(args.retable)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else seeds_from_env()
     count = args.cases or cases_from_env(24)
     results = []
