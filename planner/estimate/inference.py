@@ -223,5 +223,6 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
         "terms": [dict(vars(t)) for t in terms],
         "notes": [f"{family.arch}: generate(max_new_tokens={n}, min_new_tokens={n}, do_sample=False), "
                   f"{ispec.cache} cache, {cfg.attention if hasattr(cfg, 'attention') else 'eager'} attention; "
-                  "logits of the last prompt position only (logits_to_keep=1)"],
+                  "logits of the last prompt position only (logits_to_keep=1)"]
+                 + ([family.infer_note] if getattr(family, "infer_note", None) else []),
     }
