@@ -190,7 +190,7 @@ class Family:
         decode step (one float mask in the weights' dtype per mask kind, planner/arch/decoder.py mask_count)."""
         from .terms import DTYPE_BYTES
 
-        return DTYPE_BYTES[ispec.param_dtype] * (self.infer_mask_count(cfg) if hasattr(self, "infer_mask_count") else 1)
+        return DTYPE_BYTES[ispec.param_dtype] * (self.infer_mask_count(cfg, ispec) if hasattr(self, "infer_mask_count") else 1)
 
     def infer_static_windows(self, cfg, ispec) -> bool:
         """A StaticCache whose sliding layers keep their window (planner/arch/infer_windows.py static_window_options)."""

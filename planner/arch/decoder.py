@@ -787,9 +787,9 @@ class RMSDecoder(HFCausalLM):
         """Additive attention masks the model's forward builds and keeps through its layers (one here)."""
         return 1
 
-    def infer_mask_count(self, c) -> int:
-        """The additive masks the model's forward builds in generate() (eager): mask_count's, unless the family's
-        model builds one its layers do not take (Gemma 2's)."""
+    def infer_mask_count(self, c, ispec) -> int:
+        """The additive masks alive in generate()'s forward (eager): mask_count's, unless the family's model builds
+        one its layers do not take (Gemma 2's, with a cache other than static)."""
         return self.mask_count(c)
 
     def checkpoint_mask_count(self, c, spec) -> int:
@@ -895,7 +895,7 @@ class RMSDecoder(HFCausalLM):
             mlp, norm = mlp + after, norm + after
             # the model's other additive masks (mask_count: Gemma 2 builds a full and a sliding-window mask
             # before its layers, both alive through every layer; measured)
-            ctx += (self.infer_mask_count(c) - 1) * b * s * kv_len * e
+            ctx += (self.infer_mask_count(c, ispec) - 1) * b * s * kv_len * e
         return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm,
                 ROPE_POINT: ctx + bsh * e + self.infer_rope_at(c, ispec, e, s, kv_len)}
 
@@ -975,7 +975,7 @@ class RMSDecoder(HFCausalLM):
         step = 3 * b * c.hidden_size * e + 2 * b * self.rope_dim(c) * e
         # the last forward's attention over the whole cache (one query)
         # (eager: the model's masks, mask_count of them; a StaticCache's are counted by infer_cache_state_bytes)
-        masks = (self.infer_mask_count(c) * b * kv_len * e if c.attention == "eager" else 0)
+        masks = (self.infer_mask_count(c, ispec) * b * kv_len * e if c.attention == "eager" else 0)
         points = {"attention over the cache": ids + prev + step + self.infer_attention(c, ispec, e, 1, kv_len)
                   - (b * kv_len * e if c.attention == "eager" else 0) + (0 if static else masks)}
         # the step's last layer as the prompt's (infer_forward_points at one query over the cache): its MLP and

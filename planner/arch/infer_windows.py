@@ -89,7 +89,7 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
             masks = sum(b * kv_len[w] * e for w in kinds)
             # a mask the model builds for a layer kind it does not have (Gemma 2's full mask in a 1-layer model:
             # Gemma2.infer_mask_count) spans every token
-            masks += max(fam.infer_mask_count(c) - len(kinds), 0) * b * T * e
+            masks += max(fam.infer_mask_count(c, ispec) - len(kinds), 0) * b * T * e
         else:
             masks = sum(kv_len[w] for w in kinds if w is not None and kv_len[w] >= w)
         # per kind: (bytes of its own K/V before and after the update, the attention's tensors beyond them)
@@ -190,7 +190,7 @@ def static_window_options(fam, c, ispec, e: int, logits: int, decode_logits_tota
     # SDPA, the sliding kinds' bool masks, batch-wide (a full layer's padded static mask is not passed: measured)
     def built(lengths: dict, s: int) -> int:
         if eager:
-            extra = max(fam.infer_mask_count(c) - len(lengths), 0)
+            extra = max(fam.infer_mask_count(c, ispec) - len(lengths), 0)
             return (sum(lengths.values()) + extra * T) * b * s * me
         return sum(v for w, v in lengths.items() if w is not None) * b * s
     unwritten_keys = set(fam.infer_prefill_unwritten_kv(c, ispec, e))
@@ -204,7 +204,7 @@ def static_window_options(fam, c, ispec, e: int, logits: int, decode_logits_tota
         fwd = fam.infer_forward_points(c, ispec, e, p, kv_len, masked)
         # infer_forward_points counts the masks as infer_mask_count (eager) or one sliding bool mask (masked) of
         # kv_len keys: the model's own masks instead
-        assumed = (fam.infer_mask_count(c) * b * p * kv_len * me) if eager else (p * kv_len if masked else 0)
+        assumed = (fam.infer_mask_count(c, ispec) * b * p * kv_len * me) if eager else (p * kv_len if masked else 0)
         fix = built(pre_masks, p) - assumed
         # a sliding layer with p > W returns the prompt's own K/V: alive through its attention
         returned = 0
@@ -249,7 +249,7 @@ def static_window_options(fam, c, ispec, e: int, logits: int, decode_logits_tota
             dec[f"activations (decode, layer {l}, {kind}: attention)"] = (
                 total + ids + prev + step_l + masks + att, att, 0)
             fwd = fam.infer_forward_points(c, ispec, e, 1, kv_len, masked)
-            assumed = (fam.infer_mask_count(c) * b * kv_len * me) if eager else (kv_len if masked else 0)
+            assumed = (fam.infer_mask_count(c, ispec) * b * kv_len * me) if eager else (kv_len if masked else 0)
             for k, v in fwd.items():
                 if k == "attention":
                     continue
