@@ -94,6 +94,15 @@ class Gemma(RMSDecoder):
         return Term(f"host: GemmaRMSNorm ({label}): fp32 input x2, rsqrt x2, fp32 normed x, 1 + weight",
                     "12*b*s*h + 8*b*s + 4*h", 12 * b * s * h + 8 * b * s + 4 * h, per_layer, where)
 
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
+        """Llama's points; the post-attention norm is GemmaRMSNorm: `output * (1.0 + self.weight.float())` makes the
+        fp32 (h,) `1 + weight` beside the fp32 normed x and the product (4*h more than Llama's RMSNorm point).
+        Measured on the live-bytes op log (issue #39's fuzz: gemma V3926 h232 f232 a2 kv1 d16 L1 b2 p44 n1 bf16
+        eager static, the prompt's peak at that product, 928 B = 4*h above the estimate before)."""
+        points = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
+        points["norm"] += 4 * c.hidden_size
+        return points
+
     def offload_embed_extra(self, c, spec, w, e_p) -> list[Term]:
         """inputs_embeds * embed_scale saves the 0-d scale buffer (the weights' dtype)."""
         return [Term("host: embedding scale (0-d, saved by the mul)", "e_p", e_p, where="embed")]
