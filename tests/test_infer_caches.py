@@ -58,7 +58,7 @@ def test_static_cache_with_sliding_layers(arch, kw, b, p, n, precision):
     x = families()[arch].shape(cfg)
     per_token = 2 * b * x.kv * x.d * (2 if precision == "bf16" else 4)
     lens = [min(w, p + n - 1) if w is not None else p + n - 1 for w in families()[arch].infer_layer_windows(cfg)]
-    kv = next(t["bytes"] for t in est["terms"] if t["name"].startswith("KV cache (StaticCache"))
+    kv = next(t["bytes"] for t in est["terms"] if t["name"].startswith("KV cache at the prefill high point (StaticCache: full layers"))
     assert kv == per_token * sum(lens) and kv < per_token * len(lens) * (p + n - 1)
 
 

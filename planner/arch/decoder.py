@@ -799,11 +799,9 @@ class RMSDecoder(HFCausalLM):
 
     # ---- inference (planner/estimate/inference.py) ------------------------------------------------
     def check_infer(self, c, ispec) -> None:
-        sw = self.sliding_window(c)
         self.check_infer_offloaded(c, ispec)
-        if sw is not None and sw < ispec.total_len and ispec.cache not in ("dynamic", "sliding", "offloaded", "static"):
-            raise ConfigError(f"a sliding window ({sw}) shorter than prompt + new tokens ({ispec.total_len}) is "
-                              f"modelled with --cache sliding (or dynamic: the same DynamicCache), not {ispec.cache}")
+        # (a window shorter than the run: dynamic / sliding is DynamicSlidingWindowLayer's, static keeps window-sized
+        # StaticSlidingWindowLayers (infer_windows.py static_window_options); quantized is refused by infer_caches)
 
     def check_infer_offloaded(self, c, ispec) -> None:
         """The offloaded estimate counts alike layers (planner/estimate/infer_caches.py): a window that binds
@@ -1025,7 +1023,9 @@ class RMSDecoder(HFCausalLM):
         `_sliding_window_tensor` (int64) per sliding layer."""
         if ispec.cache == "static":
             mask = 0
-            if phase == "decode" and not self.infer_static_windows(c, ispec):  # (else: infer_windows.py)  # the 4-D mask over the cache length, alive through the step (measured)
+            # the 4-D mask over the cache length, alive through the step (measured); with sliding layers that keep
+            # their window, one per kind at its own length, counted in planner/arch/infer_windows.py's points
+            if phase == "decode" and not self.infer_static_windows(c, ispec):
                 mask = ispec.batch_size * (ispec.total_len - 1) * (1 if c.attention == "sdpa" else
                                                                    self.infer_static_mask_bytes(c, ispec))
             return 8 * c.num_hidden_layers + mask

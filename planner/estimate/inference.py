@@ -176,7 +176,8 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
                                                            else " (DynamicCache: the prompt)"),
                   f"b*{'(p + n - 1)' if static else 'p'}*kv_token" + cache_how, kv_prefill, where="prefill")
              if not windowed_static else
-             Term("KV cache (StaticCache: full layers at p + n - 1, sliding layers at min(w, p + n - 1))",
+             Term("KV cache at the prefill high point (StaticCache: full layers at p + n - 1, sliding layers at "
+                  "min(w, p + n - 1))",
                   "sum over layers of 2*b*kv*d*e*tokens", kv_prefill, where="prefill"),
              Term("KV cache at the last decode step", "b*(p + n - 1)*kv_token" + (
                  cache_how or (" (sliding layers: min(p + n - 1, w))"
