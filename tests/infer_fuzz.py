@@ -227,6 +227,7 @@ def check(name, cfg, ispec, meas: dict, sim: dict | None) -> dict:
     try:
         est = estimate_peak(cfg, ispec)
         res["estimated"] = est["peak_bytes"]
+        res["est_phases"] = est["phase_peak_bytes"]
     except Exception as exc:  # noqa: BLE001
         res["failures"].append(f"estimate: {type(exc).__name__}: {exc}")
         est = None
@@ -251,8 +252,10 @@ def check(name, cfg, ispec, meas: dict, sim: dict | None) -> dict:
 
 def table(results: list[dict], seeds: list[int]) -> str:
     """docs/accuracy.md's table: cases per family, worst error, simulate = measure, failures."""
-    lines = ["| family | cases | caches drawn | worst estimate error | mean abs error | simulated = measured | "
-             "outside the bar |", "|---|---|---|---|---|---|---|"]
+    lines = ["| family | cases | caches drawn | worst estimate error | mean abs error | estimated = measured, both "
+             "phases to the byte | simulated = measured | outside the bar |", "|---|---|---|---|---|---|---|---|"]
+    both = lambda rows: sum(1 for r in rows if r.get("est_phases") is not None and r["measured"] is not None
+                            and r["est_phases"] == r["measure"]["phase_peak_bytes"])
     for name in FAMILIES + MOE_FAMILIES:
         rows = [r for r in results if r["family"] == name]
         if not rows:
@@ -265,11 +268,11 @@ def table(results: list[dict], seeds: list[int]) -> str:
         lines.append(f"| {name} | {len(rows)} | {', '.join(caches)} | "
                      f"{'—' if worst is None else f'{worst:+.4f}%'} | "
                      f"{'—' if not errs else f'{sum(abs(e) for e in errs) / len(errs):.4f}%'} | "
-                     f"{exact} of {len(sims)} | {sum(1 for r in rows if r['failures'])} |")
+                     f"{both(rows)} of {len(rows)} | {exact} of {len(sims)} | {sum(1 for r in rows if r['failures'])} |")
     errs = [r["err_pct"] for r in results if r["err_pct"] is not None]
     sims = [r for r in results if r["simulated"] is not None]
     lines.append(f"| all | {len(results)} | | {max(errs, key=abs):+.4f}% | "
-                 f"{sum(abs(e) for e in errs) / len(errs):.4f}% | "
+                 f"{sum(abs(e) for e in errs) / len(errs):.4f}% | {both(results)} of {len(results)} | "
                  f"{sum(r['simulated'] == r['measured'] for r in sims)} of {len(sims)} | "
                  f"{sum(1 for r in results if r['failures'])} |")
     lines.append("")
