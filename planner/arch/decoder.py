@@ -886,6 +886,12 @@ class RMSDecoder(HFCausalLM):
         # fused gate_up (Phi-3): gate and up are views of one (b, s, 2f) output, alive until the product exists
         mlp = 2 * bsh * e + (4 if self.fused_gate_up else 3) * b * s * x.f * e
         norm = bsh * e + 8 * bsh
+        if e < 4:
+            # LlamaRMSNorm below fp32: at `hidden_states * torch.rsqrt(variance + eps)` the fp32 copy of x, the
+            # product and the (b, s, 1) fp32 variance and rsqrt are alive: 8*b*s above the two fp32 temporaries (in
+            # fp32 the later `weight * x` point is the higher). Measured on the live-bytes op log (issue #39's fuzz:
+            # llama V7849 h128 f64 a4 kv2 d32 L3 b4 p216 n13 fp16 SDPA static, the prompt's peak there, 6,912 B)
+            norm += 8 * b * s
         if c.attention == "eager":
             # the additive mask (built once per forward, alive through every layer) and the attention weights
             # eager_attention_forward returns, which the decoder layer keeps in `_` through its MLP (measured)

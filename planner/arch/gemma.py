@@ -100,7 +100,10 @@ class Gemma(RMSDecoder):
         Measured on the live-bytes op log (issue #39's fuzz: gemma V3926 h232 f232 a2 kv1 d16 L1 b2 p44 n1 bf16
         eager static, the prompt's peak at that product, 928 B = 4*h above the estimate before)."""
         points = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
-        points["norm"] += 4 * c.hidden_size
+        # (below fp32 the point may instead be _norm's product, as LlamaRMSNorm's: the (b, s, 1) variance and rsqrt,
+        # 8*b*s, which Llama's point already holds; the higher of the two)
+        b = ispec.batch_size
+        points["norm"] += 4 * c.hidden_size if e == 4 else max(4 * c.hidden_size - 8 * b * s, 0)
         return points
 
     def offload_embed_extra(self, c, spec, w, e_p) -> list[Term]:
