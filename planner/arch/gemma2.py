@@ -335,6 +335,12 @@ class Gemma2(Gemma):
         """Gemma2Model builds a full and a sliding-window mask and keeps both through its layers."""
         return len(set(self.layer_types(c)))
 
+    def infer_norm_input_bytes(self, c: Gemma2Config, ispec, e: int, s: int) -> int:
+        """The sandwich norms: post_feedforward_layernorm takes the MLP's output, alive beside the residual while the
+        norm runs (b*s*h*e; Gemma's post-attention norm takes the residual itself). Measured: see
+        Gemma.infer_forward_points."""
+        return ispec.batch_size * s * c.hidden_size * e
+
     def infer_mask_count(self, c: Gemma2Config, ispec) -> int:
         """Gemma2Model.forward builds both masks whatever its layer types (causal_mask_mapping: create_causal_mask
         and create_sliding_window_causal_mask, modeling_gemma2.py) and keeps the mapping through its layers: a
