@@ -78,11 +78,11 @@ class MoEDecoder(RMSDecoder):
     dense_mlp_recompute: ClassVar[bool] = False
     # generate(): the forward points are the dense decoder's (planner/arch/decoder.py infer_forward_points, on
     # intermediate_size): the router's and the grouped experts' tensors under inference_mode are not modelled yet.
-    # Measured by issue #39's fuzz (tests/infer_fuzz.py --families qwen3_moe): qwen3_moe V3914 h216 a6 kv3 d16 L2
-    # E5 k1 b4 p156 n7 fp32 SDPA, dynamic -12.5%, quantized -12.6% (the prompt's MLP)
+    # Measured by issue #39's fuzz (tests/infer_fuzz.py --families mixtral,qwen2_moe,qwen3_moe; docs/accuracy.md):
+    # 15 tiny configs, -0.0% to -37.1% (qwen2_moe worst, mixtral -18.1%, qwen3_moe -5.0%); simulate = measure
     infer_note: ClassVar[str | None] = (
         "MoE: the estimate of generate() counts the dense decoder's forward tensors, not the router's and the grouped "
-        "experts' (not modelled yet; measured up to 12.6% low on tiny configs): measure or simulate it for a figure "
+        "experts' (not modelled yet; measured up to 37% low on tiny configs): measure or simulate it for a figure "
         "to trust")
 
     def renormalises(self, c) -> bool:
