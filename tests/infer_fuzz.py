@@ -1,7 +1,8 @@
 """Random generate() configurations for tests/test_infer_fuzz.py (issue #39), and the child that runs them.
 
-One case: a random config of an inference family (every family planner.estimate.inference estimates: the
-RMSNorm decoders, the MoE decoders, transformers' GPT-2 and the book's GPT-2), a precision, an attention kind, a
+One case: a random config of an inference family (FAMILIES: every family whose generate() the estimate models, the
+RMSNorm decoders, transformers' GPT-2 and the book's GPT-2; the MoE decoders with --families), a precision, an
+attention kind, a
 cache the family lists for that config (planner.serving.cache_choices; the offloaded cache runs on CUDA only and is
 left out on a CPU), a batch, a prompt and a number of new tokens. The estimate is held against the measurement
 (planner.measure.inference: the live-bytes tracker on the real call) within BAR_PCT, and the simulation
@@ -10,7 +11,8 @@ left out on a CPU), a batch, a prompt and a number of new tokens. The estimate i
 Seeds: every run draws a new seed and prints it; PLANNER_FUZZ_SEED replays one (a list, "1,2,3", runs several),
 PLANNER_FUZZ_CASES sets the number of cases per seed. A longer run, outside the suite:
 
-    python tests/infer_fuzz.py --seeds 11,12,13 --cases 100 [--out runs.jsonl]
+    python tests/infer_fuzz.py --seeds 11,12,13 --cases 100 [--out runs.jsonl] [--families mixtral,qwen3_moe]
+    python tests/infer_fuzz.py --retable runs.jsonl   # the stored runs re-estimated with the code as it is now
 
 prints one line per case and the table of docs/accuracy.md's "generate() on random configurations" section.
 """
@@ -35,9 +37,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")  # planner/infer_spec.py INFER_PRECISIONS
 # the families whose generate() the estimate models (README, "Inference"): the RMSNorm decoders, transformers'
 # GPT-2 and the book's GPT-2 (its generate_text_simple, cache "none")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2-hf", "gpt2")
-# the MoE decoders run generate() too, but their estimate is the dense decoder's (no router / expert tensors in
-# the inference points) and their simulation stops at transformers' grouped_mm (its meta function takes bf16
-# only): drawn with --families only, not in the suite (issue #39's report)
+# the MoE decoders run generate() too (measured and simulated), but their estimate is the dense decoder's (no router
+# or expert tensors in the inference points; planner/arch/moe.py infer_note): drawn with --families only, not in
+# the suite (issue #39's report, docs/accuracy.md)
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 MAX_PROMPT = 300
 MAX_NEW = 16
