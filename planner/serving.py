@@ -35,7 +35,8 @@ def cache_choices(cfg: ModelConfig) -> tuple[str, ...]:
 CACHE_HELP = {
     "dynamic": "transformers' DynamicCache, generate's default: grows by torch.cat, a layer holding its old and new "
                "K/V for a moment",
-    "static": "StaticCache (cache_implementation='static'): prompt + new tokens allocated at the first update",
+    "static": "StaticCache (cache_implementation='static'): prompt + new tokens allocated at the first update "
+              "(a sliding layer's: its window, when shorter)",
     "none": "no cache: the book's generate_text_simple recomputes the whole context for every token",
     "sliding": "generate's DynamicCache on a model whose config sets a sliding window: its sliding layers keep the "
                "prompt's storage, then the last window of tokens (planner/arch/infer_windows.py)",

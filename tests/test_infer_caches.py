@@ -32,9 +32,34 @@ def _three(cfg, ispec):
 def test_sliding_refusals():
     with pytest.raises(ConfigError, match="cannot use cache 'sliding'"):
         check_infer(preset("llama-3-8b"), InferSpec(1, 64, 4, cache="sliding"))
-    with pytest.raises(ConfigError, match="modelled with --cache sliding"):
-        check_infer(_cfg(sliding_window=32), InferSpec(1, 64, 4, cache="static"))
     check_infer(_cfg(sliding_window=32), InferSpec(1, 64, 4, cache="sliding"))
+    # a StaticCache keeps window-sized buffers on sliding layers (issue #39): modelled, not refused
+    check_infer(_cfg(sliding_window=32), InferSpec(1, 64, 4, cache="static"))
+
+
+@pytest.mark.parametrize("arch,kw,b,p,n,precision", [
+    # issue #39's Gemma 2 (a full and a sliding layer, the prompt beyond the window of 64)
+    ("gemma2", dict(vocab_size=1000, hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=8,
+                    sliding_window=64, attention="eager", pad_token_id=0), 2, 222, 9, "bf16"),
+    # every layer sliding, SDPA with its bool mask; the decode rolls the full windows
+    ("mistral", dict(vocab_size=500, hidden_size=64, intermediate_size=96, head_dim=16, sliding_window=40,
+                     attention="sdpa"), 2, 100, 8, "fp32")])
+def test_static_cache_with_sliding_layers(arch, kw, b, p, n, precision):
+    """cache_implementation="static" on a windowed model: StaticSlidingWindowLayers keep min(w, p + n - 1) tokens
+    (planner/arch/infer_windows.py static_window_options); exact in both phases, simulate = measure."""
+    cfg = _cfg(arch, **kw)
+    ispec = InferSpec(b, p, n, precision=precision, cache="static")
+    check_infer(cfg, ispec)
+    m, s, est = _three(cfg, ispec)
+    assert s["phase_peak_bytes"] == m["phase_peak_bytes"]
+    assert est["phase_peak_bytes"] == m["phase_peak_bytes"]
+    assert est["peak_phase"] == m["peak_phase"]
+    # the sliding layers' buffers hold the window, the full ones p + n - 1
+    x = families()[arch].shape(cfg)
+    per_token = 2 * b * x.kv * x.d * (2 if precision == "bf16" else 4)
+    lens = [min(w, p + n - 1) if w is not None else p + n - 1 for w in families()[arch].infer_layer_windows(cfg)]
+    kv = next(t["bytes"] for t in est["terms"] if t["name"].startswith("KV cache at the prefill high point (StaticCache: full layers"))
+    assert kv == per_token * sum(lens) and kv < per_token * len(lens) * (p + n - 1)
 
 
 def test_sliding_window_shrinks_the_decode_cache():

@@ -45,3 +45,29 @@ def test_int8_down_proj_quantization_point():
     assert est["prefill_high_point"] == "mlp: down_proj int8 input quantization"
     plain = estimate_inference(cfg, InferSpec(2, 64, 4, precision="bf16"))
     assert not any("int8 input quantization" in t["name"] for t in plain["terms"])
+
+
+def test_sdpa_output_copy_in_the_prompt():
+    """Issue #39: with a small MLP the prompt's attention is Phi-3's high point, where SDPA's output (in q's
+    contiguous layout: RoPE ends in torch.cat) and its transpose(1, 2).contiguous() copy are both alive beside q
+    (planner/arch/phi3.py infer_attention_at). Estimate = measure = simulate in both phases."""
+    from planner.measure.inference import measure_inference
+    from planner.measure.simulate_infer import simulate_inference
+
+    cfg = families()["phi3"].config_cls(vocab_size=6913, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                                        num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False,
+                                        pad_token_id=0, attention="sdpa")
+    ispec = InferSpec(1, 253, 14, precision="bf16", cache="dynamic")
+    m, s, est = measure_inference(cfg, ispec), simulate_inference(cfg, ispec), estimate_inference(cfg, ispec)
+    assert s["phase_peak_bytes"] == m["phase_peak_bytes"]
+    assert est["phase_peak_bytes"] == m["phase_peak_bytes"]
+    assert est["prefill_high_point"] == "attention"
+    # the copy is b*a*s*d*e over Llama's tensors; one query (decode) copies nothing: (b, a, 1, d) transposed is
+    # contiguous already
+    from planner.arch.decoder import RMSDecoder
+
+    fam = families()["phi3"]
+    llama_like = lambda s: RMSDecoder.infer_attention_at(fam, cfg, ispec, 2, s, s, False)
+    assert fam.infer_attention_at(cfg, ispec, 2, 253, 253, False) - llama_like(253) == 1 * 8 * 253 * 32 * 2
+    assert fam.infer_attention_at(cfg, ispec, 2, 1, 266, False) == RMSDecoder.infer_attention_at(fam, cfg, ispec, 2, 1,
+                                                                                                 266, False)

@@ -207,7 +207,11 @@ class Family:
         decode step (one float mask in the weights' dtype per mask kind, planner/arch/decoder.py mask_count)."""
         from .terms import DTYPE_BYTES
 
-        return DTYPE_BYTES[ispec.param_dtype] * (self.mask_count(cfg) if hasattr(self, "mask_count") else 1)
+        return DTYPE_BYTES[ispec.param_dtype] * (self.infer_mask_count(cfg, ispec) if hasattr(self, "infer_mask_count") else 1)
+
+    def infer_static_windows(self, cfg, ispec) -> bool:
+        """A StaticCache whose sliding layers keep their window (planner/arch/infer_windows.py static_window_options)."""
+        return False
 
     def infer_decode_ids_bytes(self, cfg, ispec) -> int:
         """generate's grown input_ids and attention_mask at the last step (int64 (b, p + n - 1) and (b, p + n))."""

@@ -798,6 +798,11 @@ class RMSDecoder(HFCausalLM):
         """Additive attention masks the model's forward builds and keeps through its layers (one here)."""
         return 1
 
+    def infer_mask_count(self, c, ispec) -> int:
+        """The additive masks alive in generate()'s forward (eager): mask_count's, unless the family's model builds
+        one its layers do not take (Gemma 2's, with a cache other than static)."""
+        return self.mask_count(c)
+
     def checkpoint_mask_count(self, c, spec) -> int:
         """Of those, the ones checkpointed layers keep as checkpoint inputs through backward (planner/arch/gemma2.py:
         a checkpointing policy can leave a mask's layers uncheckpointed)."""
@@ -805,11 +810,9 @@ class RMSDecoder(HFCausalLM):
 
     # ---- inference (planner/estimate/inference.py) ------------------------------------------------
     def check_infer(self, c, ispec) -> None:
-        sw = self.sliding_window(c)
         self.check_infer_offloaded(c, ispec)
-        if sw is not None and sw < ispec.total_len and ispec.cache not in ("dynamic", "sliding", "offloaded"):
-            raise ConfigError(f"a sliding window ({sw}) shorter than prompt + new tokens ({ispec.total_len}) is "
-                              f"modelled with --cache sliding (or dynamic: the same DynamicCache), not {ispec.cache}")
+        # (a window shorter than the run: dynamic / sliding is DynamicSlidingWindowLayer's, static keeps window-sized
+        # StaticSlidingWindowLayers (infer_windows.py static_window_options); quantized is refused by infer_caches)
 
     def check_infer_offloaded(self, c, ispec) -> None:
         """The offloaded estimate counts alike layers (planner/estimate/infer_caches.py): a window that binds
@@ -836,6 +839,13 @@ class RMSDecoder(HFCausalLM):
 
             return kv_after(self, c, ispec, e, ispec.new_tokens - 1)
         return super().infer_kv_decode_bytes(c, ispec, e)
+
+    def infer_static_windows(self, c, ispec) -> bool:
+        """generate's StaticCache gives a layer with a window a StaticSlidingWindowLayer (cache_utils.py
+        get_layer_types_and_kwargs): when a window is no longer than the cache (p + n - 1) it keeps the window."""
+        from .infer_windows import static_binds
+
+        return static_binds(self.infer_layer_windows(c), ispec)
 
     def infer_window_binds(self, c, ispec) -> bool:
         """A sliding window no longer than the last decode step's tokens: the cache keeps fewer tokens than a
@@ -887,6 +897,12 @@ class RMSDecoder(HFCausalLM):
         # fused gate_up (Phi-3): gate and up are views of one (b, s, 2f) output, alive until the product exists
         mlp = 2 * bsh * e + (4 if self.fused_gate_up else 3) * b * s * x.f * e
         norm = bsh * e + 8 * bsh
+        if e < 4:
+            # LlamaRMSNorm below fp32: at `hidden_states * torch.rsqrt(variance + eps)` the fp32 copy of x, the
+            # product and the (b, s, 1) fp32 variance and rsqrt are alive: 8*b*s above the two fp32 temporaries (in
+            # fp32 the later `weight * x` point is the higher). Measured on the live-bytes op log (issue #39's fuzz:
+            # llama V7849 h128 f64 a4 kv2 d32 L3 b4 p216 n13 fp16 SDPA static, the prompt's peak there, 6,912 B)
+            norm += 8 * b * s
         if c.attention == "eager":
             # the additive mask (built once per forward, alive through every layer) and the attention weights
             # eager_attention_forward returns, which the decoder layer keeps in `_` through its MLP (measured)
@@ -894,7 +910,7 @@ class RMSDecoder(HFCausalLM):
             mlp, norm = mlp + after, norm + after
             # the model's other additive masks (mask_count: Gemma 2 builds a full and a sliding-window mask
             # before its layers, both alive through every layer; measured)
-            ctx += (self.mask_count(c) - 1) * b * s * kv_len * e
+            ctx += (self.infer_mask_count(c, ispec) - 1) * b * s * kv_len * e
         return {"attention": ctx + attn, "mlp": ctx + mlp, "norm": ctx + norm,
                 ROPE_POINT: ctx + bsh * e + self.infer_rope_at(c, ispec, e, s, kv_len)}
 
@@ -974,7 +990,7 @@ class RMSDecoder(HFCausalLM):
         step = 3 * b * c.hidden_size * e + 2 * b * self.rope_dim(c) * e
         # the last forward's attention over the whole cache (one query)
         # (eager: the model's masks, mask_count of them; a StaticCache's are counted by infer_cache_state_bytes)
-        masks = (self.mask_count(c) * b * kv_len * e if c.attention == "eager" else 0)
+        masks = (self.infer_mask_count(c, ispec) * b * kv_len * e if c.attention == "eager" else 0)
         points = {"attention over the cache": ids + prev + step + self.infer_attention(c, ispec, e, 1, kv_len)
                   - (b * kv_len * e if c.attention == "eager" else 0) + (0 if static else masks)}
         # the step's last layer as the prompt's (infer_forward_points at one query over the cache): its MLP and
@@ -1024,7 +1040,9 @@ class RMSDecoder(HFCausalLM):
         `_sliding_window_tensor` (int64) per sliding layer."""
         if ispec.cache == "static":
             mask = 0
-            if phase == "decode":  # the 4-D mask over the cache length, alive through the step (measured)
+            # the 4-D mask over the cache length, alive through the step (measured); with sliding layers that keep
+            # their window, one per kind at its own length, counted in planner/arch/infer_windows.py's points
+            if phase == "decode" and not self.infer_static_windows(c, ispec):
                 mask = ispec.batch_size * (ispec.total_len - 1) * (1 if c.attention == "sdpa" else
                                                                    self.infer_static_mask_bytes(c, ispec))
             return 8 * c.num_hidden_layers + mask

@@ -95,6 +95,27 @@ class Gemma(RMSDecoder):
         return Term(f"host: GemmaRMSNorm ({label}): fp32 input x2, rsqrt x2, fp32 normed x, 1 + weight",
                     "12*b*s*h + 8*b*s + 4*h", 12 * b * s * h + 8 * b * s + 4 * h, per_layer, where)
 
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
+        """Llama's points; the post-attention norm is GemmaRMSNorm: `output * (1.0 + self.weight.float())` makes the
+        fp32 (h,) `1 + weight` beside the fp32 normed x and the product (4*h more than Llama's RMSNorm point).
+        Measured on the live-bytes op log (issue #39's fuzz: gemma V3926 h232 f232 a2 kv1 d16 L1 b2 p44 n1 bf16
+        eager static, the prompt's peak at that product, 928 B = 4*h above the estimate before; gemma2 V7278 h168
+        f168 a1 kv1 d16 L1 w233 b4 p271 n6 bf16 eager, the prompt's peak at the post-feedforward norm's mean, its
+        input and 4*b*s: Gemma2.infer_norm_input_bytes)."""
+        points = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
+        # below fp32 the point may instead be _norm's `x.pow(2).mean(-1, keepdim=True)` or its product with the rsqrt,
+        # beside the fp32 copy of x: one (b, s, 1) fp32 tensor (4*b*s; _norm is one expression, its variance is not
+        # bound as LlamaRMSNorm's, whose 8*b*s Llama's point holds); the higher of the two
+        b, h = ispec.batch_size, c.hidden_size
+        points["norm"] += 4 * h if e == 4 else max(4 * b * s, 4 * h) - 8 * b * s
+        points["norm"] += self.infer_norm_input_bytes(c, ispec, e, s)
+        return points
+
+    def infer_norm_input_bytes(self, c, ispec, e: int, s: int) -> int:
+        """The norm's input beside the residual at the norm point (none here: Gemma's post-attention norm takes the
+        residual sum itself)."""
+        return 0
+
     def offload_embed_extra(self, c, spec, w, e_p) -> list[Term]:
         """inputs_embeds * embed_scale saves the 0-d scale buffer (the weights' dtype)."""
         return [Term("host: embedding scale (0-d, saved by the mul)", "e_p", e_p, where="embed")]

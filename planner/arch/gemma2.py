@@ -337,6 +337,23 @@ class Gemma2(Gemma):
         """Gemma2Model builds a full and a sliding-window mask and keeps both through its layers."""
         return len(set(self.layer_types(c)))
 
+    def infer_norm_input_bytes(self, c: Gemma2Config, ispec, e: int, s: int) -> int:
+        """The sandwich norms: post_feedforward_layernorm takes the MLP's output, alive beside the residual while the
+        norm runs (b*s*h*e; Gemma's post-attention norm takes the residual itself). Measured: see
+        Gemma.infer_forward_points."""
+        return ispec.batch_size * s * c.hidden_size * e
+
+    def infer_mask_count(self, c: Gemma2Config, ispec) -> int:
+        """Gemma2Model.forward builds both masks whatever its layer types (causal_mask_mapping: create_causal_mask
+        and create_sliding_window_causal_mask, modeling_gemma2.py) and keeps the mapping through its layers: a
+        1-layer model (only a sliding layer) holds the full mask too. Measured on the live-bytes op log (issue #39's
+        fuzz: gemma2 V3509 h168 a3 kv1 d32 L1 w116 b3 p137 n13 bf16 eager, the prompt's peak 112,614 B = one
+        (b, 1, p, p) bf16 mask above the estimate before). With a StaticCache generate builds the masks itself
+        (prepare_inputs_for_generation: create_masks_for_generate, one per layer type in config.layer_types) and
+        hands the model that mapping: mask_count's (measured: gemma2 V5334 h120 a8 kv2 d16 L1 w58 b2 p264 n9 bf16
+        static, one (b, 1, p, p) mask, +2.23% before)."""
+        return self.mask_count(c) if ispec.cache == "static" else 2
+
     def infer_layer_windows(self, c: Gemma2Config) -> list:
         """The sliding layers (layer_types) get the window in generate's DynamicCache, the others none."""
         return [c.sliding_window if t == "sliding_attention" else None for t in self.layer_types(c)]

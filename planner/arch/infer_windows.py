@@ -87,6 +87,9 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
         # window (masking_utils.py _ignore_causal_mask_sdpa), none for a full layer (is_causal)
         if c.attention == "eager":
             masks = sum(b * kv_len[w] * e for w in kinds)
+            # a mask the model builds for a layer kind it does not have (Gemma 2's full mask in a 1-layer model:
+            # Gemma2.infer_mask_count) spans every token
+            masks += max(fam.infer_mask_count(c, ispec) - len(kinds), 0) * b * T * e
         else:
             masks = sum(kv_len[w] for w in kinds if w is not None and kv_len[w] >= w)
         # per kind: (bytes of its own K/V before and after the update, the attention's tensors beyond them)
@@ -118,3 +121,145 @@ def decode_points(fam, c, ispec, e: int) -> tuple[int, dict[str, int]]:
         for kind, (v, l) in best.items():
             points[f"decode step {t}, layer {l}: {kind}"] = v
     return kv_last, {k: v - kv_last for k, v in points.items()}
+
+
+# ---- StaticCache with sliding layers (cache_implementation="static" on a windowed model) ------------------------
+def static_buffers(windows, ispec) -> list[int]:
+    """Tokens of each layer's K (and V) buffer in generate's StaticCache: max_cache_len = p + n - 1 (the last token
+    never enters the model); a sliding layer (StaticSlidingWindowLayer, cache_utils.py) keeps
+    min(sliding_window, max_cache_len)."""
+    T = ispec.total_len - 1
+    return [T if w is None else min(w, T) for w in windows]
+
+
+def static_binds(windows, ispec) -> bool:
+    """Some sliding layer's window is no longer than the StaticCache (p + n - 1): its StaticSlidingWindowLayer keeps
+    the window, and its mask is built (masking_utils.py _ignore_causal_mask_sdpa: kv_length >= the window)."""
+    return ispec.cache == "static" and any(w is not None and w <= ispec.total_len - 1 for w in windows)
+
+
+def static_mask_lengths(fam, c, ispec, phase: str) -> dict:
+    """Each mask kind's key length (None: the full mask, else a window) in the prompt's forward or a decode step
+    (StaticSlidingWindowLayer.get_mask_sizes: in the prompt p when p > the window (the layer returns the prompt's own
+    K/V), else the window; in decode the window; a full layer's StaticLayer.get_mask_sizes: p + n - 1)."""
+    windows = tuple(fam.infer_layer_windows(c))
+    T, p = ispec.total_len - 1, ispec.prompt_len
+    out = {}
+    for w, W in zip(windows, static_buffers(windows, ispec)):
+        out[w] = T if w is None else (p if phase == "prefill" and p > W else W)
+    return out
+
+
+def static_window_options(fam, c, ispec, e: int, logits: int, decode_logits_total: int, decode_logits: int,
+                          prev_step_total: int) -> dict:
+    """The prefill and decode options of planner/estimate/inference.py for a StaticCache whose sliding layers keep
+    their window (transformers 5.23 cache_utils.py StaticSlidingWindowLayer, W = min(w, p + n - 1) tokens):
+
+    prompt   each layer allocates its buffers (zeros, W or p + n - 1) at its first update. A sliding layer with
+             p > W copies the prompt's last W tokens in and returns the prompt's own K/V (key_states after RoPE and
+             the value projection's view), alive through its attention over p keys: 2*b*kv*p*d*e beyond the buffers
+             (k only with Phi-3's fused qkv: v is a view of the projection output already counted); p <= W:
+             index_copy_ in place, attention over the W-token buffer. A full layer attends over p + n - 1.
+    decode   a full sliding layer (p + t - 1 >= W) rolls: `self.keys.roll(-1)` and `self.values.roll(-1)` (W tokens
+             each), an index tensor (8 B), then copies them back: 2*b*kv*W*d*e + 8 beside the buffers at its
+             update; attention over W keys (p + n - 1 for a full layer).
+    The masks generate builds for a StaticCache (prepare_inputs_for_generation, made contiguous): eager, one per
+    kind the model builds (full: p + n - 1 keys; sliding: static_mask_lengths), (b, 1, s, kv) in the weights' dtype;
+    SDPA, the sliding layers' bool mask (b, 1, s, kv) (measured: mistral V500 h64 a4 kv2 L2 w40 b2 p100 n8 sdpa
+    fp32, (2, 1, 100, 100) in the prompt, (2, 1, 1, 40) in decode).
+    Points are evaluated at each kind's last layer (its cache is the largest: every earlier layer's buffers exist).
+    Returns {"prefill": {name: (total above base, activations, logits)}, "decode": {...}, "kv": {phase: {name: kv}},
+    "kv_prefill", "kv_decode"}."""
+    from .decoder import ROPE_POINT
+
+    x = fam.shape(c)
+    b, p, T = ispec.batch_size, ispec.prompt_len, ispec.total_len - 1
+    windows = list(fam.infer_layer_windows(c))
+    L = len(windows)
+    bufs = static_buffers(windows, ispec)
+    u = b * x.kv * x.d * e  # one token's K (or V) in one layer
+    layer_kv = [2 * u * B for B in bufs]
+    total = sum(layer_kv)
+    kinds = sorted(set(windows), key=lambda w: (w is None, w or 0))
+    last = {w: max(i for i, v in enumerate(windows) if v == w) for w in kinds}
+    eager = c.attention == "eager"
+    me = e if eager else 1
+    pre_masks = static_mask_lengths(fam, c, ispec, "prefill")
+    dec_masks = static_mask_lengths(fam, c, ispec, "decode")
+    # the masks the model builds: eager, infer_mask_count of them (Gemma 2's full mask even without a full layer);
+    # SDPA, the sliding kinds' bool masks, batch-wide (a full layer's padded static mask is not passed: measured)
+    def built(lengths: dict, s: int) -> int:
+        if eager:
+            extra = max(fam.infer_mask_count(c, ispec) - len(lengths), 0)
+            return (sum(lengths.values()) + extra * T) * b * s * me
+        return sum(v for w, v in lengths.items() if w is not None) * b * s
+    unwritten_keys = set(fam.infer_prefill_unwritten_kv(c, ispec, e))
+    pre, kv = {}, {"prefill": {}, "decode": {}}
+    for w in kinds:
+        l = last[w]
+        before = sum(layer_kv[:l])  # the earlier layers' buffers
+        own = layer_kv[l]
+        kv_len = pre_masks[w]
+        masked = (not eager) and w is not None
+        fwd = fam.infer_forward_points(c, ispec, e, p, kv_len, masked)
+        # infer_forward_points counts the masks as infer_mask_count (eager) or one sliding bool mask (masked) of
+        # kv_len keys: the model's own masks instead
+        assumed = (fam.infer_mask_count(c, ispec) * b * p * kv_len * me) if eager else (p * kv_len if masked else 0)
+        fix = built(pre_masks, p) - assumed
+        # a sliding layer with p > W returns the prompt's own K/V: alive through its attention
+        returned = 0
+        if w is not None and p > bufs[l]:
+            returned = u * p * (1 if fam.fused_qkv else 2)
+        kind = "full" if w is None else f"sliding (window {w})"
+        for k, v in fwd.items():
+            if k in unwritten_keys:  # before the layer's update: its buffers are not allocated yet
+                held = before
+            elif k == "attention":
+                held = before + own + returned
+            else:
+                held = before + own
+            name = f"activations (layer {l}, {kind}: {k})"
+            pre[name] = (held + v + fix, v + fix, 0)
+            kv["prefill"][name] = held
+    pre["logits"] = (total + logits, 0, logits)
+    kv["prefill"]["logits"] = total
+    # decode: the buffers are all there; the step's points over each kind's keys
+    dec = {"logits": (total + decode_logits_total, 0, decode_logits)}
+    kv["decode"]["logits"] = total
+    if prev_step_total is not None:
+        dec["kwargs update"] = (total + prev_step_total[0], 0, prev_step_total[1])
+        kv["decode"]["kwargs update"] = total
+    if ispec.new_tokens > 1:
+        ids = 16 * b * T
+        prev = 4 * b * c.vocab_size * (2 if fam.infer_has_eos else 1)
+        step = 3 * b * c.hidden_size * e + 2 * b * fam.rope_dim(c) * e
+        qkv = b * (x.a + 2 * x.kv) * x.d * e
+        fused = b * (x.a + x.kv) * x.d * e if fam.fused_qkv else 0
+        masks = built(dec_masks, 1)  # counted here, not in infer_cache_state_bytes (static_binds)
+        for w in kinds:
+            l = last[w]
+            kind = "full" if w is None else f"sliding (window {w})"
+            kv_len = dec_masks[w]
+            masked = (not eager) and w is not None
+            att = fam.infer_attention_at(c, ispec, e, 1, kv_len, masked)
+            att += b * (x.a + 2 * x.kv) * x.d * e if fam.fused_qkv else 0
+            if eager:
+                att -= b * kv_len * e  # its mask is in `masks`
+            step_l = step - (b * c.hidden_size * e if l == 0 and L > 1 else 0)
+            dec[f"activations (decode, layer {l}, {kind}: attention)"] = (
+                total + ids + prev + step_l + masks + att, att, 0)
+            fwd = fam.infer_forward_points(c, ispec, e, 1, kv_len, masked)
+            assumed = (fam.infer_mask_count(c, ispec) * b * kv_len * me) if eager else (kv_len if masked else 0)
+            for k, v in fwd.items():
+                if k == "attention":
+                    continue
+                dec[f"activations (decode, layer {l}, {kind}: the step's {k})"] = (
+                    total + ids + prev + v - assumed + masks, v - assumed + masks, 0)
+            if w is not None and p + ispec.new_tokens - 2 >= bufs[l]:
+                # the roll of a full sliding layer: new K and V (W tokens each) and the index tensor
+                roll = 2 * u * bufs[l] + 8
+                dec[f"activations (decode, layer {l}, {kind}: the roll of its full window)"] = (
+                    total + ids + prev + step_l + masks + qkv + fused + roll, qkv + fused + roll, 0)
+        for k in dec:
+            kv["decode"][k] = total
+    return {"prefill": pre, "decode": dec, "kv": kv, "kv_prefill": total, "kv_decode": total}

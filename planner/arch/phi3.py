@@ -153,6 +153,20 @@ class Phi3(RMSDecoder):
         op = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
         return super().infer_attention(c, ispec, e, s, kv_len) + ispec.batch_size * s * op * e
 
+    def infer_attention_at(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> int:
+        """Llama's, and with SDPA over more than one query the output's copy: apply_rotary_pos_emb here ends in
+        torch.cat, so q is a contiguous (b, a, s, d) tensor, SDPA's output takes q's layout (measured, torch 2.13
+        CPU: a transposed q gives a (b, s, a, d)-strided output, a contiguous q a contiguous one) and
+        sdpa_attention_forward's `attn_output.transpose(1, 2).contiguous()` (integrations/sdpa_attention.py) copies
+        it: q, SDPA's output and the copy are alive at once (Llama's q keeps the projection's (b, s, a, d) layout,
+        so its contiguous() is a no-op: `sdpa_output_is_o_input`). One query (decode): (b, a, 1, d) transposed is
+        contiguous, no copy. Measured on the live-bytes op log (issue #39: Phi-3 V6913 h256 f256 a8 kv8 L1 b1 p253
+        bf16 SDPA, the prompt's peak at that contiguous, 129,536 B = b*a*s*d*e above the estimate before)."""
+        out = super().infer_attention_at(c, ispec, e, s, kv_len, masked)
+        if c.attention == "sdpa" and s > 1 and not self.sdpa_output_is_o_input:
+            out += ispec.batch_size * c.num_attention_heads * s * c.head_dim * e
+        return out
+
     def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
         """Llama's points, and with int8 weights the down projection's input quantization: Phi3MLP.forward
         (modeling_phi3.py) chunks the fused gate_up output and `gate` stays bound, so the (b, s, 2f) output

@@ -119,6 +119,16 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
         dname = max(dec_points, key=dec_points.get)
         decode_options["activations"] = (kv_decode + dec_points[dname], dec_points[dname], 0)
     off = None
+    windowed_static = family.infer_static_windows(cfg, ispec)
+    if windowed_static:  # sliding layers keep their window (planner/arch/infer_windows.py)
+        from ..arch.infer_windows import static_window_options
+
+        kw = decode_options.get("kwargs update")
+        off = static_window_options(family, cfg, ispec, e, logits, decode_options["logits"][0] - kv_decode,
+                                    decode_options["logits"][2],
+                                    None if kw is None else (kw[0] - kv_decode, kw[2]))
+        prefill_options, decode_options = off["prefill"], off["decode"]
+        kv_prefill, kv_decode = off["kv_prefill"], off["kv_decode"]
     if ispec.cache == "offloaded":  # the device holds one or two layers' K/V (planner/estimate/infer_caches.py)
         from .infer_caches import offloaded_options
 
@@ -147,6 +157,11 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
         key = max(options, key=lambda k: options[k][0])
         phase[name] = base + options[key][0] + gen_state[name]
         parts[name], chosen[name] = options[key], key
+    if n == 1:
+        # one new token: generate selects it from the prompt's logits and stops (MaxLengthCriteria), so no decode
+        # forward runs and the measurement's decode phase holds nothing (measured: 0 B; issue #39's fuzz, gpt2-hf
+        # V6218 h128 f296 a8 L2 b3 p31 n1 fp16 eager, +1.89% before from the decode options counted anyway)
+        phase["decode"] = 0
     peak_phase = max(phase, key=phase.get)
     _, act, lg = parts[peak_phase]
     kv_at_peak = kv_prefill if peak_phase == "prefill" else kv_decode
@@ -164,12 +179,18 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
              Term("prompt ids and attention mask", "2*8*b*p" if inputs == 16 * b * p else "8*b*p", inputs, where="kept"),
              Term("KV cache at the prefill high point" + (" (StaticCache: every layer at p + n - 1)" if static
                                                            else " (DynamicCache: the prompt)"),
-                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token" + cache_how, kv_prefill, where="prefill"),
+                  f"b*{'(p + n - 1)' if static else 'p'}*kv_token" + cache_how, kv_prefill, where="prefill")
+             if not windowed_static else
+             Term("KV cache at the prefill high point (StaticCache: full layers at p + n - 1, sliding layers at "
+                  "min(w, p + n - 1))",
+                  "sum over layers of 2*b*kv*d*e*tokens", kv_prefill, where="prefill"),
              Term("KV cache at the last decode step", "b*(p + n - 1)*kv_token" + (
                  cache_how or (" (sliding layers: min(p + n - 1, w))"
-                               if kv_decode != b * kv_tok * (ispec.total_len - 1) else "")), kv_decode, where="decode")]
+                               if windowed_static or kv_decode != b * kv_tok * (ispec.total_len - 1) else "")),
+                  kv_decode, where="decode")]
     if off is not None:  # the cache class's own high points, above the weights, the prompt and generate's tensors
-        terms += [Term(f"{ph} high point ({ispec.cache} cache): {k}", "planner/estimate/infer_caches.py", v[0],
+        terms += [Term(f"{ph} high point ({ispec.cache} cache): {k}", "planner/arch/infer_windows.py" if windowed_static
+                       else "planner/estimate/infer_caches.py", v[0],
                        where=ph) for ph in INFER_PHASES for k, v in off[ph].items()]
     terms += [Term(f"prefill high point: {k}", "family (infer_prefill_points)", v, where="prefill")
               for k, v in pre_points.items()]
@@ -208,5 +229,6 @@ def _estimate(cfg: ModelConfig, ispec: InferSpec) -> dict:
         "terms": [dict(vars(t)) for t in terms],
         "notes": [f"{family.arch}: generate(max_new_tokens={n}, min_new_tokens={n}, do_sample=False), "
                   f"{ispec.cache} cache, {cfg.attention if hasattr(cfg, 'attention') else 'eager'} attention; "
-                  "logits of the last prompt position only (logits_to_keep=1)"],
+                  "logits of the last prompt position only (logits_to_keep=1)"]
+                 + ([family.infer_note] if getattr(family, "infer_note", None) else []),
     }

@@ -27,7 +27,8 @@ the function that makes it (transformers 5.23 generation/utils.py), and refuses 
 The argmax tokens themselves are never read on the host by greedy decoding: they stay fake tensors
 (their values feed only the next embedding lookup, whose bytes do not depend on them). transformers'
 is_tracing is answered as for a real tensor (simulate.real_run_branches), so masks are built as in the
-real call. No torch function or class is patched.
+real call. No torch function or class is patched, but for aten._grouped_mm's meta function on the CPU (the MoE
+experts in fp32 / fp16), exactly as the training simulation runs it (planner/measure/simulate.py cpu_grouped_mm_meta).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ from ..infer_spec import InferSpec
 from ..routines.inference import GenerationRun
 from . import procmem
 from .inference import INFER_PHASES
-from .simulate import SimulationError, _internal, _is_packed_check, cuda_problem, fake_error_message, real_run_branches
+from .simulate import (SimulationError, _internal, _is_packed_check, cpu_grouped_mm_meta, cuda_problem,
+                       fake_error_message, real_run_branches)
 from .tracker import LiveBytesTracker
 from .training import _PhaseRecorder, downsample
 
@@ -217,7 +219,10 @@ def _simulate(cfg, ispec, emit, max_timeline_points, holder) -> dict:
         run = holder["run"] = GenerationRun(cfg, ispec)
         emit({"event": "progress", "stage": "warm-up generate", "fraction": 0.2})
         answers = _InferAnswers(ispec)
-        with answers, real_run_branches():
+        # the MoE experts' aten._grouped_mm in fp32 / fp16 on the CPU: its fake kernel as the CPU kernel, as the
+        # training simulation runs it (planner/measure/simulate.py "Grouped GEMM on the CPU"; issue #39's fuzz:
+        # qwen3_moe fp32 stopped at the bf16-only meta function)
+        with answers, real_run_branches(), cpu_grouped_mm_meta(ispec.device):
             run.run()
         gc.collect()
         emit({"event": "progress", "stage": "tracked generate", "fraction": 0.6})
@@ -228,7 +233,7 @@ def _simulate(cfg, ispec, emit, max_timeline_points, holder) -> dict:
         persistent = tracker.current
         recorder = _PhaseRecorder(tracker, run.device)
         tracker.recording = True
-        with answers, tracker, real_run_branches():
+        with answers, tracker, real_run_branches(), cpu_grouped_mm_meta(ispec.device):
             run.run(on_phase=recorder)
         tracker.recording = False
     peaks = {p: recorder.phase_peak.get(p, 0) for p in INFER_PHASES}
