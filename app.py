@@ -227,12 +227,12 @@ def plan_answer(cfg, model: str, question: dict, current: dict, attention: str, 
     try:
         v = plan_search_view(cfg, model_flags, current=current, attention=attention, parallel=par,
                              host_ram=psutil.virtual_memory().total, **question)
-    except ConfigError as exc:
-        st.error(str(exc))
+    except ConfigError as exc:  # a question the search refuses: said here, the settings beneath still answer
+        st.warning(str(exc))
         return
     on = f"{v.gpus} x {v.gpu_label}" if v.gpus > 1 else v.gpu_label
     if not v.fits:
-        st.error(f"Nothing in the searched space fits the {on}: the smallest peak found is {fmt_bytes(v.peak_bytes)} "
+        st.warning(f"Nothing in the searched space fits the {on}: the smallest peak found is {fmt_bytes(v.peak_bytes)} "
                  f"against {fmt_bytes(v.tensor_budget_bytes)} for tensors, {fmt_bytes(v.lacks_bytes)} short"
                  + (f" ({v.quality}: {md_escape(v.quality_why)})." if v.quality else "."))
         if v.flags:
@@ -243,16 +243,14 @@ def plan_answer(cfg, model: str, question: dict, current: dict, attention: str, 
     m1, m2, m3 = st.columns([1.2, 1.4, 1.2])
     m1.metric("The plan: fits", v.quality, help=md_escape(v.quality_why))
     m2.metric(f"Peak{per} against the {v.gpu_label}", fmt_bytes(v.peak_bytes),
-              delta=f"of {fmt_bytes(v.tensor_budget_bytes)} for tensors", delta_color="off",
-              help=f"{fmt_bytes(v.gpu_bytes)} less the CUDA context and the allocator's reserve")
+              delta=f"fits by {fmt_bytes(v.margin_bytes)} of {fmt_bytes(v.tensor_budget_bytes)} for tensors",
+              delta_arrow="off", help=f"{fmt_bytes(v.gpu_bytes)} less the CUDA context and the allocator's reserve")
     m3.metric("Tokens/s (roofline)", f"{v.tokens_per_s:,.0f}" if v.tokens_per_s else "not modelled",
               help=(f"{v.step_time_s:.2f} s per step: " if v.step_time_s else "")
               + "a roofline over the GPU's published peak rates (planner/estimate/compute.py), not a measurement")
-    if v.changes:
-        st.dataframe(pd.DataFrame(v.changes).rename(columns={"yours": "your settings", "plan": "the plan"}),
-                     hide_index=True, width="stretch")
-    else:
-        st.caption("The plan is your settings.")
+    st.markdown("**What it changes from your settings:** " + " · ".join(
+        f"{c['setting']} {md_escape(c['yours'] or 'none')} → **{md_escape(c['plan'])}**" for c in v.changes)
+        if v.changes else "The plan is your settings.")
     b1, b2, _ = st.columns([1, 1, 3])
     b1.button("Apply the plan", key="apply_plan", type="primary", disabled=not v.changes,
               on_click=state.update, kwargs={"apply_option": v.apply}, help="sets the settings below to the plan's")
@@ -572,6 +570,8 @@ state["planner_model"] = model
 
 fitted = is_fitted(cfg)  # issue #20: no formula family reads it, so no plan search either
 if not fitted:  # the question, and the plan search's answer at once beneath it (filled once the settings are read)
+    st.markdown(f"**Will {md_escape(state.get('model_name') or model)} train on this GPU?** (the model: in the "
+                "sidebar)")
     a1, a2, a3, a4 = st.columns([2.4, 0.8, 1.8, 1.4])
     gpu_name = a1.selectbox("GPU", list(GPUS), list(GPUS).index(START_GPU), format_func=lambda n: GPUS[n].label,
                             key="gpu", bind="query-params", help="the GPU catalog (planner/gpus.py)")
@@ -583,7 +583,7 @@ if not fitted:  # the question, and the plan search's answer at once beneath it 
                       help="a different fine-tune the search may answer when the full one does not fit or is slower")
     s1, s2 = st.columns([3, 1.2])
     seq = seq_slider(s1, cfg)
-    tokens = s2.number_input("Tokens per step", 0, 1 << 30, 0, step=seq, key="tokens_per_step", bind="query-params",
+    tokens = s2.number_input("Tokens per step (0: one sample)", 0, 1 << 30, 0, step=seq, key="tokens_per_step", bind="query-params",
                              help="tokens per optimizer step, held by every plan (micro-batch x accumulation x ranks "
                                   "x sequence); 0: one sample of the sequence length")
     question = {"gpu_name": gpu_name, "gpus": int(gpus), "task": task, "allow_lora": bool(allow), "seq_len": int(seq),

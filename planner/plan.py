@@ -398,6 +398,7 @@ class SearchView:
     fits: bool
     peak_bytes: int             # the plan's peak per device; nothing fits: the smallest peak found (0: none modelled)
     lacks_bytes: int            # nothing fits: what the smallest peak is over its budget by (0 when it fits)
+    margin_bytes: int           # it fits: what is left of the budget for tensors (0 when nothing fits)
     quality: str                # the plan's quality class (planner.search.QUALITY)
     quality_why: str
     tokens_per_s: float | None  # the roofline's (planner/estimate/compute.py price), None without a time model
@@ -449,7 +450,7 @@ def plan_search_view(cfg: ModelConfig, model_flags: list[str], gpu_name: str, gp
         small = res.smallest
         return SearchView(g.label, gpus, g.memory_bytes, small.budget_bytes if small else 0, False,
                           small.peak_bytes if small else 0,
-                          max(0, small.peak_bytes - small.budget_bytes) if small else 0,
+                          max(0, small.peak_bytes - small.budget_bytes) if small else 0, 0,
                           small.quality if small else "", QUALITY.get(small.quality, "") if small else "",
                           None, None, small.flags(model_flags) if small else [], [], {}, searched)
     plan_spec = dataclasses.asdict(p.spec)
@@ -469,7 +470,8 @@ def plan_search_view(cfg: ModelConfig, model_flags: list[str], gpu_name: str, gp
         changes.append({"setting": "layout", "yours": said(yours_par), "plan": said(plan_par)})
     rows = [{**c, "yours": "off" if c["yours"] is False else "on" if c["yours"] is True else str(c["yours"]),
              "plan": "off" if c["plan"] is False else "on" if c["plan"] is True else str(c["plan"])} for c in changes]
-    return SearchView(g.label, gpus, g.memory_bytes, p.budget_bytes, True, p.peak_bytes, 0, p.quality,
+    return SearchView(g.label, gpus, g.memory_bytes, p.budget_bytes, True, p.peak_bytes, 0,
+                      p.budget_bytes - p.peak_bytes, p.quality,
                       QUALITY[p.quality], p.tokens_per_s, p.step_time_s, p.flags(model_flags), rows,
                       {"spec": plan_spec, "attention": p.attention, "parallel": plan_par,
                        "budget_gib": g.memory_bytes / 2 ** 30}, searched)
