@@ -573,12 +573,15 @@ if not fitted:  # the question, and the plan search's answer at once beneath it 
     st.markdown(f"**Will {md_escape(state.get('model_name') or model)} train on this GPU?** (the model: in the "
                 "sidebar)")
     a1, a2, a3, a4 = st.columns([2.4, 0.8, 1.8, 1.4])
-    gpu_name = a1.selectbox("GPU", list(GPUS), list(GPUS).index(START_GPU), format_func=lambda n: GPUS[n].label,
-                            key="gpu", bind="query-params", help="the GPU catalog (planner/gpus.py)")
+    # The catalog's names, as `plan --gpu` takes them (a bound widget's URL value is the option as shown)
+    gpu_name = a1.selectbox("GPU", list(GPUS), list(GPUS).index(START_GPU), key="gpu", bind="query-params",
+                            help="the GPU catalog (planner/gpus.py): "
+                                 + "; ".join(f"{n}: {g.label}" for n, g in GPUS.items()))
     gpus = a2.number_input("N of them", 1, 1024, 1, key="gpus", bind="query-params",
                            help="data-parallel layouts (DDP, FSDP2) up to this many ranks")
-    task = a3.segmented_control("Task", list(TASK_LABELS), default="finetune", required=True,
-                                format_func=TASK_LABELS.get, key="task", bind="query-params", width="stretch")
+    task = a3.segmented_control("Task", list(TASK_LABELS), default="finetune", required=True, key="task",
+                                bind="query-params", width="stretch", help="as `plan --task` takes it: "
+                                + "; ".join(f"{k}: {v}" for k, v in TASK_LABELS.items()))
     allow = a4.toggle("Allow LoRA / QLoRA", False, key="allow", bind="query-params", disabled=task != "finetune",
                       help="a different fine-tune the search may answer when the full one does not fit or is slower")
     s1, s2 = st.columns([3, 1.2])

@@ -73,3 +73,20 @@ def test_the_search_is_asked_once_per_question(monkeypatch):
     assert searched <= 1 and len(calls) == searched  # the second asking searched nothing
     assert first.fits and first.changes and not again.changes
     assert {c["setting"] for c in first.changes} >= {"device"}  # the page's settings beneath start on the cpu
+
+
+def test_the_question_is_read_from_the_url_under_its_names():
+    """gpu, gpus, task, allow, tokens_per_step: the catalog's and `plan`'s own names, parsed as the other keys are."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({"model": "gpt2-small", "gpu": "t4", "gpus": "2", "task": "train", "allow": "true",
+                            "seq": "512", "tokens_per_step": "4096"})
+    at.run()
+    assert not at.exception and not at.error
+    assert (at.selectbox(key="gpu").value, at.number_input(key="gpus").value, at.segmented_control(key="task").value,
+            at.number_input(key="tokens_per_step").value) == ("t4", 2, "train", 4096)
+    assert at.toggle(key="allow").disabled  # training from scratch: no LoRA / QLoRA whatever allow says
+    assert metric(at, "The plan: fits") in ("exact", "bf16", "8bit")
+    assert any(m.label == "Peak per GPU against the NVIDIA T4 16 GB" for m in at.metric)
+    at.number_input(key="tokens_per_step").set_value(1000).run()  # not whole samples: said, the page goes on
+    assert not at.exception and "multiple of the sequence length" in at.warning[0].value
+    assert metric(at, "Estimated peak")
