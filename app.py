@@ -15,11 +15,12 @@ import streamlit as st
 from pages import frame, machine_budget, md_escape
 from planner.charts import breakdown_spec, curve_spec, rank_groups_spec
 from planner.compare import error_pct
-from planner.config import ATTENTION_KINDS, ConfigError, config_to_dict, model_label
+from planner.config import ATTENTION_KINDS, PRESETS, ConfigError, config_to_dict, model_label
 from planner.fitted import is_fitted
 from planner.finetune import DEFAULT_LORA_R, TUNE_MODES, describe_targets, target_choices, tune_fields, tune_mode
 from planner.parallel import sequence_parallel_applies
-from planner.plan import plan_fitted, plan_training
+from planner.gpus import GPUS
+from planner.plan import TASK_LABELS, plan_fitted, plan_search_view, plan_training
 from planner.infer_spec import INFER_PRECISIONS, InferSpec, infer_args
 from planner.jobs import Job, JobBusy
 from planner.reference import UNSLOTH_LLAMA31_8B
@@ -49,6 +50,9 @@ OPTION_KEYS = {"batch": "batch_size", "seq": "seq_len", "precision": "precision"
 CKPT_POLICIES = ["full", "selective", "every:2", "every:3", "every:4", "every:8"]
 QUANT_TYPES = ["nf4", "fp4"]  # bitsandbytes' 4-bit types (BitsAndBytesConfig bnb_4bit_quant_type)
 GOALS = ["training", "inference"]
+# The plan search's question at the top of the page (issue #35): the GPU the page starts with is the 24 GB card of
+# the issue's canonical question (Llama-3.1-8B on an RTX 4090, torchtune's published runs, planner/reference.py).
+START_GPU = "rtx-4090"
 # Where the inference mode starts (every other setting is InferSpec's default, as in `estimate infer`).
 START_INFER = InferSpec(batch_size=1, prompt_len=512, new_tokens=128)
 INFER_PHASE_WHY = {
@@ -64,11 +68,11 @@ MP_CHOICES = {"none": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
 @st.fragment
-def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> None:
+def planner(cfg, model: str, run: dict, attention: str, par: dict | None, seq: int | None = None) -> None:
     """The batch, sequence and budget, and every figure: moving one of these reruns only this fragment.
     run (TrainSpec's other fields), attention and par (ParallelSpec's fields, or None for one device): the
-    settings above it, which change only in a full rerun."""
-    seq_max = min(cfg.max_seq_len, SEQ_CAP)
+    settings above it, which change only in a full rerun. seq: the sequence of the question at the top (its
+    slider is there), else the slider is drawn here."""
     default_bytes, default_source = machine_budget(run["device"])
     default_gib = bytes_to_gib(default_bytes)
     if state.get("budget_gib") == state.get("budget_default") != default_gib:
@@ -76,9 +80,8 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
     state["budget_default"] = default_gib
     c1, c2, c3 = st.columns(3)
     batch = c1.slider("Batch size", 1, 256, START.batch_size, key="batch", bind="query-params")
-    seq = c2.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params",
-                    help=f"Up to the model's context ({cfg.max_seq_len:,})"
-                         + (f", shown up to {SEQ_CAP:,}" if cfg.max_seq_len > SEQ_CAP else ""))
+    if seq is None:
+        seq = seq_slider(c2, cfg)
     budget_gib = c3.number_input("Memory budget (GiB)", 0.1, 4096.0, default_gib, step=0.5, key="budget_gib",
                                  bind="query-params")
     c3.caption(("Default: " if budget_gib == default_gib else "Typed here; the default is ")
@@ -208,6 +211,56 @@ def planner(cfg, model: str, run: dict, attention: str, par: dict | None) -> Non
         terms_box.dataframe(pd.DataFrame(p.term_rows()), hide_index=True, width="stretch")
         terms_box.dataframe(pd.DataFrame([{"phase": r["phase"], "peak": fmt_bytes(r["bytes"]), "bytes": r["bytes"]}
                                           for r in p.phase_rows()]), hide_index=True, width="stretch")
+
+
+def seq_slider(where, cfg) -> int:
+    seq_max = min(cfg.max_seq_len, SEQ_CAP)
+    return where.slider("Sequence length", 1, seq_max, min(START.seq_len, seq_max), key="seq", bind="query-params",
+                        help=f"Up to the model's context ({cfg.max_seq_len:,})"
+                             + (f", shown up to {SEQ_CAP:,}" if cfg.max_seq_len > SEQ_CAP else ""))
+
+
+def plan_answer(cfg, model: str, question: dict, current: dict, attention: str, par: dict | None) -> None:
+    """The plan search's answer to the question at the top (planner/plan.py plan_search_view, memoised there), and
+    what it changes from the settings beneath; Apply sets them to the plan's, Simulate runs it on fake tensors."""
+    model_flags = ["--model", model] if model in PRESETS else ["--config", "CONFIG.json"]
+    try:
+        v = plan_search_view(cfg, model_flags, current=current, attention=attention, parallel=par,
+                             host_ram=psutil.virtual_memory().total, **question)
+    except ConfigError as exc:  # a question the search refuses: said here, the settings beneath still answer
+        st.warning(str(exc))
+        return
+    on = f"{v.gpus} x {v.gpu_label}" if v.gpus > 1 else v.gpu_label
+    if not v.fits:
+        st.warning(f"Nothing in the searched space fits the {on}: the smallest peak found is {fmt_bytes(v.peak_bytes)} "
+                 f"against {fmt_bytes(v.tensor_budget_bytes)} for tensors, {fmt_bytes(v.lacks_bytes)} short"
+                 + (f" ({v.quality}: {md_escape(v.quality_why)})." if v.quality else "."))
+        if v.flags:
+            st.code("python -m planner estimate train " + " ".join(v.flags), language="bash", wrap_lines=True)
+        st.caption(v.searched)
+        return
+    per = " per GPU" if v.gpus > 1 else ""
+    m1, m2, m3 = st.columns([1.2, 1.4, 1.2])
+    m1.metric("The plan: fits", v.quality, help=md_escape(v.quality_why))
+    m2.metric(f"Peak{per} against the {v.gpu_label}", fmt_bytes(v.peak_bytes),
+              delta=f"fits by {fmt_bytes(v.margin_bytes)} of {fmt_bytes(v.tensor_budget_bytes)} for tensors",
+              delta_arrow="off", help=f"{fmt_bytes(v.gpu_bytes)} less the CUDA context and the allocator's reserve")
+    m3.metric("Tokens/s (roofline)", f"{v.tokens_per_s:,.0f}" if v.tokens_per_s else "not modelled",
+              help=(f"{v.step_time_s:.2f} s per step: " if v.step_time_s else "")
+              + "a roofline over the GPU's published peak rates (planner/estimate/compute.py), not a measurement")
+    st.markdown("**What it changes from your settings:** " + " · ".join(
+        f"{c['setting']} {md_escape(c['yours'] or 'none')} → **{md_escape(c['plan'])}**" for c in v.changes)
+        if v.changes else "The plan is your settings.")
+    b1, b2, _ = st.columns([1, 1, 3])
+    b1.button("Apply the plan", key="apply_plan", type="primary", disabled=not v.changes,
+              on_click=state.update, kwargs={"apply_option": v.apply}, help="sets the settings below to the plan's")
+    if b2.button("Simulate the plan", key="simulate_plan",
+                 help="the Training step page runs the plan on fake tensors at full size (no memory used)"):
+        state["run_settings"] = {"spec": v.apply["spec"], "attention": v.apply["attention"],
+                                 "budget": v.gpu_bytes, "parallel": v.apply["parallel"]}
+        state["autostart"] = "simulate"
+        st.switch_page("pages/1_training.py", query_params={"model": model})
+    st.caption(f"{v.searched}. The plan as a command: `python -m planner estimate train {' '.join(v.flags)}`")
 
 
 @st.fragment
@@ -481,7 +534,7 @@ def fitted_planner(cfg, run: dict, attention: str, par: dict | None) -> None:
 
 cfg = frame("Planner")
 st.title("Planner: will it fit?")
-model, gpu = state["model_id"], state["gpu"]
+model, gpu = state["model_id"], state["machine_gpu"]
 goal = st.segmented_control("Plan for", GOALS, default=GOALS[0], required=True, key="goal", bind="query-params",
                             help="training: one training or fine-tuning step; inference: one generate() call")
 if goal == "inference":
@@ -499,6 +552,13 @@ if option := state.pop("apply_option", None):
         state.update(lora_r=tuned["lora_r"], **({"lora_targets": picked[0]} if picked else {}))
     if tuned.get("quantize_base", "none") != "none":
         state.update(quant=tuned["quantize_base"], double_quant=tuned["double_quant"])
+    state["device"] = tuned["device"]
+    if "parallel" in option:  # the plan search's plan: its layout and its GPU's memory
+        laid = option["parallel"]
+        state["parallel"] = laid["parallel"] if laid else LAYOUTS[0]
+        if laid:
+            state["world"] = laid["world_size"]
+        state["budget_gib"] = option["budget_gib"]
 targets = target_choices(cfg)
 if state.get("planner_model", model) != model:
     state["attention"] = cfg.attention
@@ -507,6 +567,32 @@ if state.get("planner_model", model) != model:
         state["lora_targets"] = next(iter(targets))
     state["train_last"] = min(state.get("train_last", 1), cfg.layers)
 state["planner_model"] = model
+
+fitted = is_fitted(cfg)  # issue #20: no formula family reads it, so no plan search either
+if not fitted:  # the question, and the plan search's answer at once beneath it (filled once the settings are read)
+    st.markdown(f"**Will {md_escape(state.get('model_name') or model)} train on this GPU?** (the model: in the "
+                "sidebar)")
+    a1, a2, a3, a4 = st.columns([2.4, 0.8, 1.8, 1.4])
+    # The catalog's names, as `plan --gpu` takes them (a bound widget's URL value is the option as shown)
+    gpu_name = a1.selectbox("GPU", list(GPUS), list(GPUS).index(START_GPU), key="gpu", bind="query-params",
+                            help="the GPU catalog (planner/gpus.py): "
+                                 + "; ".join(f"{n}: {g.label}" for n, g in GPUS.items()))
+    gpus = a2.number_input("N of them", 1, 1024, 1, key="gpus", bind="query-params",
+                           help="data-parallel layouts (DDP, FSDP2) up to this many ranks")
+    task = a3.segmented_control("Task", list(TASK_LABELS), default="finetune", required=True, key="task",
+                                bind="query-params", width="stretch", help="as `plan --task` takes it: "
+                                + "; ".join(f"{k}: {v}" for k, v in TASK_LABELS.items()))
+    allow = a4.toggle("Allow LoRA / QLoRA", False, key="allow", bind="query-params", disabled=task != "finetune",
+                      help="a different fine-tune the search may answer when the full one does not fit or is slower")
+    s1, s2 = st.columns([3, 1.2])
+    seq = seq_slider(s1, cfg)
+    tokens = s2.number_input("Tokens per step (0: one sample)", 0, 1 << 30, 0, step=seq, key="tokens_per_step", bind="query-params",
+                             help="tokens per optimizer step, held by every plan (micro-batch x accumulation x ranks "
+                                  "x sequence); 0: one sample of the sequence length")
+    question = {"gpu_name": gpu_name, "gpus": int(gpus), "task": task, "allow_lora": bool(allow), "seq_len": int(seq),
+                "tokens_per_step": int(tokens)}
+    answer = st.container(border=True)
+    st.subheader("Adjust the settings")
 
 r1, r2, r3 = st.columns([3, 1.2, 1.2])
 qlora = state.get("tune", st.query_params.get("tune")) == "qlora"
@@ -606,7 +692,10 @@ run_fields = {"precision": precision, "optimizer": optimizer, "checkpointing": b
               "checkpoint_policy": ckpt_policy if ckpt else "full",
               "offload_optimizer": bool(offload_opt),  # cuda (torchao) and cpu (its equivalent): offload.py
               "offload_activations": bool(offload_act), **tuning}  # cpu (measured) and cuda: offload_act.py
-if is_fitted(cfg):  # issue #20: no formula family reads this model_type: a fit of simulations answers
+if fitted:  # issue #20: no formula family reads this model_type: a fit of simulations answers
     fitted_planner(cfg, run_fields, attention, par)
 else:
-    planner(cfg, model, run_fields, attention, par)
+    with answer:
+        plan_answer(cfg, model, question, {**run_fields, "batch_size": state.get("batch", START.batch_size)},
+                    attention, par)
+    planner(cfg, model, run_fields, attention, par, seq)

@@ -29,7 +29,7 @@ settings = st.session_state.get("run_settings") or {"spec": dataclasses.asdict(T
                                                    "attention": cfg.attention, "budget": None}
 try:
     run = step_run(cfg, TrainSpec(**settings["spec"]), settings.get("attention"), settings.get("parallel"),
-                   settings.get("budget"), st.session_state.get("gpu"), psutil.virtual_memory().available)
+                   settings.get("budget"), st.session_state.get("machine_gpu"), psutil.virtual_memory().available)
 except ConfigError as exc:  # settings made for another model (a longer context)
     st.error(f"{exc}. Change the settings on the Planner page.")
     st.stop()
@@ -63,8 +63,9 @@ def start(kind: str = "measure") -> None:
 
 
 running = "job" in st.session_state
-if st.session_state.pop("autostart", False) and not running and not refused:
-    start()
+autostart = st.session_state.pop("autostart", False)  # True: measure; "simulate": the Planner's plan, simulated
+if autostart and not running and (not refused or autostart == "simulate"):
+    start("simulate" if autostart == "simulate" else "measure")
     running = "job" in st.session_state
 b1, b2 = st.columns([1, 4])
 b1.button("Run measurement", type="primary", disabled=running or refused, on_click=start, key="run")

@@ -25,7 +25,7 @@ st.caption("Loading a saved state_dict (the LLMs-from-scratch notebook's methods
 if cfg is None:
     st.stop()
 name = st.session_state.get("model_name") or model_label(cfg)  # the frame names presets and pasted configs
-gpu = st.session_state.get("gpu")
+gpu = st.session_state.get("machine_gpu")
 if st.session_state.get("load_dtype_for") != cfg or "load_dtype" not in st.session_state:
     st.session_state["load_dtype"] = checkpoint_dtype(cfg)  # a new model starts from its own torch_dtype
     st.session_state["load_dtype_for"] = cfg

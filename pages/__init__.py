@@ -131,8 +131,9 @@ def _machine() -> dict | None:
 
 def frame(title: str, picker: bool = True):
     """Draw the sidebar and return the model config in use (the last valid one while a paste is invalid).
-    Sets session state: model_cfg, model_name, model_id (as in the URL), gpu. picker=False (a page with a
-    model of its own, the user's module): the links and the machine only; returns None."""
+    Sets session state: model_cfg, model_name, model_id (as in the URL), machine_gpu (this machine's GPU; "gpu"
+    is the Planner's catalog GPU, in the URL). picker=False (a page with a model of its own, the user's module):
+    the links and the machine only; returns None."""
     st.set_page_config(page_title=f"{title} - Torch Memory Planner", page_icon=":material/memory:", layout="wide")
     if not picker:
         with st.sidebar:
@@ -140,7 +141,7 @@ def frame(title: str, picker: bool = True):
             for path, label, icon in LINKS:
                 st.page_link(path, label=label, icon=icon)
             st.divider()
-            st.session_state["gpu"] = _machine()
+            st.session_state["machine_gpu"] = _machine()
         return None
     c = _choice()
     _from_url(c)
@@ -185,5 +186,5 @@ def frame(title: str, picker: bool = True):
     if st.query_params.get("model") != c["model"]:
         st.query_params["model"] = c["model"]
     c["url"] = c["model"]
-    st.session_state.update(model_cfg=cfg, model_name=name, model_id=c["model"], gpu=gpu)
+    st.session_state.update(model_cfg=cfg, model_name=name, model_id=c["model"], machine_gpu=gpu)
     return cfg

@@ -370,3 +370,108 @@ def longest_context(cfg: ModelConfig, spec: TrainSpec, reference) -> list[dict]:
         seq, reason = max_seq_len(cfg, dataclasses.replace(spec, seq_len=1), usable)
         rows.append({**row, "this estimate": seq, "why": reason})
     return rows
+
+
+# The plan search on the Planner page (issue #35 item 4): the question at the top of the page (model, GPU and
+# count, task, sequence, tokens per step) answered by planner/search.py's search priced by the roofline, and how
+# the answer differs from the settings beneath it. The search takes seconds cold, so each question is searched
+# once per process (SEARCH_MEMO questions kept): a slider move below asks the same question and reuses it.
+SEARCH_MEMO = 32
+_searches: dict[tuple, object] = {}
+TASK_LABELS = {"finetune": "fine-tune", "train": "train from scratch"}
+# The settings a plan sets, in the words of the page's controls (TrainSpec's fields, then the attention and layout).
+PLAN_FIELDS = {"batch_size": "batch size", "grad_accum": "grad. accumulation", "precision": "precision",
+               "optimizer": "optimizer", "optimizer_impl": "optimizer implementation", "device": "device",
+               "loss": "loss", "checkpointing": "checkpointing", "checkpoint_policy": "checkpointing policy",
+               "offload_optimizer": "optimizer on the host", "offload_activations": "activations on the host",
+               "train_layers": "blocks that train", "lora_r": "LoRA rank", "lora_targets": "LoRA targets",
+               "quantize_base": "4-bit base", "double_quant": "double quant."}
+
+
+@dataclass
+class SearchView:
+    """What the top of the Planner page shows: the plan the search answers for the question, or the refusal."""
+    gpu_label: str
+    gpus: int
+    gpu_bytes: int              # one GPU's memory (the budget)
+    tensor_budget_bytes: int    # what the plan's peak was compared with (the context and the allocator's reserve off)
+    fits: bool
+    peak_bytes: int             # the plan's peak per device; nothing fits: the smallest peak found (0: none modelled)
+    lacks_bytes: int            # nothing fits: what the smallest peak is over its budget by (0 when it fits)
+    margin_bytes: int           # it fits: what is left of the budget for tensors (0 when nothing fits)
+    quality: str                # the plan's quality class (planner.search.QUALITY)
+    quality_why: str
+    tokens_per_s: float | None  # the roofline's (planner/estimate/compute.py price), None without a time model
+    step_time_s: float | None
+    flags: list[str]            # `python -m planner estimate|simulate|measure train FLAGS` runs it as is
+    changes: list[dict]         # setting, yours, the plan's: what the plan changes from the settings beneath
+    apply: dict                 # {"spec": TrainSpec fields, "attention", "parallel": layout and world or None}
+    searched: str               # the search's size and time, one line
+
+
+def _searched(cfg: ModelConfig, gpu_name: str, gpus: int, task: str, allow: tuple, seq_len: int,
+              tokens_per_step: int, host_ram: int):
+    """planner/search.py search for one question, memoised (the key is the question, the config by its contents)."""
+    import json
+
+    from .cli.plan import _half, time_model
+    from .config import config_to_dict
+    from .gpus import gpu as catalog_gpu
+    from .search import search
+
+    key = (json.dumps(config_to_dict(cfg), sort_keys=True, default=str), gpu_name, gpus, task, allow, seq_len,
+           tokens_per_step, host_ram)
+    if key not in _searches:
+        g = catalog_gpu(gpu_name)
+        res = search(cfg, seq_len=seq_len, tokens_per_step=tokens_per_step, budget=g.memory_bytes, gpus=gpus,
+                     host_ram=host_ram, task=task, allow=allow, half=_half(g), time_of=time_model(g))
+        while len(_searches) >= SEARCH_MEMO:
+            _searches.pop(next(iter(_searches)))
+        _searches[key] = (g, res)
+    return _searches[key]
+
+
+def plan_search_view(cfg: ModelConfig, model_flags: list[str], gpu_name: str, gpus: int, task: str, allow_lora: bool,
+                     seq_len: int, tokens_per_step: int, host_ram: int, current: dict, attention: str,
+                     parallel: dict | None) -> SearchView:
+    """The plan for the page's question (tokens_per_step 0: one sample of seq_len, the CLI's default), and what it
+    changes from `current` (TrainSpec's fields but batch and sequence, plus batch_size), `attention` and `parallel`
+    (ParallelSpec's fields or None). ConfigError: a question the search refuses (it says why)."""
+    from .search import QUALITY
+
+    tokens = tokens_per_step or seq_len
+    allow = ("lora", "qlora") if allow_lora and task == "finetune" else ()
+    g, res = _searched(cfg, gpu_name, gpus, task, allow, seq_len, tokens, host_ram)
+    st = res.stats
+    searched = (f"{st.get('fitting', len(res.plans))} of {st['combinations']} combinations fit, "
+                f"{st['estimates']} estimated, in {st['seconds']:.1f} s (planner/search.py)")
+    p = res.best
+    if p is None:
+        small = res.smallest
+        return SearchView(g.label, gpus, g.memory_bytes, small.budget_bytes if small else 0, False,
+                          small.peak_bytes if small else 0,
+                          max(0, small.peak_bytes - small.budget_bytes) if small else 0, 0,
+                          small.quality if small else "", QUALITY.get(small.quality, "") if small else "",
+                          None, None, small.flags(model_flags) if small else [], [], {}, searched)
+    plan_spec = dataclasses.asdict(p.spec)
+    current = {**{f.name: f.default for f in dataclasses.fields(TrainSpec) if f.default is not dataclasses.MISSING},
+               **current}  # a setting the page leaves out is TrainSpec's default, as in the CLI
+    changes = [{"setting": label, "yours": current.get(field), "plan": plan_spec[field]}
+               for field, label in PLAN_FIELDS.items() if current.get(field) != plan_spec[field]
+               and not (field == "checkpoint_policy" and not plan_spec["checkpointing"])
+               and not (field == "lora_targets" and not plan_spec["lora_r"])]
+    if attention != p.attention:
+        changes.append({"setting": "attention", "yours": attention, "plan": p.attention})
+    plan_par = ({"parallel": p.pspec.parallel, "world_size": p.pspec.world_size} if p.pspec is not None else None)
+    yours_par = ({"parallel": parallel["parallel"], "world_size": parallel["world_size"]} if parallel else None)
+    if plan_par != yours_par:
+        def said(x):
+            return f"{x['parallel']} x{x['world_size']}" if x else "one device"
+        changes.append({"setting": "layout", "yours": said(yours_par), "plan": said(plan_par)})
+    rows = [{**c, "yours": "off" if c["yours"] is False else "on" if c["yours"] is True else str(c["yours"]),
+             "plan": "off" if c["plan"] is False else "on" if c["plan"] is True else str(c["plan"])} for c in changes]
+    return SearchView(g.label, gpus, g.memory_bytes, p.budget_bytes, True, p.peak_bytes, 0,
+                      p.budget_bytes - p.peak_bytes, p.quality,
+                      QUALITY[p.quality], p.tokens_per_s, p.step_time_s, p.flags(model_flags), rows,
+                      {"spec": plan_spec, "attention": p.attention, "parallel": plan_par,
+                       "budget_gib": g.memory_bytes / 2 ** 30}, searched)

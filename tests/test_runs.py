@@ -163,7 +163,7 @@ def test_loading_dtype_defaults_to_the_configs_torch_dtype():
 
 def test_loading_refuses_cuda_on_a_cpu_only_machine():
     at = loading_page()
-    if at.session_state["gpu"]:
+    if at.session_state["machine_gpu"]:
         pytest.skip("this machine has a GPU")
     assert not at.button(key="measure_all").disabled
     at.selectbox(key="load_device").set_value("cuda").run()

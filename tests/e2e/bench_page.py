@@ -88,7 +88,7 @@ def main() -> int:
                           f"{url}/?model={args.model}&goal=inference&infer_precision=bf16&infer_batch=1")
                 page.wait_for_selector(IDLE, timeout=60_000)
                 page.wait_for_timeout(2000)
-                slider = page.get_by_role("slider").first
+                slider = page.locator(".st-key-batch").get_by_role("slider")  # the batch (the sequence is the question's)
                 step_up = page.locator(".st-key-infer_batch [data-testid='stNumberInputStepUp']")
                 times, server_cpu, browser_cpu = [], 0.0, 0.0
                 for i in range(args.moves + 2):

@@ -1,9 +1,10 @@
 """The README's screenshot of the Planner page: `python tests/e2e/readme_shot.py [--out docs/img/planner.png]`.
 
 Starts the app on a free port (as tests/e2e/bench_page.py does), opens the README's first question in Debian's
-chromium (Llama-3.1-8B, LoRA r=16 on every linear layer, bf16, checkpointing, 2,048 tokens, a 24 GiB GPU) and
-keeps the part of the page that answers it: the estimated peak against the budget, the largest batch and the
-ranked changes that fit. A tool, not a test: it writes a file.
+chromium (will Llama-3.1-8B fine-tune on a 24 GB RTX 4090 at 2,048 tokens, LoRA / QLoRA allowed; the settings
+beneath left at the page's start) and keeps the page's first screen: the question and the plan search's answer
+(fits, its peak against the GPU, tokens/s by the roofline, what it changes from the settings, Apply). A tool,
+not a test: it writes a file.
 """
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e.bench_page import CHROMIUM, IDLE, start_server  # noqa: E402
 
 # Every setting is in the URL (app.py binds each widget to its query parameter)
-QUESTION = ("model=llama-3.1-8b&budget_gib=24&batch=1&seq=2048&precision=bf16&device=cuda&ckpt=true"
-            "&tune=lora&lora_r=16&lora_targets=all-linear")
+QUESTION = "model=llama-3.1-8b&gpu=rtx-4090&gpus=1&task=finetune&allow=true&seq=2048"
 
 
 def main() -> int:
@@ -46,10 +46,9 @@ def main() -> int:
                 page.wait_for_timeout(1500)
                 if page.locator("[data-testid='stException'], [data-testid='stAlertContentError']").count():
                     raise SystemExit("the page shows an error")
-                # From the estimated peak against the budget to the end of the ranked changes
-                top = page.get_by_test_id("stMetric").first.bounding_box()["y"] - 16
-                table = page.get_by_test_id("stDataFrame").first.bounding_box()
-                bottom = table["y"] + table["height"] + 16
+                # From the title to the end of the plan's box (the settings beneath start with their heading)
+                top = page.get_by_role("heading", name="Planner: will it fit?").bounding_box()["y"] - 16
+                bottom = page.get_by_role("heading", name="Adjust the settings").bounding_box()["y"] - 8
                 main_box = page.get_by_test_id("stMain").bounding_box()
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=args.out, clip={"x": main_box["x"], "y": top, "width": main_box["width"],

@@ -84,9 +84,10 @@ def test_planner_slider_moves_the_estimate(server, page):
     page.goto(server)
     sync_api.expect(page.get_by_role("heading", name="Planner: will it fit?")).to_be_visible()
     settle(page)
-    value = page.get_by_test_id("stMetricValue").first
+    # the estimate beneath the plan search's answer (issue #35: the page leads with the plan)
+    value = page.get_by_test_id("stMetric").filter(has_text="Estimated peak").get_by_test_id("stMetricValue")
     before = value.inner_text()
-    slider = page.get_by_role("slider").first
+    slider = page.locator(".st-key-batch").get_by_role("slider")
     slider.focus()
     for _ in range(10):
         slider.press("ArrowRight")
@@ -111,12 +112,12 @@ def test_a_link_with_a_model_opens_with_exactly_its_settings(server, page):
         sync_api.expect(tab.get_by_role("heading", name="Planner: will it fit?")).to_be_visible()
         settle(tab)
         no_errors(tab)
-        sliders = tab.get_by_role("slider")
-        assert [sliders.nth(i).input_value() for i in range(2)] == ["1", "2048"]
+        assert [tab.locator(f".st-key-{k}").get_by_role("slider").input_value() for k in ("batch", "seq")] == ["1", "2048"]
         assert tab.get_by_label("Memory budget (GiB)").input_value() == "24.00"
         sync_api.expect(tab.get_by_test_id("stSidebar").get_by_text("llama-3.2-1b").first).to_be_visible()
         expected = estimate_training(PRESETS["llama-3.2-1b"], TrainSpec(1, 2048, "bf16-amp")).peak_bytes
-        assert tab.get_by_test_id("stMetricValue").first.inner_text() == fmt_bytes(expected)
+        peak = tab.get_by_test_id("stMetric").filter(has_text="Estimated peak").get_by_test_id("stMetricValue")
+        assert peak.inner_text() == fmt_bytes(expected)
         assert "seq=2048" in tab.url and "model=llama-3.2-1b" in tab.url
         tab.screenshot(path=SHOTS / "planner-deep-link.png", full_page=True)
 
@@ -131,7 +132,7 @@ def test_move_a_slider_then_measure_this_option(server, page):
     box.fill(json.dumps(TINY))
     box.press("Control+Enter")
     settle(page)
-    slider = page.get_by_role("slider").first
+    slider = page.locator(".st-key-batch").get_by_role("slider")
     slider.focus()
     for _ in range(4):
         slider.press("ArrowRight")  # batch 4 -> 8
