@@ -536,15 +536,17 @@ def slowing_rank(p: Plan) -> int:
 
 
 def _rank_key(timed: bool):
+    """Fastest (or cheapest changes) first, then the smaller peak; equal plans are told apart by their own flags, so
+    the answer does not depend on the order the space was enumerated in (a set's order follows PYTHONHASHSEED)."""
     if timed:
-        return lambda p: (p.step_time_s, p.peak_bytes)
-    return lambda p: (slowing_rank(p), p.spec.grad_accum, p.peak_bytes)
+        return lambda p: (p.step_time_s, p.peak_bytes, p.flags([]))
+    return lambda p: (slowing_rank(p), p.spec.grad_accum, p.peak_bytes, p.flags([]))
 
 
 def pareto_front(plans: list[Plan]) -> list[Plan]:
     """The plans no other is both faster (or as fast) and smaller than: fastest first, each smaller than the last."""
     out: list[Plan] = []
-    for p in sorted(plans, key=lambda p: (p.step_time_s, p.peak_bytes)):
+    for p in sorted(plans, key=lambda p: (p.step_time_s, p.peak_bytes, p.flags([]))):
         if not out or p.peak_bytes < out[-1].peak_bytes:
             out.append(p)
     return out
