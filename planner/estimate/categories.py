@@ -96,11 +96,9 @@ def estimate_categories(est, spec, splits: dict[str, dict[str, int]] | None = No
 
 
 def bound_split(est, phase: str, above: int, accum: int) -> dict[str, int]:
-    """A phase whose estimator does not split its high point: in the forward and the loss the earlier micro-batches'
-    grads and at most the stash (`activations_bytes`); in the backward at most every grad and the rest's stash."""
-    if phase == "backward":
-        grad = min(est.grads_bytes, above)
-    else:
-        grad = min(accum, above)
+    """A phase whose estimator does not split its high point (approximate): the earlier micro-batches' grads (the
+    backward read as the cross-entropy's backward, before the sweep makes any) and the whole stash
+    (`activations_bytes`) as far as the phase holds them; the rest temporary."""
+    grad = min(accum, above)
     act = max(0, min(est.activations_bytes, above - grad))
     return {"gradient": grad, "activation": act}
