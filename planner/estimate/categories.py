@@ -17,7 +17,8 @@ An estimator says, per phase, which of its candidates is the high point and spli
 (planner/estimate/training.py) and fine-tuning (finetune.py, as the record's `splits` attribute), from their terms.
 Each row says how it was split in its `split` key: "exact" where the winning candidate is one whose parts the
 estimator knows (the end of the forward without checkpointing, the loss, the cross-entropy's backward, every grad,
-the optimizer step, zero_grad: held to the measurement by tests/test_categories.py), "approximate" elsewhere (the
+the optimizer step, zero_grad: held to the measurement by tests/test_categories.py), "approximate" elsewhere, with
+`bounds` {"activation": [low, high]} the activation is known to lie within (the
 forward's in-block points, the backward sweep's in-block points: sweep_split; the modes built on another step's
 record: bound_split). The gradient, activation and temporary of a row always sum to its peak above the
 persistent categories, each at least 0.
@@ -52,19 +53,30 @@ def sweep_split(sweep, name: str, e_p: int, grads_exist: bool, recomputed: bool 
         return dataclasses.replace(ctx, **{f: 0 for f in SAVED_FIELDS},
                                    post_mlp_saved=0, post_attn_saved=0)
 
-    others, grads_before, value = sweep(None)[name]
+    seen = {}
+
+    def look(ctx):
+        seen.update(current=ctx.current, after_loss=ctx.saved_after_loss)
+        return ctx
+
+    others, grads_before, value = sweep(look)[name]
     if recomputed and name != "final norm":  # the block's own stashed input is alive through its backward
         saved = ctx_input
     else:
         saved = value - sweep(zero_saved)[name][2]
+    # the bound: at most the block's whole saved set (under checkpointing its recompute's, which the measurement
+    # counts as activation where the recompute's modules returned: planner/measure/events.py) beside the others'
+    most = seen["after_loss"] if name == "final norm" else others + seen["current"] + (ctx_input if recomputed else 0)
+    bounds = {"activation": [others + saved, max(others + saved, most)]}
     if grads_exist:
-        return {"gradient": 0, "activation": others + saved, "exact": False}
+        return {"gradient": 0, "activation": others + saved, "exact": False, "bounds": bounds}
 
     def one_more(ctx):
         return dataclasses.replace(ctx, e_p=ctx.e_p + 1, g=ctx.g + 1 if ctx.g else 0,
                                    grads_last=ctx.grads_last // ctx.e_p * (ctx.e_p + 1))
     made = (sweep(one_more)[name][2] - value) * e_p
-    return {"gradient": max(0, grads_before + made - tied_head), "activation": others + saved, "exact": False}
+    return {"gradient": max(0, grads_before + made - tied_head), "activation": others + saved, "exact": False,
+            "bounds": bounds}
 
 
 def estimate_categories(est, spec, splits: dict[str, dict[str, int]] | None = None) -> dict[str, dict]:
@@ -91,6 +103,9 @@ def estimate_categories(est, spec, splits: dict[str, dict[str, int]] | None = No
         row.update({"gradient": grad, "activation": act, "temporary": above - grad - act})
         row["total"] = total
         row["split"] = "exact" if exact else "approximate"
+        if not exact:  # what the approximate activation is known to lie within (the temporary: the rest)
+            lo, hi = (part.get("bounds") or {}).get("activation", (0, above - grad))
+            row["bounds"] = {"activation": [max(0, min(lo, act)), max(act, min(hi, above - grad))]}
         out[phase] = row
     return out
 
@@ -101,4 +116,4 @@ def bound_split(est, phase: str, above: int, accum: int) -> dict[str, int]:
     (`activations_bytes`) as far as the phase holds them; the rest temporary."""
     grad = min(accum, above)
     act = max(0, min(est.activations_bytes, above - grad))
-    return {"gradient": grad, "activation": act}
+    return {"gradient": grad, "activation": act, "bounds": {"activation": [0, above - grad]}}

@@ -889,7 +889,8 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
     splits = {"loss": {"gradient": accum, "activation": activations, "exact": True}}
     if fwd_end >= max(max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy, forward_ckpt):
         splits["forward"] = {"gradient": accum, "activation": a_before_loss - softcap_saved,
-                             "exact": not spec.checkpointing}
+                             "exact": not spec.checkpointing,
+                             "bounds": {"activation": [0, a_before_loss - softcap_saved]}}
     if max(step.backward) == step.backward[0]:
         splits["backward"] = {"gradient": accum, "activation": activations - shifted_labels, "exact": True}
     elif max(step.backward) == grads:

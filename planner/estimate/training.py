@@ -558,11 +558,13 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
 
     # What each phase's high point is made of (planner/estimate/categories.py): the candidate that wins, split
     fwd_end = a_before_loss + logits + fwd_bytes - after_head
-    fwd_split = {"gradient": accum_grads, "activation": activations - ce_saved - after_head,
-                 "exact": not spec.checkpointing}
+    stash = activations - ce_saved - after_head  # what the forward has saved by its end
+    fwd_split = {"gradient": accum_grads, "activation": stash, "exact": not spec.checkpointing,
+                 "bounds": {"activation": [0, stash]}}
     if in_block and max(in_block.values()) > fwd_end:
-        fwd_split = {"gradient": accum_grads, "activation": forward_point_activation(
-            cfg, spec, w, max(in_block, key=in_block.get), blk), "exact": False}
+        at = forward_point_activation(cfg, spec, w, max(in_block, key=in_block.get), blk)
+        fwd_split = {"gradient": accum_grads, "activation": at, "exact": False,
+                     "bounds": {"activation": [min(at, stash), max(at, stash)]}}
     ce_candidate = accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point
     bwd = max(step.backward)
     if bwd == ce_candidate:
