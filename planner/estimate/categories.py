@@ -79,6 +79,21 @@ def sweep_split(sweep, name: str, e_p: int, grads_exist: bool, recomputed: bool 
             "bounds": bounds}
 
 
+# The estimate's accuracy bar (every recorded CPU grid within 1% of the measurement: tests/test_recorded.py): two
+# candidates for a phase's high point closer than this may trade places in the measurement.
+CONTEST_PCT = 1.0
+
+
+def contest(split: dict, candidates: list[int], base: int, most: int) -> dict:
+    """`split` of the highest of `candidates` (bytes above `base`), approximate when another candidate is within
+    CONTEST_PCT of the phase's total: the measured high point may be that one's moment, whose activation lies
+    between 0 and `most` (the largest the phase holds)."""
+    top = sorted(candidates, reverse=True)
+    if split.get("exact", True) and len(top) > 1 and top[0] - top[1] <= CONTEST_PCT / 100 * (base + top[0]):
+        return {**split, "exact": False, "bounds": {"activation": [0, max(most, split["activation"])]}}
+    return split
+
+
 def estimate_categories(est, spec, splits: dict[str, dict[str, int]] | None = None) -> dict[str, dict]:
     """Phase -> category -> bytes (module doc); each phase's categories sum to its peak (`total`)."""
     persistent = {"parameter": est.params_bytes, "buffer": est.buffers_bytes, "inputs": est.inputs_bytes,

@@ -23,7 +23,7 @@ from ..losses import cuda_amp_cross_entropy, is_fused
 from .losses import HEAD_SAVES, fused_loss
 from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
-from .categories import estimate_categories, sweep_split
+from .categories import contest, estimate_categories, sweep_split
 from .step import Step, record as step_record
 
 
@@ -581,9 +581,12 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
         part = sweep_split(lambda tweak: _backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved,
                                                          amp_weights, grads_exist=True, tweak=tweak, detail=True),
                            max(later, key=later.get), e_p, True, spec.checkpointing, b * s * cfg.hidden * w.e_r)
-        bwd_split = {"gradient": accum_grads + part["gradient"], "activation": part["activation"]}
-    splits = {"forward": fwd_split, "loss": {"gradient": accum_grads, "activation": activations, "exact": True},
-              "backward": bwd_split}
+        bwd_split = {**part, "gradient": accum_grads + part["gradient"]}
+    # a rival within the estimate's bar may be the measured high point: the split is then approximate
+    most = activations + (sum(t.bytes for t in blk) if spec.checkpointing else 0)  # (a recompute's set besides)
+    splits = {"forward": contest(fwd_split, [fwd_end, *in_block.values()], base, stash),
+              "loss": {"gradient": accum_grads, "activation": activations, "exact": True},
+              "backward": contest(bwd_split, step.backward, base, most)}
 
     terms = blk + out + fwd
     notes = []
