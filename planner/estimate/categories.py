@@ -64,10 +64,12 @@ def sweep_split(sweep, name: str, e_p: int, grads_exist: bool, recomputed: bool 
         saved = ctx_input
     else:
         saved = value - sweep(zero_saved)[name][2]
-    # the bound: at most the block's whole saved set (under checkpointing its recompute's, which the measurement
-    # counts as activation where the recompute's modules returned: planner/measure/events.py) beside the others'
+    # the bounds: at least the other blocks' saved tensors (and under checkpointing the block's own input), at most
+    # the block's whole saved set besides (under checkpointing its recompute's, which the measurement counts as
+    # activation where the recompute's modules returned: planner/measure/events.py)
+    least = others + (ctx_input if recomputed and name != "final norm" else 0)
     most = seen["after_loss"] if name == "final norm" else others + seen["current"] + (ctx_input if recomputed else 0)
-    bounds = {"activation": [others + saved, max(others + saved, most)]}
+    bounds = {"activation": [min(least, others + saved), max(others + saved, most)]}
     if grads_exist:
         return {"gradient": 0, "activation": others + saved, "exact": False, "bounds": bounds}
 
