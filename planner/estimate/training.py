@@ -378,10 +378,7 @@ def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[s
     No checkpointing, fp16-AMP, fine-tuning and the families without the offloaded points: {} (the end of the
     forward only)."""
     family = family_of(cfg)
-    if ((spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full") or spec.finetuning
-            or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
-            or family.offload_copies(cfg, spec, w) is None
-            or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec))):
+    if not forward_points_modelled(cfg, spec, w):
         return {}
     from .offload_act import forward_alive
 
@@ -401,6 +398,15 @@ def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[s
     amp_cache = autocast_weight_bytes(cfg, spec) + autocast_bias_bytes(cfg, spec)
     over = amp_cache + cache + held + kept_inputs
     return {f"last block {name}": over + v for name, v in {"mlp": mlp_point, **points}.items()}
+
+
+def forward_points_modelled(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> bool:
+    """Whether forward_block_points models this step's in-block forward points (else the forward is its end only)."""
+    family = family_of(cfg)
+    return not ((spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full") or spec.finetuning
+                or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
+                or family.offload_copies(cfg, spec, w) is None
+                or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec)))
 
 
 def forward_point_activation(cfg: ModelConfig, spec: TrainSpec, w: Widths, name: str, blk: list[Term]) -> int:
@@ -559,7 +565,9 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
     # What each phase's high point is made of (planner/estimate/categories.py): the candidate that wins, split
     fwd_end = a_before_loss + logits + fwd_bytes - after_head
     stash = activations - ce_saved - after_head  # what the forward has saved by its end
-    fwd_split = {"gradient": accum_grads, "activation": stash, "exact": not spec.checkpointing,
+    # (exact where the forward's in-block points are modelled: elsewhere one of them may be the measured high point)
+    fwd_split = {"gradient": accum_grads, "activation": stash,
+                 "exact": not spec.checkpointing and forward_points and forward_points_modelled(cfg, spec, w),
                  "bounds": {"activation": [0, stash]}}
     if in_block and max(in_block.values()) > fwd_end:
         at = forward_point_activation(cfg, spec, w, max(in_block, key=in_block.get), blk)
