@@ -9,8 +9,8 @@ import streamlit as st
 
 from pages import frame
 
-from planner.api import category_rows, component_rows, phase_rows, step_run
-from planner.charts import PHASE_ORDER, alive_tables, category_area, grouped_bars, timeline
+from planner.api import category_rows, category_stack_rows, component_rows, phase_rows, step_run
+from planner.charts import PHASE_ORDER, alive_tables, category_area, category_bars, grouped_bars, timeline
 from planner.config import ConfigError, config_to_dict, model_label
 from planner.finetune import describe_tuning
 from planner.jobs import Job, JobBusy, running_pid
@@ -45,6 +45,13 @@ fitted = est.get("basis") == "fitted simulation"  # issue #20: no formula family
 st.metric("Estimated peak" + (" per rank" if pspec else "") + (" (fitted simulation)" if fitted else ""),
           fmt_bytes(est["peak_bytes"]) if est["peak_bytes"] or not fitted else "no fit yet",
           help=f"phase: {est['peak_phase']}")
+stack = category_stack_rows(est)
+if stack:
+    st.altair_chart(category_bars(stack, budget_bytes=budget))
+    approx = sorted({r["phase"] for r in stack if r["split"] == "approximate"}, key=PHASE_ORDER.index)
+    st.caption("What each byte is at each phase's high point, as torch's MemTracker names it."
+               + (f" {', '.join(approx)}: the split between gradient, activation and temporary is approximate "
+                  "(the total is not)." if approx else ""))
 refused = run.refused
 if refused:
     (st.warning if pspec else st.error)(run.refusal)

@@ -151,22 +151,37 @@ def phase_rows(estimate: dict, record: dict, source: str) -> list[dict]:
 
 def category_rows(estimate: dict, record: dict, source: str) -> list[dict]:
     """The `categories` blocks side by side (issue #19 item 3): per phase and category (MemTracker's names),
-    the estimate's bytes, the record's and their difference; where the estimate gives one sum for several
-    categories (planner/estimate/categories.py) that sum is compared with the record's same sum. Empty when
-    either side has no categories (a record from before they were kept)."""
+    the estimate's bytes, the record's, their difference and how the estimate split the phase (`split`: exact or
+    approximate, planner/estimate/categories.py); an older estimate's one sum for several categories is compared
+    with the record's same sum. Empty when either side has no categories (a record from before they were kept)."""
     est_c, rec_c = estimate.get("categories") or {}, record.get("categories") or {}
     rows = []
     for phase, e in est_c.items():
         r = rec_c.get(phase)
         if not r:
             continue
+        split = e.get("split", "exact")
         for name, value in e.items():
-            if value is None:
+            if value is None or name == "split":
                 continue
             parts = [p.strip() for p in name.replace(" and ", ", ").split(",")]
             measured = sum(r.get(p, 0) for p in parts) if len(parts) > 1 else r.get(name)
             if measured is None:
                 continue
             rows.append({"phase": phase, "category": name, "estimate": value, source: measured,
-                         "difference": value - measured})
+                         "difference": value - measured, "split": split})
+    return rows
+
+
+def category_stack_rows(estimate: dict) -> list[dict]:
+    """The estimate's `categories` (planner/estimate/categories.py) as the rows of the stacked chart
+    (planner/charts.py category_bars): per phase and category (named as the measured timeline names them), its
+    bytes and how the phase was split (exact or approximate). Empty for an estimate without categories."""
+    rows = []
+    for phase, cats in (estimate.get("categories") or {}).items():
+        for name, value in cats.items():
+            if name in ("total", "split") or not isinstance(value, int):
+                continue
+            rows.append({"phase": phase, "category": "input" if name == "inputs" else name, "bytes": value,
+                         "split": cats.get("split", "exact")})
     return rows

@@ -161,6 +161,27 @@ def category_area(timeline: dict, budget_bytes: int | None = None) -> alt.LayerC
     return alt.layer(*layers).properties(height=300)
 
 
+def category_bars(rows: list[dict], budget_bytes: int | None = None) -> alt.LayerChart:
+    """rows: planner.api.category_stack_rows (phase, category, bytes, split) -> one bar per phase, stacked by
+    category in the colours of category_area; the budget rule only within 3x of the tallest bar."""
+    df = pd.DataFrame(rows)
+    top = int(df.groupby("phase")["bytes"].sum().max()) if len(df) else 0
+    show_budget = bool(budget_bytes) and budget_bytes <= 3 * top
+    unit, size = unit_for(max(top, budget_bytes if show_budget else 0))
+    df = df.assign(size=df["bytes"] / size, rank=df["category"].map(CATEGORY_ORDER.index))
+    bars = alt.Chart(df).mark_bar().encode(
+        x=alt.X("phase:N", title=None, sort=PHASE_ORDER),
+        y=alt.Y("size:Q", stack="zero", title=f"Estimated bytes ({unit})"),
+        color=alt.Color("category:N", title="category", scale=alt.Scale(domain=CATEGORY_ORDER, range=CATEGORY_COLORS),
+                        sort=CATEGORY_ORDER),
+        order=alt.Order("rank:Q"),
+        tooltip=["phase:N", "category:N", alt.Tooltip("size:Q", format=".3f", title=unit), "split:N"])
+    layers = [bars]
+    if show_budget:
+        layers.append(alt.Chart().mark_rule(color=BUDGET_COLOR, strokeDash=[6, 3]).encode(y=alt.datum(budget_bytes / size)))
+    return alt.layer(*layers).properties(height=280, title="Estimated bytes by category, phase by phase")
+
+
 def alive_tables(alive: dict) -> dict[str, pd.DataFrame]:
     """A record's `alive_at_peak` as three tables (by category, by module, the largest tensors), bytes readable."""
     from .units import fmt_bytes

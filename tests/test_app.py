@@ -292,6 +292,21 @@ def test_every_page_renders(page):
     assert not at.exception
 
 
+def test_training_page_stacks_the_estimates_categories():
+    """The Training step page draws the estimate's bytes by category, phase by phase (issue #34 item 4), before
+    any run: the chart's data are planner.api.category_stack_rows of the page's estimate."""
+    at = app()
+    at.switch_page("pages/1_training.py").run()
+    assert not at.exception
+    assert any("What each byte is at each phase's high point" in c.value for c in at.caption)
+    (chart,) = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")
+                if "Estimated bytes by category" in c.proto.spec]
+    bars = chart["layer"][0]
+    assert bars["mark"]["type"] == "bar" and bars["encoding"]["y"]["stack"] == "zero"
+    assert bars["encoding"]["color"]["field"] == "category" and bars["encoding"]["x"]["field"] == "phase"
+    # (the rows, every phase's categories filled: tests/test_charts.py, on the same facade)
+
+
 def test_training_measurement_completes_and_is_stored(data_dir):
     at = paste(app(), TINY)
     at.slider(key="batch").set_value(2).run()

@@ -58,3 +58,32 @@ def test_a_curve_far_below_the_budget_is_not_flattened_by_it():
     rows = [{"seq": s, "peak_bytes": s * 2**20} for s in (1, 32, 64)]
     assert len(curve_spec(rows, "seq", 64 * 2**30, "Sequence")["layer"]) == 1
     assert len(curve_spec(rows, "seq", 100 * 2**20, "Sequence")["layer"]) == 2
+
+
+def test_the_estimates_categories_stack_phase_by_phase():
+    """planner.api.category_stack_rows -> planner.charts.category_bars (the Training step page, issue #34 item 4):
+    every phase's categories filled, stacked in the measured timeline's colours, summing to the phase's peak."""
+    from planner.api import category_stack_rows
+    from planner.charts import CATEGORY_ORDER, category_bars
+    from planner.config import config_from_dict
+    from planner.estimate.training import estimate_training
+    from planner.spec import TrainSpec, prepare
+
+    cfg = config_from_dict({"arch": "llama", "vocab_size": 97, "num_hidden_layers": 2, "max_position_embeddings": 512,
+                            "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+                            "num_key_value_heads": 2})
+    spec = TrainSpec(2, 16, precision="bf16-amp", optimizer="adamw", checkpointing=True)
+    est = estimate_training(prepare(cfg, spec), spec).to_dict()
+    rows = category_stack_rows(est)
+    assert {r["category"] for r in rows} <= set(CATEGORY_ORDER)
+    for phase, total in est["phase_peak_bytes"].items():
+        assert sum(r["bytes"] for r in rows if r["phase"] == phase) == total
+        assert {r["split"] for r in rows if r["phase"] == phase} == {est["categories"][phase]["split"]}
+    backward = {r["category"]: r["bytes"] for r in rows if r["phase"] == "backward"}
+    assert backward["gradient"] and backward["activation"] and backward["temporary"]  # no None, no lumped sum
+    spec_json = category_bars(rows, budget_bytes=est["peak_bytes"]).to_dict()
+    layer = spec_json["layer"][0]
+    assert layer["mark"]["type"] == "bar" and layer["encoding"]["y"]["stack"] == "zero"
+    assert layer["encoding"]["color"]["scale"]["domain"] == CATEGORY_ORDER
+    assert len(spec_json["layer"]) == 2  # the budget rule, within 3x
+    assert category_stack_rows({}) == []

@@ -16,6 +16,7 @@ from ..config import ConfigError
 from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved, with_adapters
 from ..finetune import adapted_linears, quantized_linears, trainable_names
 from .activations import Term, Widths
+from .categories import contest
 from .record import SweepContext
 from .step import Step, record as step_record
 from ..losses import is_fused
@@ -857,7 +858,7 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
     # saved set instead (measured: gemma2 V97 h96 b2 s128 head bf16-amp chunked-ce, the softmax and the MLP
     # points V*h*e_m below the cache)
     head_copy = _head_cache_bytes(cfg, spec, w, terms)
-    head_mm = 0
+    head_mm = softcap_saved = 0
     if w.amp and loss_kind == "labels" and fused is None:
         # labels= (the loss inside the model): the forward phase ends at the output head's forward hook, so its
         # high point is the head's matmul: the final norm's output (the causal LM's hidden_states, e_r) and the
@@ -866,8 +867,8 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
         # (measured on the op timeline: gemma2 V2000 h48 b2 s48 LoRA q,v bf16-amp, the forward 356,336 B high
         # before; llama V1000 h64 b2 s64 LoRA fp16-amp, 49,152 B = b*s*h*(4 + 2) short)
         head_trains = any(t.where == "head" and t.name.startswith("lm_head input") for t in terms)
-        head_mm = (b * s * cfg.hidden * (w.e_r + (0 if head_trains else w.e_m))
-                   - sum(t.bytes for t in terms if t.where == "head" and t.name.startswith("final logit soft-capping")))
+        softcap_saved = sum(t.bytes for t in terms if t.where == "head" and t.name.startswith("final logit soft-capping"))
+        head_mm = b * s * cfg.hidden * (w.e_r + (0 if head_trains else w.e_m)) - softcap_saved
     # gradient accumulation: a later micro-batch runs its forward, loss and backward with every trainable
     # .grad of the earlier ones alive (TrainingStep.run zeroes them only after optimizer.step)
     accum = grads if spec.grad_accum > 1 else 0
@@ -898,6 +899,25 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
         loss=accum + cache + a_before_loss + logits + logits_fp32_copy + ce_saved + in_model_loss
         + (fused.loss_point if fused else 0),  # (a fused loss's chunk: planner/estimate/losses.py)
         backward=[accum + activations - shifted_labels + ce_grads + (fused.backward_point if fused else 0), grads, sweep])
+    # what each phase's high point is made of (planner/estimate/categories.py), where the candidate that wins is one
+    # this file splits: the end of the forward, the loss, the cross-entropy's backward, every grad; the in-block
+    # points are the sweep's and the family's, whose split is approximate
+    fwd_end = a_before_loss + logits + fwd + head_mm
+    splits = {"loss": {"gradient": accum, "activation": activations, "exact": True}}
+    if fwd_end >= max(max(forward_mlp, mlp_cast, forward_attn, forward_norm) - head_copy, forward_ckpt):
+        splits["forward"] = {"gradient": accum, "activation": a_before_loss - softcap_saved,
+                             "exact": not spec.checkpointing,
+                             "bounds": {"activation": [0, a_before_loss - softcap_saved]}}
+    if max(step.backward) == step.backward[0]:
+        splits["backward"] = {"gradient": accum, "activation": activations - shifted_labels, "exact": True}
+    elif max(step.backward) == grads:
+        splits["backward"] = {"gradient": grads, "activation": 0, "exact": True}
+    if "backward" in splits:  # a rival within the bar (categories.py contest): the measured point may be it
+        splits["backward"] = contest(splits["backward"], step.backward, base, activations)
+    if "forward" in splits:
+        splits["forward"] = contest(splits["forward"], [fwd_end, max(forward_mlp, mlp_cast, forward_attn,
+                                                                     forward_norm) - head_copy, forward_ckpt],
+                                    base, a_before_loss)
     out_terms = [dict(vars(t)) for t in terms]
     out_terms.append(dict(vars(Term("transient: cross-entropy backward gradients", "2*b*s*V*e_ce", ce_grads,
                                     where="transient"))))
@@ -908,11 +928,13 @@ def estimate_finetune(cfg, spec, quantized: bool = False):
     notes = notes_gap + [f"fine-tuning: {len(train)} trainable tensors, {sum(n for _, n, _ in train):,} parameters"
              + (f" (LoRA r={spec.lora_r} on {len(adapted_linears(family, cfg, spec))} linears, fp32 adapters)"
                 if spec.lora_r else f" (train_layers {spec.train_layers})")]
-    return step_record(
+    est = step_record(
         step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler},
         terms=out_terms, notes=notes, backward_points=backward_points)
+    est.splits = splits  # (an attribute, not a field: a record replaced by another mode drops it)
+    return est
 
 
 def estimate_own_step(cfg, spec):

@@ -23,7 +23,7 @@ from ..losses import cuda_amp_cross_entropy, is_fused
 from .losses import HEAD_SAVES, fused_loss
 from .activations import Term, Widths
 from .record import SweepContext, TrainEstimate  # re-exported: callers import them from here
-from .categories import estimate_categories
+from .categories import contest, estimate_categories, sweep_split
 from .step import Step, record as step_record
 
 
@@ -244,7 +244,7 @@ def _grad_numels(cfg: ModelConfig) -> dict[str, int]:
 
 def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term], out: list[Term], e_p: int,
                     saved_after_loss: int, amp_weights: int, grads_exist: bool = False,
-                    numels: dict[str, int] | None = None) -> dict[str, int]:
+                    numels: dict[str, int] | None = None, tweak=None, detail: bool = False) -> dict[str, int]:
     """Live bytes (without the persistent base) at the in-block high points of the first and last block.
 
     Each block frees its saved tensors and adds its weight grads, so the total is linear in the block
@@ -254,7 +254,10 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
     counted by the caller); new grads are then only transients added in place, so the grads "made so
     far" by the sweep are not counted again.
     numels: parameter counts by role that get grads (_grad_numels' keys), for a fine-tuning step whose
-    frozen weights make none (planner/estimate/finetune.py); default: every parameter trains."""
+    frozen weights make none (planner/estimate/finetune.py); default: every parameter trains.
+    tweak / detail (planner/estimate/categories.py sweep_split): the context handed to the family's points passed
+    through `tweak` first, and each point as (the other blocks' saved bytes, the grads made before the block,
+    the family's value) instead of their sum."""
     family = family_of(cfg)
     b, s, L, h = spec.batch_size, spec.seq_len, cfg.layers, cfg.hidden
     bsh = b * s * h
@@ -295,6 +298,15 @@ def _backward_sweep(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term
                        mlp_in_weight=n["mlp_in_weight"], attn_in_n=n["attn_in"],
                        rope_bytes=sum(t.bytes for t in out if t.part == "shared"), block_terms=tuple(blk))
     grads_first = tied_pending if grads_exist else (n["head"] + (L - 1) * n["block"]) * e_p
+    if tweak is not None:
+        ctx = tweak(ctx)
+    if detail:
+        out_ = {"final norm": (0, 0, family.head_point(cfg, spec, w, ctx))}
+        for name, value in family.block_points(cfg, spec, w, ctx).items():
+            out_[f"last block {name}"] = (others_last, grads_last, value)
+        for name, value in family.block_points(cfg, spec, w, dataclasses.replace(ctx, first=True)).items():
+            out_[f"first block {name}"] = (others_first, grads_first, value)
+        return out_
     out_ = {"final norm": family.head_point(cfg, spec, w, ctx)}
     for name, value in family.block_points(cfg, spec, w, ctx).items():
         out_[f"last block {name}"] = others_last + grads_last + value
@@ -366,10 +378,7 @@ def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[s
     No checkpointing, fp16-AMP, fine-tuning and the families without the offloaded points: {} (the end of the
     forward only)."""
     family = family_of(cfg)
-    if ((spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full") or spec.finetuning
-            or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
-            or family.offload_copies(cfg, spec, w) is None
-            or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec))):
+    if not forward_points_modelled(cfg, spec, w):
         return {}
     from .offload_act import forward_alive
 
@@ -391,6 +400,37 @@ def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[s
     return {f"last block {name}": over + v for name, v in {"mlp": mlp_point, **points}.items()}
 
 
+def forward_points_modelled(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> bool:
+    """Whether forward_block_points models this step's in-block forward points (else the forward is its end only)."""
+    family = family_of(cfg)
+    return not ((spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full") or spec.finetuning
+                or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
+                or family.offload_copies(cfg, spec, w) is None
+                or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec)))
+
+
+def forward_point_activation(cfg: ModelConfig, spec: TrainSpec, w: Widths, name: str, blk: list[Term]) -> int:
+    """The saved bytes alive at one of forward_block_points' high points (planner/estimate/categories.py)."""
+    family = family_of(cfg)
+    L = cfg.layers
+    if not spec.checkpointing:
+        return (L - 1) * sum(t.bytes for t in blk) + family.plain_attention_saved(cfg, spec, w, blk)
+    # under full checkpointing: every block's input (the stash: the L - 2 before and the two the points count) and
+    # what every checkpointed block is given (forward_alive's held: RoPE's cos and sin, position_ids, masks)
+    from .offload_act import forward_alive
+
+    return L * spec.batch_size * spec.seq_len * cfg.hidden * w.e_r + forward_alive(cfg, spec, w)[1]
+
+
+def tied_head_bytes(cfg: ModelConfig, spec: TrainSpec) -> int:
+    """A tied head's weight grad, held by the engine apart from .grad until the embedding's backward (the sweep's
+    grads_last counts it; _backward_sweep's tied_pending): not a .grad yet, so a temporary by the measurement."""
+    if not family_of(cfg).tied(cfg):
+        return 0
+    return sum(t.numel for t in tensor_inventory(cfg) if t.kind == "param" and t.role == "embed") \
+        * DTYPE_BYTES[spec.param_dtype]
+
+
 def later_sweep_points(cfg: ModelConfig, spec: TrainSpec) -> dict[str, int]:
     """The backward sweep's points in a later micro-batch of gradient accumulation (every .grad alive already, not
     counted here: the caller adds them), for full training with this spec (planner/estimate/ckpt_policy.py builds
@@ -410,19 +450,20 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
     if getattr(spec, "offload_optimizer", False):  # the optimizer on the host: planner/estimate/offload.py
         from .offload import estimate_offload_optimizer
 
-        return estimate_offload_optimizer(cfg, spec, estimate_training)
+        return _recategorised(estimate_offload_optimizer(cfg, spec, estimate_training), spec)
     if getattr(spec, "offload_activations", False):  # saved tensors on the host: planner/estimate/offload_act.py
         from .offload_act import estimate_offload_activations
 
-        return estimate_offload_activations(cfg, spec, estimate_training, _backward_sweep, autocast_weight_bytes,
-                                            autocast_bias_bytes, later_sweep_points)
+        return _recategorised(estimate_offload_activations(cfg, spec, estimate_training, _backward_sweep,
+                                                           autocast_weight_bytes, autocast_bias_bytes,
+                                                           later_sweep_points), spec)
     policy = getattr(spec, "checkpoint_policy", "full")
     if spec.checkpointing and policy != "full" and not spec.finetuning:  # every:K, selective: ckpt_policy.py
         # (with fine-tuning: planner/estimate/finetune.py, the policy's kept tensors in the fine-tuning step)
         from .ckpt_policy import estimate_policy
 
-        return estimate_policy(cfg, spec, functools.partial(estimate_training, forward_points=False), _grad_numels,
-                               autocast_weight_bytes, later_sweep_points)
+        return _recategorised(estimate_policy(cfg, spec, functools.partial(estimate_training, forward_points=False),
+                                              _grad_numels, autocast_weight_bytes, later_sweep_points), spec)
     if spec.finetuning:  # a trainable subset or LoRA (planner/estimate/finetune.py; a family walking its own
         # block, the book's GPT-2: its planner/arch file's finetune_step) or on a quantized base (QLoRA: quantized.py)
         from .finetune import estimate_finetune, trainable_params
@@ -521,6 +562,40 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
                   tied_embedding_accumulation(cfg, spec)],
         every_phase=dev_lines["allocator_rounding"] + CUBLAS_WORKSPACE_BYTES if dev_lines else 0)
 
+    # What each phase's high point is made of (planner/estimate/categories.py): the candidate that wins, split
+    fwd_end = a_before_loss + logits + fwd_bytes - after_head
+    stash = activations - ce_saved - after_head  # what the forward has saved by its end
+    # (exact where the forward's in-block points are modelled: elsewhere one of them may be the measured high point)
+    fwd_split = {"gradient": accum_grads, "activation": stash,
+                 "exact": not spec.checkpointing and forward_points and forward_points_modelled(cfg, spec, w),
+                 "bounds": {"activation": [0, stash]}}
+    if in_block and max(in_block.values()) > fwd_end:
+        at = forward_point_activation(cfg, spec, w, max(in_block, key=in_block.get), blk)
+        fwd_split = {"gradient": accum_grads, "activation": at, "exact": False,
+                     "bounds": {"activation": [min(at, stash), max(at, stash)]}}
+    ce_candidate = accum_grads + activations - shifted_labels + ce_grads + fused_bwd_point
+    bwd = max(step.backward)
+    if bwd == ce_candidate:
+        bwd_split = {"gradient": accum_grads, "activation": activations - shifted_labels, "exact": True}
+    elif bwd == max(backward_points.values()):
+        bwd_split = sweep_split(lambda tweak: _backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved,
+                                                              amp_weights, tweak=tweak, detail=True),
+                                max(backward_points, key=backward_points.get), e_p, False, spec.checkpointing,
+                                b * s * cfg.hidden * w.e_r, tied_head_bytes(cfg, spec))
+    elif bwd != sweep:  # every grad (or, tied, the embedding's accumulation: two V*h transients beside them)
+        bwd_split = {"gradient": grads, "activation": 0, "exact": True}
+    else:  # a later micro-batch's sweep point over every existing grad
+        later = _backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved, amp_weights, grads_exist=True)
+        part = sweep_split(lambda tweak: _backward_sweep(cfg, spec, w, blk, out, e_p, activations - ce_saved,
+                                                         amp_weights, grads_exist=True, tweak=tweak, detail=True),
+                           max(later, key=later.get), e_p, True, spec.checkpointing, b * s * cfg.hidden * w.e_r)
+        bwd_split = {**part, "gradient": accum_grads + part["gradient"]}
+    # a rival within the estimate's bar may be the measured high point: the split is then approximate
+    most = activations + (sum(t.bytes for t in blk) if spec.checkpointing else 0)  # (a recompute's set besides)
+    splits = {"forward": contest(fwd_split, [fwd_end, *in_block.values()], base, stash),
+              "loss": {"gradient": accum_grads, "activation": activations, "exact": True},
+              "backward": contest(bwd_split, step.backward, base, most)}
+
     terms = blk + out + fwd
     notes = []
     if fused is not None:
@@ -553,6 +628,13 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
                     "optimizer_temporaries": opt_tmp, "gradscaler": scaler, **dev_lines, **bnb_lines},
         terms=terms, notes=notes, backward_points=backward_points)
+    est.categories = estimate_categories(est, spec, splits)
+    return est
+
+
+def _recategorised(est: TrainEstimate, spec: TrainSpec) -> TrainEstimate:
+    """A mode built on another step's record (offloading, checkpoint policies): its categories from its own phases
+    (planner/estimate/categories.py; the forward, loss and backward split as bounds)."""
     est.categories = estimate_categories(est, spec)
     return est
 
