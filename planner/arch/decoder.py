@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from ..validation import ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
 from . import parts
+from .memo import params_of
 from .base import HFCausalLM, linear
 from .terms import TensorSpec, Term
 
@@ -255,7 +256,7 @@ class RMSDecoder(HFCausalLM):
         from .saved import block_host
 
         b, s, h, L = spec.batch_size, spec.seq_len, c.hidden_size, c.num_hidden_layers
-        params = [t for t in self.inventory(c) if t.kind == "param"]
+        params = params_of(self, c)
 
         def role_trains(role: str) -> bool:
             return any(trains is None or t.name in trains for t in params if t.role == role)

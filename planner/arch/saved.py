@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from ..validation import ACTIVATION_SAVED
 from . import parts
+from .memo import config_key
 from .terms import Term
 
 
@@ -127,7 +128,7 @@ def block_params(family, cfg, i: int) -> list:
     """Block i's parameters (TensorSpecs, registration order), memoised per config as planner/accounting.py
     per_config memoises the inventory (the key is the config's repr, which lists every field): the app
     re-estimates on every slider move and a fit bisects, and the walk runs once per block."""
-    key = (family.arch, repr(cfg))
+    key = (family.arch, config_key(cfg))
     blocks = _BLOCK_PARAMS.get(key)
     if blocks is None:
         if len(_BLOCK_PARAMS) > 4096:

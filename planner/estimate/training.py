@@ -547,7 +547,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
     if spec.checkpointing:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
-    bnb_lines = bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
+    bnb_lines = (bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
+                 if bnb_optim.is_bnb(spec.optimizer) else {})  # (the same answer: {} and no note; the list only for bnb)
     est = step_record(
         step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
