@@ -74,11 +74,22 @@ def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
     return out
 
 
-def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
+def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict,
+                memo: dict | None = None) -> tuple[list[Term], bool, bool]:
     """Block i's saved tensors (no checkpointing), given whether its input needs grad: the family's walk
     (planner/arch/decoder.py RMSDecoder.saved); returns them, whether its output needs grad, and whether
-    RoPE's cos/sin are saved in it."""
-    return family_of(cfg).saved(cfg, spec, w, i, g, trains, adapted)
+    RoPE's cos/sin are saved in it. memo: one estimate's walks by block signature (planner/arch/saved.py
+    block_signature: blocks that walk alike are walked once)."""
+    family = family_of(cfg)
+    if memo is None:
+        return family.saved(cfg, spec, w, i, g, trains, adapted)
+    from ..arch.saved import block_signature
+
+    key = (g, block_signature(family, cfg, i, trains, adapted))
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = family.saved(cfg, spec, w, i, g, trains, adapted)
+    return list(got[0]), got[1], got[2]
 
 
 def finetune_activations(cfg, spec, w, quantized: bool = False) -> tuple[list[Term], int, list[list[Term]]]:
@@ -113,13 +124,14 @@ def finetune_activations(cfg, spec, w, quantized: bool = False) -> tuple[list[Te
                               b * s * s * w.e_r, where="kept"))
         g = True
         # backward recomputes each block with its input needing grad: this is what it saves again
-        per_block = [block_saved(cfg, spec, w, i, True, trains, adapted)[0] for i in range(L)]
+        walks: dict = {}
+        per_block = [block_saved(cfg, spec, w, i, True, trains, adapted, walks)[0] for i in range(L)]
         terms += policy_terms(cfg, spec, w, per_block, ckpt, quantized)
     else:
         g = any(t.name in trains for t in inv if t.role == "embed")
-        rope_saved = False
+        rope_saved, walks = False, {}
         for i in range(L):
-            blk, g_out, rope = block_saved(cfg, spec, w, i, g, trains, adapted)
+            blk, g_out, rope = block_saved(cfg, spec, w, i, g, trains, adapted, walks)
             terms += blk
             per_block.append(blk if g_out else [])
             g = g_out
@@ -305,9 +317,12 @@ def _numels_by_block(cfg, spec, train: list[tuple[str, int, int]]) -> tuple[list
             where[f"{lin.module}.{ab}"] = (lin.block, lin.role, False)
     units = [(where[n], numel * eb // e_p) for n, numel, eb in train]
     head = sum(k for (blk, role, _), k in units if role in ("head", "norm.final"))
+    by_block: dict = {}  # (one pass over the units, each block's in their order)
+    for (b_, role, bias), k in units:
+        by_block.setdefault(b_, []).append((role, k, bias))
     out = []
     for i in range(cfg.layers):
-        blk = [(role, k, bias) for (b_, role, bias), k in units if b_ == i]
+        blk = by_block.get(i, [])
         mlp = [(r, k, bias) for r, k, bias in blk if r in ("mlp.in", "mlp.out")]
         out.append({"block": sum(k for _, k, _ in blk), "mlp": sum(k for _, k, _ in mlp),
                     "down": sum(k for r, k, _ in blk if r == "mlp.out"),
@@ -490,6 +505,9 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     out = [t for t in terms if not t.per_layer and t.where != "loss"]
     embed_bytes = sum(t.bytes for t in out if t.where in ("embed", "kept"))
     saved_blocks = [sum(t.bytes for t in blk) for blk in per_block]
+    below = [0]  # below[i]: sum(saved_blocks[:i])
+    for v in saved_blocks:
+        below.append(below[-1] + v)
     stash = family.stash_extra(cfg, spec, w) if spec.checkpointing else 0
     points = {}
     grads = 0 if grads_exist else head_n * e_p
@@ -506,7 +524,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
             others = embed_bytes + sum(kept[:i])
             others -= family.first_block_released(cfg, spec, w) if i == 0 else 0  # (Gemma 2's full mask)
         else:
-            others = embed_bytes + sum(saved_blocks[:i])
+            others = embed_bytes + below[i]
         ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
                            pending=n["mlp_weight"] * e_p if grads_exist else 0,
                            current=saved_blocks[i] + (stash + selective_tail(cfg, spec, w, blk, quantized) if recomputed else 0),
