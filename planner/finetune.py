@@ -119,9 +119,14 @@ def linears(inventory) -> list[Linear]:
 def quantized_linears(cfg):
     """The linears bitsandbytes replaces: all but the output head (transformers' get_keys_to_not_convert
     keeps the output embedding, and a tied head is the input embedding)."""
+    return list(_quantized_linears(cfg))
+
+
+def _quantized(cfg) -> tuple[Linear, ...]:
+    """quantized_linears' walk, once per config (a QLoRA estimate asks three times)."""
     from .accounting import tensor_inventory
 
-    return [lin for lin in linears(tensor_inventory(cfg)) if lin.role != "head"]
+    return tuple(lin for lin in linears(tensor_inventory(cfg)) if lin.role != "head")
 
 
 def linear_names(inventory) -> list[str]:
@@ -181,6 +186,7 @@ def _memo(fn):
 
 
 _adapted_linears = _memo(_adapted)
+_quantized_linears = _memo(_quantized)
 
 
 def trainable_names(family, cfg, spec) -> set[str] | None:

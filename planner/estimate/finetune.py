@@ -9,7 +9,7 @@ Measured against transformers' models with peft 0.21 on the CPU (tests/test_fine
 """
 from __future__ import annotations
 
-from ..accounting import DTYPE_BYTES, buffer_bytes, tensor_inventory
+from ..accounting import DTYPE_BYTES, buffer_bytes, per_config, tensor_inventory
 from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ConfigError
@@ -305,13 +305,19 @@ def optimizer_terms(params: list[tuple[str, int, int]], spec) -> tuple[int, int]
     return 0, 0
 
 
+@per_config
+def _param_where(cfg) -> dict[str, tuple]:
+    """Each parameter's (block, role, is_bias) by name, once per config (_numels_by_block copies it)."""
+    return {t.name: (t.block, t.role, t.is_bias) for t in tensor_inventory(cfg) if t.kind == "param"}
+
+
 def _numels_by_block(cfg, spec, train: list[tuple[str, int, int]]) -> tuple[list[dict[str, int]], int]:
     """The backward sweep's parameter counts by role (planner/estimate/training.py _grad_numels' keys) of
     what trains, per block, in units of the base weights' bytes (an fp32 adapter on a bf16 base counts
     twice), and the head's (output projection and final norm)."""
     family = family_of(cfg)
     e_p = DTYPE_BYTES[spec.param_dtype]
-    where = {t.name: (t.block, t.role, t.is_bias) for t in tensor_inventory(cfg) if t.kind == "param"}
+    where = dict(_param_where(cfg))
     for lin in adapted_linears(family, cfg, spec):
         for ab in ("lora_A", "lora_B"):
             where[f"{lin.module}.{ab}"] = (lin.block, lin.role, False)

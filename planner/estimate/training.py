@@ -159,17 +159,8 @@ def finetune_rounding_bytes(cfg: ModelConfig, spec: TrainSpec, train: list[tuple
     statistics are small tensors left out, as the activations are), and a grad and the optimizer's states only
     for `train` (planner/estimate/finetune.py trainable_params: (name, numel, bytes per element), the LoRA
     adapters included), and the two int64 index tensors."""
-    from ..bnb import quantized_linear_bytes
-    from ..finetune import quantized_linears
-
-    e_p = DTYPE_BYTES[spec.param_dtype]
-    quantized = ({f"{lin.module}.weight": lin for lin in quantized_linears(cfg)}
-                 if getattr(spec, "quantize_base", "none") != "none" else {})
-    extra = 0
-    for t in tensor_inventory(cfg):
-        lin = quantized.get(t.name)
-        extra += _rounded(quantized_linear_bytes(lin.n_out, lin.n_in, spec) if lin else
-                          t.numel * (DTYPE_BYTES[t.dtype] if t.dtype else e_p))
+    extra = _base_rounding_bytes(cfg, spec.param_dtype, getattr(spec, "quantize_base", "none"),
+                                 getattr(spec, "double_quant", False))
     copies = 1 + {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(spec.optimizer, 0)  # the grad and the states
     for _, n, eb in train:
         extra += copies * _rounded(n * eb)
@@ -179,6 +170,26 @@ def finetune_rounding_bytes(cfg: ModelConfig, spec: TrainSpec, train: list[tuple
         extra += bnb_optim.cuda_rounding_bytes(spec.optimizer, [n for _, n, _ in train])
     nbytes = 8 * spec.batch_size * spec.seq_len  # the two int64 index tensors
     return extra + 2 * _rounded(nbytes)
+
+
+@per_config
+def _base_rounding_bytes(cfg: ModelConfig, param_dtype: str, quantize_base: str, double_quant: bool) -> int:
+    """finetune_rounding_bytes' part over the base's weights and buffers (the spec fields it reads: the
+    parameters' dtype, and bnb.quantized_linear_bytes' quantize_base and double_quant), once per config."""
+    from types import SimpleNamespace
+
+    from ..bnb import quantized_linear_bytes
+    from ..finetune import quantized_linears
+
+    e_p = DTYPE_BYTES[param_dtype]
+    qspec = SimpleNamespace(quantize_base=quantize_base, double_quant=double_quant)
+    quantized = {f"{lin.module}.weight": lin for lin in quantized_linears(cfg)} if quantize_base != "none" else {}
+    extra = 0
+    for t in tensor_inventory(cfg):
+        lin = quantized.get(t.name)
+        extra += _rounded(quantized_linear_bytes(lin.n_out, lin.n_in, qspec) if lin else
+                          t.numel * (DTYPE_BYTES[t.dtype] if t.dtype else e_p))
+    return extra
 
 
 def cuda_lines(rounding: int) -> dict[str, int]:
