@@ -166,6 +166,21 @@ def adapted_linears(family, cfg, spec) -> list[Linear]:
     return list(_adapted_linears(cfg, spec.lora_targets))
 
 
+def adapted_in_block(family, cfg, spec, i) -> list[Linear]:
+    """adapted_linears' of block i (None: outside the blocks), in their order."""
+    if not spec.lora_r:
+        return []
+    return list(_adapted_by_block(cfg, spec.lora_targets).get(i, ()))
+
+
+def _by_block(cfg, lora_targets: str) -> dict:
+    """_adapted's linears grouped by block, once per config and targets (a sweep asks per block)."""
+    out: dict = {}
+    for lin in _adapted_linears(cfg, lora_targets):
+        out.setdefault(lin.block, []).append(lin)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _adapted(cfg, lora_targets: str) -> tuple[Linear, ...]:
     """adapted_linears' walk, once per config and targets (the backward sweep asks once per block, and the
     app's longest-context search re-estimates: llama-3-8b's 32 blocks took ~0.4 s uncached)."""
@@ -187,6 +202,7 @@ def _memo(fn):
 
 _adapted_linears = _memo(_adapted)
 _quantized_linears = _memo(_quantized)
+_adapted_by_block = _memo(_by_block)
 
 
 def trainable_names(family, cfg, spec) -> set[str] | None:

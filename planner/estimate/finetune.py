@@ -14,7 +14,7 @@ from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ConfigError
 from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved, with_adapters
-from ..finetune import adapted_linears, quantized_linears, trainable_names
+from ..finetune import adapted_in_block, adapted_linears, quantized_linears, trainable_names
 from .activations import Term, Widths
 from .record import SweepContext
 from .step import Step, record as step_record
@@ -358,7 +358,7 @@ def recompute_alive(cfg, spec, w, i: int, blk: list[Term]) -> list[Term]:
     family = family_of(cfg)
     b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
     bsh = b * s * h
-    down = any(lin.role == "mlp.out" and lin.block == i for lin in adapted_linears(family, cfg, spec))
+    down = any(lin.role == "mlp.out" for lin in adapted_in_block(family, cfg, spec, i))
     terms = [Term("block output's grad", "b*s*h*e_r", bsh * w.e_r, True, "recompute")]
     if down:
         terms.append(Term("down_proj adapter: grad * scaling (fp32)", "b*s*h*4", bsh * ADAPTER_BYTES, True,
@@ -393,7 +393,7 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
         return {}
     b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
     bsh, bsf = b * s * cfg.hidden, b * s * f
-    adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
+    adapted = adapted_in_block(family, cfg, spec, i)
     if w.amp:
         return _recompute_points_amp(cfg, spec, w, i, blk, below, adapted)
     if not any(lin.role.startswith("mlp") for lin in adapted):
@@ -520,6 +520,9 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
     if spec.checkpointing:
         kept = policy_kept(cfg, spec, w, per_block, quantized)  # full: b*s*h*e_r a block
+        kept_below = [0]  # kept_below[i]: sum(kept[:i])
+        for v in kept:
+            kept_below.append(kept_below[-1] + v)
         ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
     for i in range(L - 1, first_reached - 1, -1):
         blk, n = per_block[i], numels[i]
@@ -527,7 +530,7 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
         if spec.checkpointing:
             # the blocks below hold what they keep (a selective block's cached outputs are the recompute's own
             # tensors while it runs: not counted twice)
-            others = embed_bytes + sum(kept[:i])
+            others = embed_bytes + kept_below[i]
             others -= family.first_block_released(cfg, spec, w) if i == 0 else 0  # (Gemma 2's full mask)
         else:
             others = embed_bytes + below[i]
@@ -630,7 +633,7 @@ def _attn_in_frozen_input(cfg, spec, w, i: int, blk: list[Term], ctx) -> int:
     more: 3*b*s*h*e_m + b*s*a*d*e_m, less q's lora_A output grad)."""
     family = family_of(cfg)
     b, s = spec.batch_size, spec.seq_len
-    projs = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i and lin.role == "attn.in"]
+    projs = [lin for lin in adapted_in_block(family, cfg, spec, i) if lin.role == "attn.in"]
     others = tuple(f"{lin.short} " for lin in projs[1:])
     first_saved = sum(t.bytes for t in blk if t.part == "attn.in" and not t.name.startswith(others)
                       and not t.name.endswith("lora_A output"))
