@@ -9,6 +9,8 @@ Measured against transformers' models with peft 0.21 on the CPU (tests/test_fine
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from ..accounting import DTYPE_BYTES, buffer_bytes, per_config, tensor_inventory
 from ..arch import family_of
 from ..arch.base import resolved_loss
@@ -171,14 +173,27 @@ def policy_ops(cfg, spec, w, quantized: bool = False) -> list | None:
     if ops is None:
         return None
     if quantized or getattr(spec, "quantize_base", "none") != "none":
-        base = {lin.module.rsplit(".", 1)[1] for lin in quantized_linears(cfg) if lin.block is not None}
+        base = _quantized_block_names(cfg)
         ops = [(label, "gemm_4bit", nbytes, flops) if label in base and kind in ("mm", "addmm") else
                (label, kind, nbytes, flops) for label, kind, nbytes, flops in ops]
-    first = min((lin.block for lin in adapted_linears(family, cfg, spec) if lin.block is not None), default=None)
-    adapters = {lin.module.rsplit(".", 1)[1]: (lin.n_in, lin.n_out)
-                for lin in adapted_linears(family, cfg, spec) if lin.block == first}
+    adapters = dict(_first_block_adapters(cfg, bool(spec.lora_r), spec.lora_targets))
     return with_adapters(ops, adapters, spec.batch_size * spec.seq_len, spec.lora_r,
                          w.e_m if w.amp else ADAPTER_BYTES)
+
+
+@per_config
+def _quantized_block_names(cfg) -> frozenset:
+    """policy_ops' short names of the quantized linears in the blocks, once per config."""
+    return frozenset(lin.module.rsplit(".", 1)[1] for lin in quantized_linears(cfg) if lin.block is not None)
+
+
+@per_config
+def _first_block_adapters(cfg, lora: bool, lora_targets: str) -> dict:
+    """policy_ops' adapters: the first adapted block's LoRA linears by short name, (n_in, n_out), once per config and
+    targets (lora False: none, as adapted_linears without LoRA). The caller copies the dict."""
+    adapted = adapted_linears(None, cfg, SimpleNamespace(lora_r=int(lora), lora_targets=lora_targets))
+    first = min((lin.block for lin in adapted if lin.block is not None), default=None)
+    return {lin.module.rsplit(".", 1)[1]: (lin.n_in, lin.n_out) for lin in adapted if lin.block == first}
 
 
 def policy_kept(cfg, spec, w, per_block: list[list[Term]], quantized: bool = False) -> list[int]:
