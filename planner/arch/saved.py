@@ -143,10 +143,10 @@ def block_params(family, cfg, i: int) -> list:
 
 def block_signature(family, cfg, i: int, trains: set | None, adapted: dict) -> tuple:
     """All that block i's walk (walk_block) reads of i: its parameters (block_params: every field but the block,
-    the names less the block's index, and whether each trains) and each Linear's LoRA adapter (adapted, less its module path and
-    block). Two blocks with one signature walk alike (the same terms, host copies and needs-grad answers), given
-    the same config, spec, widths and input: a fine-tuning estimate walks the distinct blocks only (llama-3-8b
-    LoRA all-linear: 2 walks of 32)."""
+    the names less the block's index, and whether each trains) and each Linear's LoRA adapter (adapted, less its
+    module path and block). Two blocks with one signature walk alike (the same terms, host copies and needs-grad
+    answers), given the same config, spec, widths and input: a fine-tuning estimate walks the distinct blocks only
+    (llama-3-8b LoRA all-linear: 2 walks of 32, the first block's input needing no grad)."""
     mark = f".{i}."
     sig = []
     for t in block_params(family, cfg, i):
