@@ -10,18 +10,19 @@ from __future__ import annotations
 import functools
 
 from .arch import family_of
+from .arch.memo import config_key
 from .arch.terms import DTYPE_BYTES, TensorSpec  # re-exported: bytes per dtype and the inventory's row type
 
 
 def per_config(fn):
     """Memoise a pure function of a config (and hashable run settings): the app re-estimates on every
     slider move and a fit bisects, so the inventory walk (~16 tensors per layer) is done once per config.
-    The key is the config's repr, which lists every field (dict fields included)."""
+    The key is the config's repr (config_key), which lists every field (dict fields included)."""
     cache: dict = {}
 
     @functools.wraps(fn)
     def wrapper(cfg, *args, **kwargs):
-        key = (repr(cfg), args, tuple(sorted(kwargs.items())))
+        key = (config_key(cfg), args, tuple(sorted(kwargs.items())) if kwargs else ())
         if key not in cache:
             if len(cache) > 4096:
                 cache.clear()

@@ -119,9 +119,14 @@ def linears(inventory) -> list[Linear]:
 def quantized_linears(cfg):
     """The linears bitsandbytes replaces: all but the output head (transformers' get_keys_to_not_convert
     keeps the output embedding, and a tied head is the input embedding)."""
+    return list(_quantized_linears(cfg))
+
+
+def _quantized(cfg) -> tuple[Linear, ...]:
+    """quantized_linears' walk, once per config (a QLoRA estimate asks three times)."""
     from .accounting import tensor_inventory
 
-    return [lin for lin in linears(tensor_inventory(cfg)) if lin.role != "head"]
+    return tuple(lin for lin in linears(tensor_inventory(cfg)) if lin.role != "head")
 
 
 def linear_names(inventory) -> list[str]:
@@ -161,6 +166,21 @@ def adapted_linears(family, cfg, spec) -> list[Linear]:
     return list(_adapted_linears(cfg, spec.lora_targets))
 
 
+def adapted_in_block(family, cfg, spec, i) -> list[Linear]:
+    """adapted_linears' of block i (None: outside the blocks), in their order."""
+    if not spec.lora_r:
+        return []
+    return list(_adapted_by_block(cfg, spec.lora_targets).get(i, ()))
+
+
+def _by_block(cfg, lora_targets: str) -> dict:
+    """_adapted's linears grouped by block, once per config and targets (a sweep asks per block)."""
+    out: dict = {}
+    for lin in _adapted_linears(cfg, lora_targets):
+        out.setdefault(lin.block, []).append(lin)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _adapted(cfg, lora_targets: str) -> tuple[Linear, ...]:
     """adapted_linears' walk, once per config and targets (the backward sweep asks once per block, and the
     app's longest-context search re-estimates: llama-3-8b's 32 blocks took ~0.4 s uncached)."""
@@ -181,6 +201,8 @@ def _memo(fn):
 
 
 _adapted_linears = _memo(_adapted)
+_quantized_linears = _memo(_quantized)
+_adapted_by_block = _memo(_by_block)
 
 
 def trainable_names(family, cfg, spec) -> set[str] | None:

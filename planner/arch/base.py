@@ -358,7 +358,8 @@ class Family:
         """--offload-activations (planner/estimate/offload_act.py): every tensor autograd saves in one forward and
         loss, as Terms of the bytes torch.autograd.graph.save_on_cpu's pack hook copies to the host: one copy per
         saved variable (a tensor two nodes save is copied twice; a matmul's weight counts), the view's own numel.
-        None: not modelled for this family."""
+        None: not modelled for this family; whether it is None depends on the config and the device alone
+        (planner/estimate/training.py memoises it so)."""
         return None
 
     def head_point(self, cfg, spec, w, ctx) -> int:

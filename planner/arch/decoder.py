@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from ..validation import ConfigError, _check_optional, _check_positive, check_activation, check_attention_kind
 from . import parts
+from .memo import params_of
 from .base import HFCausalLM, linear
 from .terms import TensorSpec, Term
 
@@ -256,10 +257,20 @@ class RMSDecoder(HFCausalLM):
         under checkpointing each block's input, every block's (enable_input_require_grads makes every block's
         input need grad, so every checkpoint records it; its own saves go to checkpoint's hooks). quantized: QLoRA,
         walked on its fp32 twin (planner/arch/saved.py BlockWalk)."""
-        from .saved import block_host
+        from .saved import block_host, block_signature
+
+        walks: dict = {}
+
+        def host(sp, i, g_in):
+            # blocks that walk alike (block_signature) are walked once: the same host copies and needs-grad answer
+            key = (sp is spec, g_in, block_signature(self, c, i, trains, adapted))
+            got = walks.get(key)
+            if got is None:
+                got = walks[key] = block_host(self, c, sp, w, i, g_in, trains, adapted, quantized)
+            return got
 
         b, s, h, L = spec.batch_size, spec.seq_len, c.hidden_size, c.num_hidden_layers
-        params = [t for t in self.inventory(c) if t.kind == "param"]
+        params = params_of(self, c)
 
         def role_trains(role: str) -> bool:
             return any(trains is None or t.name in trains for t in params if t.role == role)
@@ -279,7 +290,7 @@ class RMSDecoder(HFCausalLM):
             blk = []
             for i in range(L):
                 got = ([parts.offload_checkpointed_input(b, s, h, w)] if i in ckpt
-                       else block_host(self, c, none, w, i, True, trains, adapted, quantized)[0])
+                       else host(none, i, True)[0])
                 blk += [dataclasses.replace(t, name=f"{t.name} (block {i})", per_layer=False) for t in got]
         elif spec.checkpointing:
             blk = [parts.offload_checkpointed_input(b, s, h, w)]
@@ -291,7 +302,7 @@ class RMSDecoder(HFCausalLM):
         else:
             blk = []
             for i in range(L):
-                got, g = block_host(self, c, spec, w, i, g, trains, adapted, quantized)
+                got, g = host(spec, i, g)
                 blk += [dataclasses.replace(t, name=f"{t.name} (block {i})", per_layer=False) for t in got]
         return blk + self.offload_outside(c, spec, w, role_trains("embed"), g, role_trains("norm.final"),
                                           role_trains("head") or (self.tied(c) and role_trains("embed")))

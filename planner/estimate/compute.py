@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..accounting import per_config, tensor_inventory
+from ..arch.memo import config_key
 from ..arch import family_of
 from ..finetune import adapted_linears, linears, trainable_names
 
@@ -371,7 +372,7 @@ def price(cfg, spec, gpu, world: int = 1) -> dict:
     from ..gpus import gpu as lookup, peak_flops
 
     g = lookup(gpu) if isinstance(gpu, str) else gpu
-    key = (repr(cfg), spec, g.name, world)
+    key = (config_key(cfg), spec, g.name, world)
     hit = _PRICE_CACHE.get(key)
     if hit is not None:
         return hit

@@ -9,12 +9,14 @@ Measured against transformers' models with peft 0.21 on the CPU (tests/test_fine
 """
 from __future__ import annotations
 
-from ..accounting import DTYPE_BYTES, buffer_bytes, tensor_inventory
+from types import SimpleNamespace
+
+from ..accounting import DTYPE_BYTES, buffer_bytes, per_config, tensor_inventory
 from ..arch import family_of
 from ..arch.base import resolved_loss
 from ..config import ConfigError
 from ..checkpointing import checkpointed_blocks, saved_ops, selective_saved, with_adapters
-from ..finetune import adapted_linears, quantized_linears, trainable_names
+from ..finetune import adapted_in_block, adapted_linears, quantized_linears, trainable_names
 from .activations import Term, Widths
 from .categories import contest
 from .record import SweepContext
@@ -75,11 +77,22 @@ def trainable_params(cfg, spec) -> list[tuple[str, int, int]]:
     return out
 
 
-def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict) -> tuple[list[Term], bool, bool]:
+def block_saved(cfg, spec, w, i: int, g: bool, trains: set, adapted: dict,
+                memo: dict | None = None) -> tuple[list[Term], bool, bool]:
     """Block i's saved tensors (no checkpointing), given whether its input needs grad: the family's walk
     (planner/arch/decoder.py RMSDecoder.saved); returns them, whether its output needs grad, and whether
-    RoPE's cos/sin are saved in it."""
-    return family_of(cfg).saved(cfg, spec, w, i, g, trains, adapted)
+    RoPE's cos/sin are saved in it. memo: one estimate's walks by block signature (planner/arch/saved.py
+    block_signature: blocks that walk alike are walked once)."""
+    family = family_of(cfg)
+    if memo is None:
+        return family.saved(cfg, spec, w, i, g, trains, adapted)
+    from ..arch.saved import block_signature
+
+    key = (g, block_signature(family, cfg, i, trains, adapted))
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = family.saved(cfg, spec, w, i, g, trains, adapted)
+    return list(got[0]), got[1], got[2]
 
 
 def finetune_activations(cfg, spec, w, quantized: bool = False) -> tuple[list[Term], int, list[list[Term]]]:
@@ -114,13 +127,14 @@ def finetune_activations(cfg, spec, w, quantized: bool = False) -> tuple[list[Te
                               b * s * s * w.e_r, where="kept"))
         g = True
         # backward recomputes each block with its input needing grad: this is what it saves again
-        per_block = [block_saved(cfg, spec, w, i, True, trains, adapted)[0] for i in range(L)]
+        walks: dict = {}
+        per_block = [block_saved(cfg, spec, w, i, True, trains, adapted, walks)[0] for i in range(L)]
         terms += policy_terms(cfg, spec, w, per_block, ckpt, quantized)
     else:
         g = any(t.name in trains for t in inv if t.role == "embed")
-        rope_saved = False
+        rope_saved, walks = False, {}
         for i in range(L):
-            blk, g_out, rope = block_saved(cfg, spec, w, i, g, trains, adapted)
+            blk, g_out, rope = block_saved(cfg, spec, w, i, g, trains, adapted, walks)
             terms += blk
             per_block.append(blk if g_out else [])
             g = g_out
@@ -160,14 +174,27 @@ def policy_ops(cfg, spec, w, quantized: bool = False) -> list | None:
     if ops is None:
         return None
     if quantized or getattr(spec, "quantize_base", "none") != "none":
-        base = {lin.module.rsplit(".", 1)[1] for lin in quantized_linears(cfg) if lin.block is not None}
+        base = _quantized_block_names(cfg)
         ops = [(label, "gemm_4bit", nbytes, flops) if label in base and kind in ("mm", "addmm") else
                (label, kind, nbytes, flops) for label, kind, nbytes, flops in ops]
-    first = min((lin.block for lin in adapted_linears(family, cfg, spec) if lin.block is not None), default=None)
-    adapters = {lin.module.rsplit(".", 1)[1]: (lin.n_in, lin.n_out)
-                for lin in adapted_linears(family, cfg, spec) if lin.block == first}
+    adapters = dict(_first_block_adapters(cfg, bool(spec.lora_r), spec.lora_targets))
     return with_adapters(ops, adapters, spec.batch_size * spec.seq_len, spec.lora_r,
                          w.e_m if w.amp else ADAPTER_BYTES)
+
+
+@per_config
+def _quantized_block_names(cfg) -> frozenset:
+    """policy_ops' short names of the quantized linears in the blocks, once per config."""
+    return frozenset(lin.module.rsplit(".", 1)[1] for lin in quantized_linears(cfg) if lin.block is not None)
+
+
+@per_config
+def _first_block_adapters(cfg, lora: bool, lora_targets: str) -> dict:
+    """policy_ops' adapters: the first adapted block's LoRA linears by short name, (n_in, n_out), once per config and
+    targets (lora False: none, as adapted_linears without LoRA). The caller copies the dict."""
+    adapted = adapted_linears(None, cfg, SimpleNamespace(lora_r=int(lora), lora_targets=lora_targets))
+    first = min((lin.block for lin in adapted if lin.block is not None), default=None)
+    return {lin.module.rsplit(".", 1)[1]: (lin.n_in, lin.n_out) for lin in adapted if lin.block == first}
 
 
 def policy_kept(cfg, spec, w, per_block: list[list[Term]], quantized: bool = False) -> list[int]:
@@ -310,21 +337,30 @@ def optimizer_terms(params: list[tuple[str, int, int]], spec) -> tuple[int, int]
     return 0, 0
 
 
+@per_config
+def _param_where(cfg) -> dict[str, tuple]:
+    """Each parameter's (block, role, is_bias) by name, once per config (_numels_by_block copies it)."""
+    return {t.name: (t.block, t.role, t.is_bias) for t in tensor_inventory(cfg) if t.kind == "param"}
+
+
 def _numels_by_block(cfg, spec, train: list[tuple[str, int, int]]) -> tuple[list[dict[str, int]], int]:
     """The backward sweep's parameter counts by role (planner/estimate/training.py _grad_numels' keys) of
     what trains, per block, in units of the base weights' bytes (an fp32 adapter on a bf16 base counts
     twice), and the head's (output projection and final norm)."""
     family = family_of(cfg)
     e_p = DTYPE_BYTES[spec.param_dtype]
-    where = {t.name: (t.block, t.role, t.is_bias) for t in tensor_inventory(cfg) if t.kind == "param"}
+    where = dict(_param_where(cfg))
     for lin in adapted_linears(family, cfg, spec):
         for ab in ("lora_A", "lora_B"):
             where[f"{lin.module}.{ab}"] = (lin.block, lin.role, False)
     units = [(where[n], numel * eb // e_p) for n, numel, eb in train]
     head = sum(k for (blk, role, _), k in units if role in ("head", "norm.final"))
+    by_block: dict = {}  # (one pass over the units, each block's in their order)
+    for (b_, role, bias), k in units:
+        by_block.setdefault(b_, []).append((role, k, bias))
     out = []
     for i in range(cfg.layers):
-        blk = [(role, k, bias) for (b_, role, bias), k in units if b_ == i]
+        blk = by_block.get(i, [])
         mlp = [(r, k, bias) for r, k, bias in blk if r in ("mlp.in", "mlp.out")]
         out.append({"block": sum(k for _, k, _ in blk), "mlp": sum(k for _, k, _ in mlp),
                     "down": sum(k for r, k, _ in blk if r == "mlp.out"),
@@ -354,7 +390,7 @@ def recompute_alive(cfg, spec, w, i: int, blk: list[Term]) -> list[Term]:
     family = family_of(cfg)
     b, s, h = spec.batch_size, spec.seq_len, cfg.hidden
     bsh = b * s * h
-    down = any(lin.role == "mlp.out" and lin.block == i for lin in adapted_linears(family, cfg, spec))
+    down = any(lin.role == "mlp.out" for lin in adapted_in_block(family, cfg, spec, i))
     terms = [Term("block output's grad", "b*s*h*e_r", bsh * w.e_r, True, "recompute")]
     if down:
         terms.append(Term("down_proj adapter: grad * scaling (fp32)", "b*s*h*4", bsh * ADAPTER_BYTES, True,
@@ -389,7 +425,7 @@ def recompute_points(cfg, spec, w, i: int, blk: list[Term], below: int) -> dict[
         return {}
     b, s, f = spec.batch_size, spec.seq_len, cfg.intermediate_size
     bsh, bsf = b * s * cfg.hidden, b * s * f
-    adapted = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i]
+    adapted = adapted_in_block(family, cfg, spec, i)
     if w.amp:
         return _recompute_points_amp(cfg, spec, w, i, blk, below, adapted)
     if not any(lin.role.startswith("mlp") for lin in adapted):
@@ -507,12 +543,18 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
     out = [t for t in terms if not t.per_layer and t.where != "loss"]
     embed_bytes = sum(t.bytes for t in out if t.where in ("embed", "kept"))
     saved_blocks = [sum(t.bytes for t in blk) for blk in per_block]
+    below = [0]  # below[i]: sum(saved_blocks[:i])
+    for v in saved_blocks:
+        below.append(below[-1] + v)
     stash = family.stash_extra(cfg, spec, w) if spec.checkpointing else 0
     points = {}
     grads = 0 if grads_exist else head_n * e_p
     first_reached = min((i for i, blk in enumerate(per_block) if blk), default=L)
     if spec.checkpointing:
         kept = policy_kept(cfg, spec, w, per_block, quantized)  # full: b*s*h*e_r a block
+        kept_below = [0]  # kept_below[i]: sum(kept[:i])
+        for v in kept:
+            kept_below.append(kept_below[-1] + v)
         ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
     for i in range(L - 1, first_reached - 1, -1):
         blk, n = per_block[i], numels[i]
@@ -520,10 +562,10 @@ def _sweep(cfg, spec, w, terms: list[Term], per_block: list[list[Term]], saved_a
         if spec.checkpointing:
             # the blocks below hold what they keep (a selective block's cached outputs are the recompute's own
             # tensors while it runs: not counted twice)
-            others = embed_bytes + sum(kept[:i])
+            others = embed_bytes + kept_below[i]
             others -= family.first_block_released(cfg, spec, w) if i == 0 else 0  # (Gemma 2's full mask)
         else:
-            others = embed_bytes + sum(saved_blocks[:i])
+            others = embed_bytes + below[i]
         ctx = SweepContext(b=b, s=s, h=h, L=L, bsh=bsh, e_p=e_p, g=0 if grads_exist else e_p,
                            pending=n["mlp_weight"] * e_p if grads_exist else 0,
                            current=saved_blocks[i] + (stash + selective_tail(cfg, spec, w, blk, quantized) if recomputed else 0),
@@ -623,7 +665,7 @@ def _attn_in_frozen_input(cfg, spec, w, i: int, blk: list[Term], ctx) -> int:
     more: 3*b*s*h*e_m + b*s*a*d*e_m, less q's lora_A output grad)."""
     family = family_of(cfg)
     b, s = spec.batch_size, spec.seq_len
-    projs = [lin for lin in adapted_linears(family, cfg, spec) if lin.block == i and lin.role == "attn.in"]
+    projs = [lin for lin in adapted_in_block(family, cfg, spec, i) if lin.role == "attn.in"]
     others = tuple(f"{lin.short} " for lin in projs[1:])
     first_saved = sum(t.bytes for t in blk if t.part == "attn.in" and not t.name.startswith(others)
                       and not t.name.endswith("lora_A output"))

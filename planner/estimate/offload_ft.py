@@ -125,6 +125,23 @@ def ft_policy_ops(cfg, spec, w, quantized: bool = False) -> list:
 LATER = "later micro-batch: "  # planner/estimate/finetune.py estimate_finetune's key for a later micro-batch's points
 
 
+def _zeroed():
+    """A term with its bytes 0 (dataclasses.replace), made once per Term object: the blocks that walk alike share
+    their Term objects (planner/estimate/finetune.py block_saved's memo), and a replace costs ~10 us. The memo
+    lives for one call, while the terms it is keyed by (their id) are alive."""
+    import dataclasses as dc
+
+    made: dict = {}
+
+    def zeroed(t):
+        z = made.get(id(t))
+        if z is None:
+            z = made[id(t)] = dc.replace(t, bytes=0)
+        return z
+
+    return zeroed
+
+
 def ft_sweep(cfg, spec, w, est, grads_exist: bool = False, quantized: bool = False) -> dict[str, int]:
     """Fine-tuning's backward points with the saved tensors on the host. Without checkpointing: the fine-tuning
     sweep (planner/estimate/finetune.py _sweep) with every saved set emptied, so each point is what the backward
@@ -154,8 +171,9 @@ def ft_sweep(cfg, spec, w, est, grads_exist: bool = False, quantized: bool = Fal
     terms, ce_saved, per_block = finetune_activations(cfg, plain, w, quantized)
     if spec.checkpointing:
         return _policy_sweep(cfg, plain, w, terms, ce_saved, per_block, grads_exist, quantized)
-    zero = [dc.replace(t, bytes=0) for t in terms]
-    blocks = [[dc.replace(t, bytes=0) for t in blk] for blk in per_block]
+    zeroed = _zeroed()
+    zero = [zeroed(t) for t in terms]
+    blocks = [[zeroed(t) for t in blk] for blk in per_block]
     return _sweep(cfg, plain, w, zero, blocks, 0, trainable_params(cfg, plain), grads_exist=grads_exist)
 
 
@@ -170,13 +188,12 @@ def _policy_sweep(cfg, spec, w, terms, ce_saved, per_block, grads_exist: bool, q
     saved-tensor hook): they stay on the device, in the sweep's kept sets (measured: every dense RMSNorm decoder's
     grid shape, LoRA r8 / last:1, fp32 and bf16-AMP, every:2 and selective, planner/bench/offload_act.py
     finetune_mix_rows)."""
-    import dataclasses as dc
-
     from .finetune import _sweep, trainable_params
 
     b, s, L = spec.batch_size, spec.seq_len, cfg.layers
     ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))
-    blocks = [blk if i in ckpt else [dc.replace(t, bytes=0) for t in blk] for i, blk in enumerate(per_block)]
+    zeroed = _zeroed()
+    blocks = [blk if i in ckpt else [zeroed(t) for t in blk] for i, blk in enumerate(per_block)]
     # the saved sets of the blocks not checkpointed are among the terms the loss's point counts: on the host here
     moved = sum(t.bytes for i, blk in enumerate(per_block) if i not in ckpt for t in blk)
     a_before_loss = sum(t.bytes for t in terms) - ce_saved - moved

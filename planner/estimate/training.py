@@ -15,6 +15,7 @@ import functools
 
 from ..accounting import DTYPE_BYTES, buffer_bytes, param_count, per_config, tensor_inventory
 from ..arch import family_of
+from ..arch.memo import config_key
 from ..arch.base import resolved_loss
 from ..config import ModelConfig
 from ..spec import TrainSpec
@@ -158,17 +159,8 @@ def finetune_rounding_bytes(cfg: ModelConfig, spec: TrainSpec, train: list[tuple
     statistics are small tensors left out, as the activations are), and a grad and the optimizer's states only
     for `train` (planner/estimate/finetune.py trainable_params: (name, numel, bytes per element), the LoRA
     adapters included), and the two int64 index tensors."""
-    from ..bnb import quantized_linear_bytes
-    from ..finetune import quantized_linears
-
-    e_p = DTYPE_BYTES[spec.param_dtype]
-    quantized = ({f"{lin.module}.weight": lin for lin in quantized_linears(cfg)}
-                 if getattr(spec, "quantize_base", "none") != "none" else {})
-    extra = 0
-    for t in tensor_inventory(cfg):
-        lin = quantized.get(t.name)
-        extra += _rounded(quantized_linear_bytes(lin.n_out, lin.n_in, spec) if lin else
-                          t.numel * (DTYPE_BYTES[t.dtype] if t.dtype else e_p))
+    extra = _base_rounding_bytes(cfg, spec.param_dtype, getattr(spec, "quantize_base", "none"),
+                                 getattr(spec, "double_quant", False))
     copies = 1 + {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(spec.optimizer, 0)  # the grad and the states
     for _, n, eb in train:
         extra += copies * _rounded(n * eb)
@@ -178,6 +170,26 @@ def finetune_rounding_bytes(cfg: ModelConfig, spec: TrainSpec, train: list[tuple
         extra += bnb_optim.cuda_rounding_bytes(spec.optimizer, [n for _, n, _ in train])
     nbytes = 8 * spec.batch_size * spec.seq_len  # the two int64 index tensors
     return extra + 2 * _rounded(nbytes)
+
+
+@per_config
+def _base_rounding_bytes(cfg: ModelConfig, param_dtype: str, quantize_base: str, double_quant: bool) -> int:
+    """finetune_rounding_bytes' part over the base's weights and buffers (the spec fields it reads: the
+    parameters' dtype, and bnb.quantized_linear_bytes' quantize_base and double_quant), once per config."""
+    from types import SimpleNamespace
+
+    from ..bnb import quantized_linear_bytes
+    from ..finetune import quantized_linears
+
+    e_p = DTYPE_BYTES[param_dtype]
+    qspec = SimpleNamespace(quantize_base=quantize_base, double_quant=double_quant)
+    quantized = {f"{lin.module}.weight": lin for lin in quantized_linears(cfg)} if quantize_base != "none" else {}
+    extra = 0
+    for t in tensor_inventory(cfg):
+        lin = quantized.get(t.name)
+        extra += _rounded(quantized_linear_bytes(lin.n_out, lin.n_in, qspec) if lin else
+                          t.numel * (DTYPE_BYTES[t.dtype] if t.dtype else e_p))
+    return extra
 
 
 def cuda_lines(rounding: int) -> dict[str, int]:
@@ -364,7 +376,23 @@ def _saved_terms(cfg: ModelConfig, spec: TrainSpec, w: Widths, loss_kind: str):
     return blk, out, fused, amp_weights, ce_saved, activations
 
 
-def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[str, int]:
+_COPIES_MODELLED: dict = {}
+
+
+def _offload_copies_modelled(family, cfg: ModelConfig, spec: TrainSpec, w: Widths) -> bool:
+    """Whether the family lists save_on_cpu's host copies for this config (offload_copies is not None), memoised:
+    whether it is None depends on the config and the device alone (planner/arch/base.py offload_copies), and the
+    list itself is a whole walk of a block (half of a full-training estimate's time)."""
+    key = (type(family), family.arch, config_key(cfg), spec.device_type)
+    got = _COPIES_MODELLED.get(key)
+    if got is None:
+        if len(_COPIES_MODELLED) > 4096:
+            _COPIES_MODELLED.clear()
+        got = _COPIES_MODELLED[key] = family.offload_copies(cfg, spec, w) is not None
+    return got
+
+
+def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths, blk: list[Term] | None = None) -> dict[str, int]:
     """The forward's high points inside the last block (above the persistent base), where the forward goes higher
     than its end: eager attention's scores and softmax, RoPE's copies, SDPA, the MLP's gated product. They are the
     --offload-activations step's points (planner/estimate/offload_act.py forward_alive: with every saved tensor on
@@ -387,7 +415,8 @@ def forward_block_points(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> dict[s
     if not spec.checkpointing:
         # every block before the last has saved its whole set, the last one its tensors before the softmax
         # (planner/arch/<family>.py plain_attention_saved; the other points are under the end of the forward)
-        blk = family.block_terms(cfg, spec, w)
+        if blk is None:  # (estimate_training passes its own: the same walk)
+            blk = family.block_terms(cfg, spec, w)
         added = family.plain_attention_saved(cfg, spec, w, blk) if hasattr(family, "plain_attention_saved") else None
         if added is None or "attention" not in points:
             return {}
@@ -405,7 +434,7 @@ def forward_points_modelled(cfg: ModelConfig, spec: TrainSpec, w: Widths) -> boo
     family = family_of(cfg)
     return not ((spec.checkpointing and getattr(spec, "checkpoint_policy", "full") != "full") or spec.finetuning
                 or spec.precision not in ("fp32", "bf16", "bf16-amp") or not hasattr(family, "offload_alive")
-                or family.offload_copies(cfg, spec, w) is None
+                or not _offload_copies_modelled(family, cfg, spec, w)
                 or (hasattr(family, "offload_why_not") and family.offload_why_not(cfg, spec)))
 
 
@@ -541,7 +570,7 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
     in_model_loss = fwd_bytes + 8 * b * (s + 1) if loss_kind == "labels" else 0
     fused_loss_point = fused.loss_point if fused is not None else 0
     fused_bwd_point = fused.backward_point if fused is not None else 0
-    in_block = forward_block_points(cfg, spec, w) if forward_points else {}
+    in_block = forward_block_points(cfg, spec, w, blk) if forward_points else {}
     # with the loss inside the model the forward phase ends at the head's forward hook (planner/arch/base.py loss):
     # what the family saves after the head (Gemma 2's logit soft-capping) is made in the loss phase
     after_head = family.after_head_bytes(cfg, spec, w) if loss_kind == "labels" and fused is None else 0
@@ -622,7 +651,8 @@ def estimate_training(cfg: ModelConfig, spec: TrainSpec, *, forward_points: bool
     if spec.checkpointing:
         notes.append("checkpointing: only each block's input is kept in forward (L*b*s*h*e_r); "
                      "one block is recomputed at a time in backward")
-    bnb_lines = bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
+    bnb_lines = (bnb_extra_lines(spec, [t.numel for t in tensor_inventory(cfg) if t.kind == "param"], notes)
+                 if bnb_optim.is_bnb(spec.optimizer) else {})  # (bnb_extra_lines: {}, no note)
     est = step_record(
         step, params=params, buffers=buffers, inputs=inputs, optimizer=opt_state, activations=activations,
         transients={"logits": logits, "logits_fp32_copy": logits_fp32_copy, "cross_entropy_grads": ce_grads,
