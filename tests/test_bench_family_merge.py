@@ -1,10 +1,10 @@
 """One family's run of `bench families --family F --out FILE` (and `bench record --grid families --family F`) keeps
-the other families' tables and records (planner/bench/families_doc.py, planner/bench/recorded.py)."""
+the other families' tables and records (bench/families_doc.py, bench/recorded.py)."""
 import subprocess
 import sys
 
-from planner.bench.common import write_section
-from planner.bench.families_doc import _split, merge
+from bench.common import write_section
+from bench.families_doc import _split, merge
 
 HEAD = "# Hugging Face families: estimate vs transformers' own model (cpu)"
 
@@ -42,7 +42,7 @@ def test_record_family_goes_with_the_families_grid():
 def test_family_tables_from_the_recorded_rows():
     """`bench record --grid families --family F --out FILE` writes F's table from the rows it recorded, each
     re-estimated now (the same figures tests/test_recorded.py holds to the bar)."""
-    from planner.bench.recorded import RECORD_DIR, families_markdown_from_record, load
+    from bench.recorded import RECORD_DIR, families_markdown_from_record, load
 
     _, rows = load(RECORD_DIR / "families.jsonl")
     qwen3 = [r for r in rows if r["config"]["arch"] == "qwen3"]

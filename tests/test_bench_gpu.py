@@ -1,8 +1,8 @@
-"""The CUDA check's plan (planner.bench.gpu): it runs only on a GPU, so here its grid and its report are checked."""
+"""The CUDA check's plan (bench.gpu): it runs only on a GPU, so here its grid and its report are checked."""
 import json
 from dataclasses import asdict
 
-from planner.bench.gpu import cuda_grid, gpu_markdown
+from bench.gpu import cuda_grid, gpu_markdown
 from planner.config import config_to_dict
 from planner.estimate.training import estimate_training
 from planner.spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS
@@ -37,14 +37,14 @@ def test_gpu_markdown_compares_todays_estimate_with_the_records(tmp_path):
 def test_gpu_rows_are_the_recorded_and_inference_grids_on_cuda(tmp_path):
     """The recorded CPU grids and the inference grids, each row set to cuda; the report re-estimates a row
     and sets CUDA's live bytes beside the CPU's recorded peak."""
-    from planner.bench.gpu_grids import ROWS_FILE, infer_rows, recorded_rows, rows_markdown
+    from bench.gpu_grids import ROWS_FILE, infer_rows, recorded_rows, rows_markdown
 
     train, infer = recorded_rows(), infer_rows()
     assert len(train) > 1000 and {r["spec"]["device"] for r in train + infer} == {"cuda"}
     assert {"accuracy", "families", "finetune-amp", "qlora"} <= {r["grid"] for r in train}
     assert {"dynamic", "static", "offloaded"} <= {r["spec"]["cache"] for r in infer}
     row = next(r for r in train if r["grid"] == "accuracy")
-    from planner.bench.gpu_grids import _estimate
+    from bench.gpu_grids import _estimate
 
     est, _ = _estimate(row)
     cpu = row["cpu"]["peak_bytes"]
@@ -54,7 +54,7 @@ def test_gpu_rows_are_the_recorded_and_inference_grids_on_cuda(tmp_path):
     (tmp_path / ROWS_FILE).write_text(json.dumps(rec) + "\n" + json.dumps(bad) + "\n")
     text = "\n".join(rows_markdown(str(tmp_path), 1.0))
     # per grid: the error against allocated (-1%); the worst rows: the live-bytes error (live_error)
-    from planner.bench.gpu_grids import live_error
+    from bench.gpu_grids import live_error
 
     assert "2 rows" in text and "+2.00% / +2.00%" in text and "| 1.000% |" in text
     assert f"| {live_error(rec)[2]:+.3f} |" in text

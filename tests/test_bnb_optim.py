@@ -9,13 +9,16 @@ import pytest
 
 from planner import bnb
 from planner.cli import main as cli
-from planner.bench.bnb import BNB_BAR_PCT, bnb_grid, run_bnb
+from bench.bnb import bnb_grid, run_bnb
 from planner.config import ConfigError, config_from_dict
 from planner.estimate import bnb_optim
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
+# these rows within 1% of the measured peak (issue #12's bar for quantized optimizers is 2%, aim 1%: the whole
+# 8-bit grid is held to 2% by tests/test_recorded.py)
+BAR_PCT = 1.0
 # 2 blocks of a 64-wide Llama: norms (64) and k/v projections (64 x 32 = 2,048) are under bitsandbytes'
 # min_8bit_size of 4,096 elements (fp32 states); q/o (4,096), MLP (10,240) and embeddings (64,000) are 8-bit.
 TINY = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 160,
@@ -62,7 +65,7 @@ def test_adamw8bit_rows_within_the_bar():
     assert {spec.precision for _, _, spec in rows} == {"fp32", "bf16"}
     results = run_bnb(rows, progress=lambda *_: None)
     for r in results:
-        assert abs(r["error_pct"]) <= 1.0 <= BNB_BAR_PCT, r
+        assert abs(r["error_pct"]) <= BAR_PCT, r
         assert r["optimizer_bytes_equal"], r
 
 

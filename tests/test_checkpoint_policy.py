@@ -250,9 +250,9 @@ def test_book_gpt2_policy_with_grad_accum(policy, precision):
 
 
 def test_new_rows_keeps_the_sections_measured_rows(tmp_path):
-    """`bench checkpoint-policies --new-rows` (planner/bench/techniques.py kept_policy_rows): the section's rows keep
+    """`bench checkpoint-policies --new-rows` (bench/techniques.py kept_policy_rows): the section's rows keep
     their measured and simulated bytes and measured phase, its full-size table is kept, other sections are not read."""
-    from planner.bench.techniques import CKPT_HEADING, kept_policy_rows
+    from bench.techniques import CKPT_HEADING, kept_policy_rows
 
     doc = tmp_path / "acc.md"
     doc.write_text("# Other\n\n| a | every:2 | 1 | 2 | +0% | +0 | x / y | 1% |\n\n" + CKPT_HEADING + "\n\ntext\n\n"

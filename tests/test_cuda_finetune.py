@@ -1,5 +1,5 @@
 """Fine-tuning, dropout, 8-bit optimizers, QLoRA and inference on CUDA, held to the H200 run's records
-(tests/data/cuda/2026-11-27-h200; planner/bench/gpu_grids.py). No CUDA device is needed: each recorded row is
+(tests/data/cuda/2026-11-27-h200; bench/gpu_grids.py). No CUDA device is needed: each recorded row is
 re-estimated with its device set to cuda and compared in live tensor bytes (the estimate without the allocator's
 own lines against the tracked live bytes of the real step on the GPU: gpu_grids.live_error)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from planner.arch import parts
-from planner.bench.gpu_grids import RECORDS_DIR, live_error, read_records
+from bench.gpu_grids import RECORDS_DIR, live_error, read_records
 from planner.config import PRESETS, config_from_dict
 from planner.estimate.inference import estimate_inference
 from planner.estimate.training import (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_BYTES_PER_HANDLE, estimate_training,

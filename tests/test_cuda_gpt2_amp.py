@@ -4,7 +4,7 @@ has pow and softmax (the tanh GELU's chain and the book's attention probabilitie
 runs its e_m log_softmax with nll_loss on an fp32 copy (planner/estimate/training.py cuda_amp_cross_entropy)."""
 import pytest
 
-from planner.bench.gpu_grids import RECORDS_DIR, live_error, read_records
+from bench.gpu_grids import RECORDS_DIR, live_error, read_records
 from planner.config import config_from_dict
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec

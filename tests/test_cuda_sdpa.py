@@ -1,12 +1,12 @@
 """The decoder families' SDPA on CUDA, held against the H200 run's records (no CUDA device needed).
 
 tests/data/cuda/2026-11-27-h200 holds every recorded CPU grid measured again with its device set to cuda
-(cuda-rows.jsonl.gz; planner/bench/gpu_grids.py). On CUDA transformers' SDPA call runs one of two kernels in
+(cuda-rows.jsonl.gz; bench/gpu_grids.py). On CUDA transformers' SDPA call runs one of two kernels in
 fp32 (planner/arch/parts.py): with enable_gqa (grouped heads, no mask) the MATH kernel, a composite that keeps
 eager attention's fp32 s x s softmax output (sdpa_math), without it the memory-efficient kernel, whose
 logsumexp is padded to a multiple of 32 and whose output is laid out as o_proj's input (sdpa_efficient). Each
 recorded decoder row that runs either kernel is held here to 1% of the GPU's live tensor bytes
-(planner.bench.gpu_grids.live_error), and the CPU estimate of the same shapes to its own recorded CPU peak.
+(bench.gpu_grids.live_error), and the CPU estimate of the same shapes to its own recorded CPU peak.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from planner.arch import family_of, parts
 from planner.arch.decoder import RMSDecoder
 from planner.arch.terms import Widths
-from planner.bench.gpu_grids import RECORDS_DIR, live_error, read_records
+from bench.gpu_grids import RECORDS_DIR, live_error, read_records
 from planner.config import config_from_dict
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from planner.arch.decoder import attention_op, cuda_sdpa_kernel
-from planner.bench.gpu_grids import RECORDS_DIR, live_error, read_records
+from bench.gpu_grids import RECORDS_DIR, live_error, read_records
 from planner.checkpointing import saved_ops
 from planner.config import config_from_dict
 from planner.estimate.activations import Widths

@@ -191,7 +191,7 @@ def test_training_page_shows_alive_at_peak_the_category_timeline_and_offers_the_
 
 
 def test_bench_export_times_a_child_and_checks_its_files():
-    from planner.bench.export import QUICK_ROWS, export_markdown, run_export_bench
+    from bench.export import QUICK_ROWS, export_markdown, run_export_bench
 
     [row] = run_export_bench(QUICK_ROWS, progress=lambda _: None)
     assert row["viewer_peak"] == row["peak_bytes"] == row["counter_peak"] and row["omitted"] == 0

@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from planner.bench.main import FINETUNE_BAR_PCT, FINETUNE_GAP_BAR_PCT, finetune_gap, finetune_grid, run_accuracy
+from bench.main import finetune_gap, finetune_grid, run_accuracy
 from planner.config import ConfigError, config_from_dict
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
+FINETUNE_BAR_PCT = 1.0  # issue #12: fine-tuning (trainable subsets, LoRA) within 1% of the measured step
+FINETUNE_QUANT_BAR_PCT = 2.0  # issue #12: QLoRA (a bitsandbytes-quantized base) within 2% of the measured step
+# a documented gap (planner/estimate/finetune.py known_gap) is held to this looser bar (none is named now)
+FINETUNE_GAP_BAR_PCT = 6.0
 TINY = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 160,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
 
@@ -24,7 +28,7 @@ def test_finetune_quick_grid_within_1pct():
     layers, r=8 on the MLP, dropout 0 and 0.1, two micro-batches, fp32 and a bf16 base, checkpointing off/on,
     AdamW/SGD; measured in this process: every estimate within 1% of the exact peak. (All 816 rows of the grid
     are re-estimated against their recorded measurements on every run: tests/test_recorded.py.)"""
-    from planner.bench.main import FINETUNE_FAMILIES
+    from bench.main import FINETUNE_FAMILIES
 
     # (the families measured later, FINETUNE_WALKED_FAMILIES, have their own tests: test_phi3_finetuning_within_1pct)
     rows = [row for i, row in enumerate(finetune_grid(quick=True, families_=FINETUNE_FAMILIES)) if i % 8 < 4]
@@ -180,7 +184,7 @@ def test_qlora_quick_rows_within_2pct():
     """Llama's rows of the QLoRA grid, every 5th (nf4 / fp4, double quantization, LoRA on q,v / q,k,v,o /
     all linear layers, dropout 0 and 0.1, checkpointing off/on, AdamW/SGD, one shape whose peak is a
     dequantized weight in the backward), measured in this process: every estimate within 2%."""
-    from planner.bench.main import FINETUNE_QUANT_BAR_PCT, finetune_qlora_grid
+    from bench.main import finetune_qlora_grid
 
     rows = finetune_qlora_grid(quick=True, families_=("llama",))
     assert {spec.checkpointing for _, _, spec in rows} == {False, True}
@@ -306,7 +310,7 @@ def test_book_gpt2_quick_grid_within_1pct():
     all-linear, lora_dropout 0 / 0.1, drop_rate 0 / 0.1, qkv_bias off/on, fp32 / a bf16 base, checkpointing
     off/on, AdamW / SGD — measured in this process on the book's GPTModel wrapped by peft: every estimate within
     1%. (All 144 rows are re-estimated against their recorded measurements on every run: tests/test_recorded.py.)"""
-    from planner.bench.main import finetune_book_grid
+    from bench.main import finetune_book_grid
 
     rows = [row for i, row in enumerate(finetune_book_grid(quick=True)) if i % 6 < 3]
     assert {(spec.precision, spec.checkpointing) for _, _, spec in rows} == {

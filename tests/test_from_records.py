@@ -1,10 +1,10 @@
-"""`bench record --from-records` (planner/bench/recorded.py write_from_records): a recorded grid's section of
+"""`bench record --from-records` (bench/recorded.py write_from_records): a recorded grid's section of
 docs/accuracy.md rebuilt from its record, re-estimated with the code as it is, nothing measured."""
 from __future__ import annotations
 
 import json
 
-from planner.bench.recorded import RECORD_DIR, load, sections_from_records, write_from_records
+from bench.recorded import RECORD_DIR, load, sections_from_records, write_from_records
 from planner.config import config_from_dict
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec
@@ -58,7 +58,7 @@ def test_finetune_section_keeps_its_family_and_8bit_subsections(tmp_path):
     for row in rows:
         assert _row_line(row) in text
     # the 8-bit table keeps the record's columns (no optimizer-state column: not recorded) and names what is not there
-    from planner.bench.bnb import small_tensor_counts
+    from bench.bnb import small_tensor_counts
 
     row8 = rows8[0]
     big, small = small_tensor_counts(config_from_dict(row8["config"]), TrainSpec(**row8["spec"]))

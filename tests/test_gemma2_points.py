@@ -66,7 +66,7 @@ def test_fine_tuning_points_under_the_post_feedforward_norm(label, point):
     with lora_dropout the step's peak is there. Against the recorded measurement (tests/data/measured/
     finetune.jsonl, each row a real step: tests/test_recorded.py) the estimate was -5,640 B, +504 B and
     +1,528 B before."""
-    from planner.bench.recorded import RECORD_DIR, load
+    from bench.recorded import RECORD_DIR, load
     from planner.config import config_from_dict
 
     row = next(r for r in load(RECORD_DIR / "finetune.jsonl")[1] if r["label"] == label)

@@ -1,9 +1,9 @@
-"""The inference grids' child loop is one (planner/bench/inference.py _run_rows), shared by bench inference and
+"""The inference grids' child loop is one (bench/inference.py _run_rows), shared by bench inference and
 bench inference-caches: each row's measure and simulate records, and the caches grid's figures made from them
 exactly as its own loop made them (the dicts below are what that loop printed for these fake runs)."""
 import json
 
-from planner.bench import infer_caches, inference
+from bench import infer_caches, inference
 from planner.config import LlamaConfig, config_to_dict
 from planner.infer_spec import InferSpec
 

@@ -5,13 +5,13 @@ the token selection (the estimate's phase_peak_bytes["decode"] missed it before)
 small vocabulary), the last step's position_ids update beside the logits (a long prompt, a small vocabulary, a
 StaticCache), the eager mask at the cache concatenation, a sliding-window layer's old keys there (Gemma 2) and
 the step's RoPE before the last layer's update (Qwen 3). They are measured in one child process, through the
-path the bench itself uses (planner/bench/inference.py grid_records), and compared to the byte in both phases.
+path the bench itself uses (bench/inference.py grid_records), and compared to the byte in both phases.
 """
 from __future__ import annotations
 
 import pytest
 
-from planner.bench.inference import grid_records, grid_rows
+from bench.inference import grid_records, grid_rows
 from planner.estimate.inference import estimate_inference
 
 # (family, config label, attention, precision, cache): what decides the decode phase there (measured)

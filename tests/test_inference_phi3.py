@@ -1,7 +1,7 @@
 """Phi-3's generate() (issue #21): the fused qkv output alive through the attention and, with int8 weights,
 down_proj's input quantization beside the fused gate_up output (planner/arch/phi3.py). Estimated against the
-live-bytes measurement to the byte, per phase, on the bench grids' tiny phi3 (planner/bench/inference.py and
-planner/bench/infer_quant.py use these widths)."""
+live-bytes measurement to the byte, per phase, on the bench grids' tiny phi3 (bench/inference.py and
+bench/infer_quant.py use these widths)."""
 from __future__ import annotations
 
 import pytest

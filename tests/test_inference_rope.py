@@ -1,7 +1,7 @@
 """The prompt's RoPE point in generate() (issue #21; planner/arch/decoder.py RMSDecoder.infer_rope_at): where q is
 wider than the hidden size and kv = a (Qwen 3's and Gemma's explicit head_dim), the last layer's rotation of k,
 before its cache update, is the prompt's high point. Estimated against the live-bytes measurement to the byte, on
-the bench grid's second shape (planner/bench_inference.py grid_rows: V2000 h48 a6 kv6, head_dim 24 / 32)."""
+the bench grid's second shape (bench/inference.py grid_rows: V2000 h48 a6 kv6, head_dim 24 / 32)."""
 from __future__ import annotations
 
 from planner.arch import families

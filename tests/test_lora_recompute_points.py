@@ -17,7 +17,7 @@ def test_down_adapter_backward_point_with_a_large_rank(family):
     """LoRA r64 on a 32-wide model under checkpointing: the step's peak is lora_B's backward right after block 0's
     recompute (planner/estimate/finetune.py recompute_points: its weight grad and the b*s*r grad of lora_A's
     output), 49,160 B under the recorded measurement before (tests/data/measured/8bit.jsonl)."""
-    from planner.bench.recorded import RECORD_DIR, load
+    from bench.recorded import RECORD_DIR, load
     from planner.config import config_from_dict
 
     label = f"{family} V97 h32 a4 kv2 tied b2 s256 lora r64 all-linear sdpa fp32 ckpt adamw-8bit"

@@ -139,7 +139,7 @@ def test_longest_context_with_the_techniques_on():
 
 
 def test_grid_has_fine_tuning_rows_for_every_family_that_fine_tunes():
-    from planner.bench.techniques import finetune_losses_grid
+    from bench.techniques import finetune_losses_grid
 
     rows = finetune_losses_grid()
     fams = {label.split(":")[0].split(" V")[0] for label, _, _ in rows}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.bench.modules import EXAMPLES, module_grid, run_row
+from bench.modules import EXAMPLES, module_grid, run_row
 from planner.module_ref import has_sequence, make_batch_arity, parse_input_shape
 from planner.validation import ConfigError
 

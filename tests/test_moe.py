@@ -56,7 +56,7 @@ def test_moe_step_simulated_equals_measured(moe_file, func, precision):
 # ---- the formula families (planner/arch/mixtral.py, qwen2_moe.py, qwen3_moe.py on planner/arch/moe.py) ----
 from planner.accounting import param_count, tensor_inventory  # noqa: E402
 from planner.arch import family_of  # noqa: E402
-from planner.bench.main import family_grid  # noqa: E402
+from bench.main import family_grid  # noqa: E402
 from planner.config import preset  # noqa: E402
 from planner.estimate.training import estimate_training  # noqa: E402
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from planner.arch import families
-from planner.bench.gpu_grids import RECORDS_DIR, live_error, read_records
+from bench.gpu_grids import RECORDS_DIR, live_error, read_records
 from planner.estimate.training import estimate_training
 from planner.measure.simulate import simulate_training
 from planner.spec import TrainSpec

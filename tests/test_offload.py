@@ -147,7 +147,7 @@ MEASURED = [("llama V300 h48 a6 kv2 f96 L2", "fp32", False, 1_060_508, 903_200),
 
 @pytest.mark.parametrize("label,prec,ckpt,peak,host", MEASURED)
 def test_cpu_estimate_holds_the_measured_rows(label, prec, ckpt, peak, host):
-    from planner.bench.offload_opt import grid
+    from bench.offload_opt import grid
 
     (cfg, b, s), = [(c, b, s) for name, c, b, s in grid() if name == label]
     est = estimate_training(cfg, TrainSpec(b, s, prec, "adamw", checkpointing=ckpt, offload_optimizer=True))

@@ -1,5 +1,5 @@
 """Issue #24: --offload-activations with fine-tuning in combination (--grad-accum, --checkpointing every:K /
-selective, --offload-optimizer) on the dense RMSNorm decoders. A sample of planner/bench/offload_act.py
+selective, --offload-optimizer) on the dense RMSNorm decoders. A sample of bench/offload_act.py
 finetune_mix_rows: the estimate against a real measurement (the child runs the step under save_on_cpu, with the
 plain-torch CPUOffloadOptimizer where asked), every phase within 1%, the host bytes exact, simulate = measure to the
 byte; every:2's host copies against a saved_tensors_hooks inventory of the real step's forward."""

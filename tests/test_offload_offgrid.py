@@ -1,4 +1,4 @@
-"""Issue #24: --offload-activations off the measured grids. The off-grid sweep (planner/bench/offload_act.py
+"""Issue #24: --offload-activations off the measured grids. The off-grid sweep (bench/offload_act.py
 offgrid_runs: every RMS decoder family, f = 2h..8h, grouped and plain K/V, b 1..4, s 64..512, fp32 / bf16 / bf16-AMP,
 checkpointing off and on, AdamW / SGD / --offload-optimizer) is estimated and simulated (simulate = measure to the
 byte for this mechanism: tests/test_offload_activations.py); a sample of it is held here to 1% on every phase and to
@@ -6,7 +6,7 @@ the byte on the host copies. Gemma 2's shape classes that still miss state their
 (planner/arch/gemma2.py offload_bound_note) and are held to it."""
 import pytest
 
-from planner.bench.offload_act import OFFGRID_FAMILIES, offgrid_config, offgrid_row, offgrid_runs
+from bench.offload_act import OFFGRID_FAMILIES, offgrid_config, offgrid_row, offgrid_runs
 from planner.estimate.training import estimate_training
 from planner.spec import TrainSpec
 

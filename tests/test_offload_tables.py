@@ -1,9 +1,9 @@
-"""planner/bench/offload_act.py's tables: one renderer (table()) for the main, combination, fine-tuning and full-size
+"""bench/offload_act.py's tables: one renderer (table()) for the main, combination, fine-tuning and full-size
 sections, held to the layout the sections had before they shared it, from fixed rows (nothing measured, simulated or
 estimated: the row functions and the full-size grids are replaced by fixed ones)."""
 from types import SimpleNamespace
 
-import planner.bench.offload_act as oa
+import bench.offload_act as oa
 
 FULL = (("llama-3.2-1b", False), ("gemma-2-2b", True))
 MIX_FULL = (("llama-3.2-1b", dict(checkpointing=True, grad_accum=2)),

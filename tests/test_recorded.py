@@ -1,10 +1,10 @@
 """Every recorded measurement of every accuracy grid, re-estimated with the code as it is now.
 
-tests/data/measured/<grid>.jsonl holds the real steps `python -m planner bench record` measured (planner/
-bench/recorded.py); here the estimate of each row is held to its grid's bar, which takes seconds for all of
-them, so a change to any estimator meets ~1,700 real measurements on every test run. The measurements are
-checked too: one row of each grid is measured again in a fresh child and must equal its record to the byte
-(a file recorded on other library versions is refused: renew it with `bench record --grid NAME`).
+tests/data/measured/<grid>.jsonl holds the real steps `python -m planner bench record` measured
+(bench/recorded.py); here the estimate of each row is held to its grid's bar (GRID_BAR_PCT, this file's own),
+which takes seconds for all of them, so a change to any estimator meets ~1,700 real measurements on every test
+run. The measurements are checked too: one row of each grid is measured again in a fresh child and must equal
+its record to the byte (a file recorded on other library versions is refused: renew it with `bench record --grid NAME`).
 """
 from __future__ import annotations
 
@@ -12,15 +12,28 @@ from dataclasses import asdict
 
 import pytest
 
-from planner.bench.recorded import RECORD_DIR, load, re_estimate, versions
+from bench.recorded import RECORD_DIR, load, re_estimate, versions
 
 FILES = sorted(RECORD_DIR.glob("*.jsonl"))
+# Each grid's bar, |estimate - measured| / measured in percent, from the issue that set it:
+GRID_BAR_PCT = {
+    "accuracy": 2.0,       # issue #3: the training-step grid, worst |error| on the CPU
+    "families": 1.0,       # issue #10: every family within 1% of transformers' measured model
+    "finetune": 1.0,       # issue #12: trainable subsets and LoRA within 1% of the measured step
+    "finetune-book": 1.0,  # issue #12: the book's GPT-2 fine-tuning rows, the same 1%
+    "qlora": 2.0,          # issue #12: a bitsandbytes-quantized base (QLoRA) within 2%
+    "8bit": 2.0,           # issue #12: bitsandbytes' 8-bit optimizers within 2% (aim: 1%)
+    "finetune-amp": 1.0,   # issue #19: frozen layers and LoRA under fp16-AMP and bf16-AMP within 1%
+}
+# A documented gap (planner/estimate/finetune.py known_gap) is held to this looser bar, as `bench finetune` and
+# `bench finetune-amp` mark it (none is named now: the recompute transients that were the gap are modelled).
+GAP_BAR_PCT = 6.0
 
 
 def test_every_grid_is_recorded():
-    from planner.bench.recorded import grids
+    from bench.recorded import grids
 
-    assert {p.stem for p in FILES} == set(grids())
+    assert {p.stem for p in FILES} == set(grids()) == set(GRID_BAR_PCT)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
@@ -30,17 +43,15 @@ def test_every_recorded_row_within_its_grid_bar(path):
     assert release(header["versions"]) == release(versions()), \
         f"{path.name} was measured on other versions: bench record --grid {path.stem}"
     assert len(rows) == header["rows"] > 0
-    from planner.bench.common import FINETUNE_GAP_BAR_PCT
-    from planner.bench.recorded import is_gap
+    from bench.recorded import is_gap
 
+    bar = GRID_BAR_PCT[path.stem]
     misses = []
     for row in rows:
         est, err = re_estimate(row)
-        # a row the estimate names a documented gap for (planner/estimate/finetune.py known_gap) is held to the
-        # gap's looser bar, as `bench finetune` and `bench finetune-amp` mark it
-        if abs(err) > (FINETUNE_GAP_BAR_PCT if is_gap(path.stem, row) else header["bar_pct"]):
+        if abs(err) > (GAP_BAR_PCT if is_gap(path.stem, row) else bar):  # a documented gap: its looser bar
             misses.append(f"{row['label']}: estimate {est:,} vs measured {row['peak_bytes']:,} ({err:+.3f}%)")
-    assert not misses, f"{len(misses)} of {len(rows)} rows beyond {header['bar_pct']}%:\n" + "\n".join(misses[:20])
+    assert not misses, f"{len(misses)} of {len(rows)} rows beyond {bar}%:\n" + "\n".join(misses[:20])
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from planner.cli import main as cli
-from planner.bench.main import ACCURACY_BAR_PCT, accuracy_grid, run_accuracy
+from bench.main import accuracy_grid, run_accuracy
 from planner.config import GPT2Config, LlamaConfig
 from planner.measure.tracker import LiveBytesTracker
 from planner.measure.training import _PhaseRecorder, measure_training
@@ -16,6 +16,7 @@ from planner.measure.simulate import SimulationError, simulate_training
 from planner.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+ACCURACY_BAR_PCT = 2.0  # issue #3: the estimate within 2% of the measured training step on the CPU
 SIM_BAR = 1e-4  # 0.01%: the issue's bar; on the CPU every row so far is equal to the byte
 
 TINY_LM = '''

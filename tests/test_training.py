@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from planner.bench.main import ACCURACY_BAR_PCT
 from planner.config import GPT2Config, LlamaConfig
 from planner.estimate.training import estimate_training
 from planner.measure.training import measure_training
 from planner.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+ACCURACY_BAR_PCT = 2.0  # issue #3: the estimate within 2% of the measured training step on the CPU
 TINY_GPT = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.1)
 TINY_LLAMA = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)

@@ -224,7 +224,7 @@ class Family:
 
     def grid_configs(self) -> list[tuple[str, Any, int, int]]:
         """(label, config, batch, seq) of tiny configs of this family for the accuracy grid
-        (planner/bench/main.py): grouped and plain heads, tied and untied heads, the family's own options,
+        (bench/main.py): grouped and plain heads, tied and untied heads, the family's own options,
         one shape whose backward peaks inside a block (few tokens, a small vocabulary) and one whose
         attention's s^2 tensors decide it (a long sequence)."""
         return []

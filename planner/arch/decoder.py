@@ -85,10 +85,10 @@ class RMSDecoder(HFCausalLM):
     # decoders (Llama, Mistral, Qwen 2 set it); every RMSDecoder family is now modelled (offload_modelled narrows)
     offload_plain: ClassVar[bool] = False
     # --offload-activations with accumulation, a checkpointing policy or --offload-optimizer: measured on Llama,
-    # Qwen 3 and Gemma 2 (planner/bench/offload_act.py); the MoE families with their own backward points (moe.py)
+    # Qwen 3 and Gemma 2 (bench/offload_act.py); the MoE families with their own backward points (moe.py)
     offload_combinations: ClassVar[bool] = True
     # --offload-activations with fine-tuning (LoRA, a trainable subset): the walk's host view (offload_walk) and
-    # the device figure measured per family (planner/bench/offload_act.py finetune_rows); a family sets it
+    # the device figure measured per family (bench/offload_act.py finetune_rows); a family sets it
     offload_finetune: ClassVar[bool] = False
     # SDPA's output, laid out (b, s, a, d) by the transpose back (a view), is o_proj's input: saved once
     # (Phi-3: False, planner/arch/phi3.py)
@@ -282,7 +282,7 @@ class RMSDecoder(HFCausalLM):
             # fine-tuning under every:K: a checkpointed block copies its input, one not checkpointed saves through
             # save_on_cpu's hook, its input needing grad (enable_input_require_grads): its whole walk (measured:
             # every dense RMSNorm decoder's grid shape, LoRA r8 / last:1 every:2, host bytes exact;
-            # planner/bench/offload_act.py finetune_mix_rows)
+            # bench/offload_act.py finetune_mix_rows)
             from ..checkpointing import checkpointed_blocks
 
             ckpt = set(checkpointed_blocks(spec.checkpoint_policy, L))

@@ -249,7 +249,7 @@ class Gemma2(Gemma):
 
     def offload_bound_note(self, c, spec) -> str | None:
         """--offload-activations' measured bound where Gemma 2's points still miss (estimate against the simulation:
-        the off-grid sweep, planner/bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
+        the off-grid sweep, bench/offload_act.py offgrid_runs, and the combinations' grid, mix_specs):
         none without checkpointing (every phase to 8 B there); with checkpointing (any policy) the forward phase is
         high by up to 2.9% (V1000 h64 a4 kv2 b2 s64 bf16-AMP selective; never the step's peak, which is the
         backward's). The backward is held to 0.1% on both (it was low by up to 3.8%, the step's peak with a narrow
@@ -259,7 +259,7 @@ class Gemma2(Gemma):
         if spec.finetuning and getattr(spec, "checkpoint_policy", "full") == "selective":
             # (fine-tuning: the last block's eager attention point beside every block's cached outputs, LoRA's
             # among them; measured against the simulation, V1000 h64 a4 kv2 b2 s64 LoRA r8 all-linear bf16-AMP
-            # selective +4.18%, q,v +2.96%: planner/bench/offload_act.py finetune_mix_rows)
+            # selective +4.18%, q,v +2.96%: bench/offload_act.py finetune_mix_rows)
             return ("Gemma 2 fine-tuning with --offload-activations and selective checkpointing: the forward phase's "
                     "estimate is high by up to 4.2% (not the step's peak)")
         return ("Gemma 2 with --offload-activations and checkpointing: the forward phase's estimate is high by up to "

@@ -77,7 +77,7 @@ class BookGPT2(Family):
     # --offload-activations with --grad-accum > 1, every:K / selective or --offload-optimizer: its own backward points
     # in a later micro-batch (offload_backward_points' grads_exist; block_points' later ff.layers.2 and GELU points
     # under checkpointing), measured on V1000 h64 a4 p0.1 b2 s64 and V500 h48 L4 b2 s32, fp32 and bf16-AMP
-    # (tests/test_offload_mix.py, planner/bench/offload_act.py book_mix_grid)
+    # (tests/test_offload_mix.py, bench/offload_act.py book_mix_grid)
     offload_combinations = True
 
     def finetune_check(self, cfg, spec) -> None:

@@ -235,7 +235,7 @@ def build_parser() -> _Parser:
                         "table is kept")
     b.add_argument("--from-records", action="store_true",
                    help="record: measure nothing; write the grid's section (all: every recorded grid's) from its "
-                        "recorded rows, re-estimated with the code as it is (planner/bench/recorded.py)")
+                        "recorded rows, re-estimated with the code as it is (bench/recorded.py)")
     return parser
 
 
@@ -565,29 +565,49 @@ def checkpoint_size(folder) -> dict | None:
     return {"tensors": len(sizes), "bytes": sum(sizes.values()), "largest": max(sizes.items(), key=lambda kv: kv[1])}
 
 
+def load_bench():
+    """The benchmarks' package: the top-level bench/ beside planner/ in the repository (test and benchmark
+    scaffolding, not part of the product, so imported here only, lazily). The repository goes first on sys.path
+    when bench/ sits beside this planner/, so `python -m planner bench` works from any directory; without it (an
+    installed planner, no repository) the command is refused (exit 2)."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if (root / "bench" / "__init__.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module("bench.main")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("bench", "bench.main"):
+            raise
+        raise UsageError("bench: the benchmarks are not installed (they live in the repository's bench/ folder, "
+                         "beside planner/; run from a checkout of the repository)") from None
+
+
 def cmd_bench(args) -> int:
-    from ..bench import main as bench
+    bench = load_bench()  # bench/main.py; bench.* below are imported after it, from the same folder
 
     check_device(args.device)
     if args.what == "record":
-        from ..bench.recorded import grids, main as bench_record
+        from bench.recorded import grids, main as bench_record
 
         if args.grid != "all" and args.grid not in grids():
             raise ConfigError(f"unknown grid {args.grid!r}; choose one of: {', '.join(grids())}, all")
-        from ..bench.recorded import FAMILY_GRIDS
+        from bench.recorded import FAMILY_GRIDS
 
         if args.family and args.grid not in FAMILY_GRIDS:
             raise ConfigError(f"bench record --family goes with --grid {', '.join(FAMILY_GRIDS)}")
         if args.from_records:
             if args.family:
                 raise ConfigError("bench record --from-records re-estimates whole grids: leave out --family")
-            from ..bench.recorded import write_from_records
+            from bench.recorded import write_from_records
 
             return write_from_records(args.grid, out=args.out, progress=progress)
         return bench_record(args.grid, out=args.out, progress=progress, family=args.family)
-    if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): planner/bench/finetune_amp.py
-        from ..bench.finetune_amp import main as bench_amp
-        from ..bench.recorded import load, record
+    if args.what == "finetune-amp":  # fine-tuning under autocast (issue #19): bench/finetune_amp.py
+        from bench.finetune_amp import main as bench_amp
+        from bench.recorded import load, record
 
         if args.family:
             raise ConfigError("--family goes with bench families (and bench finetune --family gpt2: the book's GPT-2)")
@@ -595,54 +615,54 @@ def cmd_bench(args) -> int:
         full_cpu = not args.quick and args.device == "cpu"  # the full CPU grid is recorded (tests/data/measured)
         recorded = (lambda: load(record("finetune-amp", progress=progress))[1]) if full_cpu else None
         return bench_amp(quick=args.quick, out=args.out, device=args.device, progress=progress, recorded=recorded)
-    if args.what == "checkpoint-policies":  # issue #24: planner/bench/techniques.py
-        from ..bench.techniques import main_checkpointing
+    if args.what == "checkpoint-policies":  # issue #24: bench/techniques.py
+        from bench.techniques import main_checkpointing
 
         return main_checkpointing(quick=args.quick, out=args.out, new_rows=args.new_rows)
     if args.what == "offload-activations":  # issue #24: save_on_cpu measured, simulated, estimated
-        from ..bench.offload_act import main as bench_offload_act
+        from bench.offload_act import main as bench_offload_act
 
         return bench_offload_act(quick=args.quick, out=args.out, grid=args.grid)  # --grid offgrid: the sweep
-    if args.what == "offload":  # issue #24: --offload-optimizer, CPU rows measured (planner/bench/offload_opt.py)
-        from ..bench.techniques import main_offload
+    if args.what == "offload":  # issue #24: --offload-optimizer, CPU rows measured (bench/offload_opt.py)
+        from bench.techniques import main_offload
 
         return main_offload(out=args.out)
-    if args.what == "losses":  # issue #24: the fused losses' grid (planner/bench/techniques.py)
-        from ..bench.techniques import main as bench_losses
+    if args.what == "losses":  # issue #24: the fused losses' grid (bench/techniques.py)
+        from bench.techniques import main as bench_losses
 
         return bench_losses(quick=args.quick, out=args.out)
-    if args.what in ("fitted", "fitted-speed"):  # issue #20: any family by config.json (planner/bench/fitted.py)
-        from ..bench.fitted import main as bench_fitted
+    if args.what in ("fitted", "fitted-speed"):  # issue #20: any family by config.json (bench/fitted.py)
+        from bench.fitted import main as bench_fitted
 
         return bench_fitted(args.what, quick=args.quick, out=args.out)
-    if args.what == "modules":  # issue #20: user modules, simulate vs measure and the what-if check (planner/bench/modules.py)
-        from ..bench.modules import main as bench_modules
+    if args.what == "modules":  # issue #20: user modules, simulate vs measure and the what-if check (bench/modules.py)
+        from bench.modules import main as bench_modules
 
         return bench_modules(quick=args.quick, out=args.out)
-    if args.what == "inference-quantized":  # generate() with bitsandbytes weights: planner/bench/infer_quant.py
-        from ..bench.infer_quant import main as bench_infer_quant
+    if args.what == "inference-quantized":  # generate() with bitsandbytes weights: bench/infer_quant.py
+        from bench.infer_quant import main as bench_infer_quant
 
         return bench_infer_quant(quick=args.quick, out=args.out, progress=progress)
-    if args.what == "inference-caches":  # sliding / quantized / offloaded caches: planner/bench/infer_caches.py
-        from ..bench.infer_caches import main as bench_infer_caches
+    if args.what == "inference-caches":  # sliding / quantized / offloaded caches: bench/infer_caches.py
+        from bench.infer_caches import main as bench_infer_caches
 
         return bench_infer_caches(quick=args.quick, out=args.out, progress=progress)
-    if args.what == "inference":  # generate()'s peak: planner/bench/inference.py
-        from ..bench.inference import GRID_FAMILIES, main as bench_inference
+    if args.what == "inference":  # generate()'s peak: bench/inference.py
+        from bench.inference import GRID_FAMILIES, main as bench_inference
 
         if args.family and args.family not in GRID_FAMILIES:
             raise ConfigError(f"bench inference --family: choose one of {', '.join(GRID_FAMILIES)}")
         return bench_inference(quick=args.quick, out=args.out, progress=progress, family=args.family)
     if args.what == "distributed":
-        from ..bench.distributed import main as bench_distributed
+        from bench.distributed import main as bench_distributed
 
         return bench_distributed(quick=args.quick, out=args.out, part=args.family)
     if args.what in ("gpu", "gpu-doc"):
-        from ..bench.gpu import gpu_markdown, run_gpu
+        from bench.gpu import gpu_markdown, run_gpu
 
         folder = args.out_json or "gpu-records"
         if args.what == "gpu":
-            from ..bench.gpu import PARTS
+            from bench.gpu import PARTS
 
             parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
             if not parts or set(parts) - set(PARTS):

@@ -37,12 +37,12 @@ NOT_MEASURED = "not measured on a GPU yet (measure --device cuda runs it)"
 def check_offload_optimizer(spec, estimating: bool = True) -> None:
     """One line for the combinations not modelled; estimating False: what a measurement or simulation can run (the
     plain-torch equivalent runs any trainable set, fine-tuning's alone too: the beside-it run of a fine-tuning
-    row, planner/bench/offload_act.py finetune_mix_rows)."""
+    row, bench/offload_act.py finetune_mix_rows)."""
     if spec.optimizer not in ("adam", "adamw"):
         raise ConfigError(f"--offload-optimizer is modelled for adam / adamw (torchao CPUOffloadOptimizer's default "
                           f"optimizer_class), not {spec.optimizer}")
     if estimating and spec.finetuning and not getattr(spec, "offload_activations", False):
-        # (measured with --offload-activations beside it: planner/bench/offload_act.py finetune_mix_rows)
+        # (measured with --offload-activations beside it: bench/offload_act.py finetune_mix_rows)
         raise ConfigError("--offload-optimizer with fine-tuning is modelled with --offload-activations beside it "
                           "(the dense RMSNorm decoders), not alone yet")
     if spec.device_type not in ("cuda", "cpu"):

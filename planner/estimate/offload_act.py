@@ -395,7 +395,7 @@ def estimate_offload_activations(cfg, spec, estimate_training, backward_sweep, a
     pinned = sum(pow2_ceil(t.bytes) for t in hterms) if spec.device_type == "cuda" else 0
     secs = copy_seconds(host)
     # a shape class where the family's points are known to miss by more than 1% (off the measured grids): its
-    # measured bound (planner/arch/<family>.py offload_bound_note; the off-grid sweep, planner/bench/offload_act.py)
+    # measured bound (planner/arch/<family>.py offload_bound_note; the off-grid sweep, bench/offload_act.py)
     bound = family.offload_bound_note(cfg, spec) if hasattr(family, "offload_bound_note") else None
     note += [bound] if bound else []
     notes = est.notes + note + [

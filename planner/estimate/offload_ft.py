@@ -10,10 +10,10 @@ planner/estimate/offload_act.py takes where a fine-tuned step differs from full 
           where the embedding trains (ft_embed_trains); the backward is the fine-tuning sweep with the saved sets
           on the host (ft_sweep)
 Measured: every dense RMSNorm decoder family, LoRA q,v / all-linear, last:1, QLoRA nf4; fp32 and bf16-AMP;
-checkpointing off and on (planner/bench/offload_act.py finetune_rows; tests/test_offload_finetune.py); in
+checkpointing off and on (bench/offload_act.py finetune_rows; tests/test_offload_finetune.py); in
 combination, --grad-accum 2 (a later micro-batch: ft_sweep's grads_exist), --checkpointing every:2 / selective
 (_policy_sweep; every:K's host copies in planner/arch/decoder.py offload_walk) and --offload-optimizer (planner/
-estimate/offload.py over the trainable tensors) (planner/bench/offload_act.py finetune_mix_rows; tests/
+estimate/offload.py over the trainable tensors) (bench/offload_act.py finetune_mix_rows; tests/
 test_offload_finetune_mix.py). The MoE families and GPT-2 are refused (check_offload_finetune; planner/arch/moe.py
 offload_finetune).
 """
@@ -186,7 +186,7 @@ def _policy_sweep(cfg, spec, w, terms, ce_saved, per_block, grads_exist: bool, q
     a host copy: block i's points less the stashed inputs of the checkpointed blocks below it, as under full
     checkpointing (ft_sweep). Under selective the policy's cached outputs are the checkpoint's own storage (not a
     saved-tensor hook): they stay on the device, in the sweep's kept sets (measured: every dense RMSNorm decoder's
-    grid shape, LoRA r8 / last:1, fp32 and bf16-AMP, every:2 and selective, planner/bench/offload_act.py
+    grid shape, LoRA r8 / last:1, fp32 and bf16-AMP, every:2 and selective, bench/offload_act.py
     finetune_mix_rows)."""
     from .finetune import _sweep, trainable_params
 

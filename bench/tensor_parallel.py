@@ -7,11 +7,11 @@ published shapes (llama-3-8b, Llama-2-70B) at FSDP 8 x TP 8 and FSDP 128 x TP 8,
 """
 from __future__ import annotations
 
-from ..arch.llama import LlamaConfig
-from ..arch.qwen2 import Qwen2Config
-from ..config import ModelConfig
-from ..parallel import ParallelSpec
-from ..spec import TrainSpec
+from planner.arch.llama import LlamaConfig
+from planner.arch.qwen2 import Qwen2Config
+from planner.config import ModelConfig
+from planner.parallel import ParallelSpec
+from planner.spec import TrainSpec
 
 # GQA Llama (8 query heads over 4 KV heads: 4 divides both) and an MHA Qwen2 with its q/k/v biases; every width
 # divides by 4 (TP shards heads, the MLP's intermediate width and the vocabulary evenly: planner.parallel).

@@ -17,10 +17,10 @@ import datetime
 import platform
 from dataclasses import asdict
 
-from ..config import GPT2Config, LlamaConfig, ModelConfig, PRESETS, config_to_dict
-from ..estimate.distributed import estimate_distributed
-from ..parallel import ParallelSpec
-from ..spec import TrainSpec
+from planner.config import GPT2Config, LlamaConfig, ModelConfig, PRESETS, config_to_dict
+from planner.estimate.distributed import estimate_distributed
+from planner.parallel import ParallelSpec
+from planner.spec import TrainSpec
 
 ESTIMATE_BAR_PCT = 2.0
 SIMULATE_BAR_PCT = 0.1
@@ -38,7 +38,7 @@ TINY_LLAMA_E = LlamaConfig(vocab_size=2000, hidden_size=64, intermediate_size=17
 # and the root are fully_shard-ed; a GQA Llama with checkpointing in bf16-AMP on 2 ranks, and a Qwen2 with a tied
 # embedding and SGD in fp32 on 4 ranks (a vocabulary 4 does not divide: padded shards). These rows also run one
 # step under torch's FSDPMemTracker on every rank (its peak beside the planner's).
-from ..arch.qwen2 import Qwen2Config  # noqa: E402
+from planner.arch.qwen2 import Qwen2Config  # noqa: E402
 
 TINY_QWEN_TIED = Qwen2Config(vocab_size=503, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -95,7 +95,7 @@ def grid(quick: bool = False) -> list[tuple[str, ModelConfig, TrainSpec, Paralle
 
 
 def run_grid(rows, progress=print) -> list[dict]:
-    from ..distributed import run_ranks, run_simulation
+    from planner.distributed import run_ranks, run_simulation
 
     results = []
     for label, cfg, spec, pspec in rows:
@@ -143,7 +143,7 @@ def large_rows() -> list[tuple[str, ModelConfig, TrainSpec, ParallelSpec]]:
 
 
 def run_large(rows, progress=print) -> list[dict]:
-    from ..distributed import run_simulation
+    from planner.distributed import run_simulation
 
     out = []
     for label, cfg, spec, pspec in rows:
@@ -261,7 +261,7 @@ def markdown(results: list[dict], large: list[dict], part: str | None = None) ->
 
 
 def main(quick: bool = False, out: str | None = None, part: str | None = None) -> int:
-    from ..config import ConfigError
+    from planner.config import ConfigError
 
     if part is not None and part not in PARTS:
         raise ConfigError(f"bench distributed --family: one of {', '.join(PARTS)} (default: the whole grid)")

@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-RECORD_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured"
+RECORD_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "measured"
 PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
 # the grids whose rows `bench record --family` can renew one family at a time (every row names its config's arch)
 FAMILY_GRIDS = ("families", "finetune", "finetune-amp")
@@ -36,7 +36,7 @@ def grids() -> dict[str, tuple[float, callable]]:
     from .finetune_amp import AMP_BAR_PCT, finetune_amp_grid
 
     def families_rows():
-        from ..arch import families
+        from planner.arch import families
         return [row for fam in families() for row in bench.family_grid(fam)]
 
     return {"accuracy": (bench.ACCURACY_BAR_PCT, bench.accuracy_grid),
@@ -61,8 +61,8 @@ def versions() -> dict[str, str]:
 
 
 def record_row(label: str, cfg, spec) -> dict:
-    from ..config import config_to_dict
-    from ..measure.training import measure_training
+    from planner.config import config_to_dict
+    from planner.measure.training import measure_training
 
     meas = measure_training(cfg, spec)
     return {"label": label, "config": config_to_dict(cfg), "spec": asdict(spec), "peak_bytes": meas["peak_bytes"],
@@ -81,7 +81,7 @@ def record(name: str, out_dir: Path = RECORD_DIR, progress=print, family: str | 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.jsonl"
     if family:
-        from ..config import ConfigError
+        from planner.config import ConfigError
 
         chosen = {f.strip() for f in family.split(",") if f.strip()}
         if name not in FAMILY_GRIDS:
@@ -120,9 +120,9 @@ def load(path: Path) -> tuple[dict, list[dict]]:
 
 def re_estimate(row: dict) -> tuple[int, float]:
     """(estimated peak, error in percent against the recorded measurement) with the estimator as it is now."""
-    from ..config import config_from_dict
-    from ..estimate.training import estimate_training
-    from ..spec import TrainSpec
+    from planner.config import config_from_dict
+    from planner.estimate.training import estimate_training
+    from planner.spec import TrainSpec
 
     est = estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"]))
     return est.peak_bytes, 100.0 * (est.peak_bytes - row["peak_bytes"]) / row["peak_bytes"]
@@ -130,12 +130,12 @@ def re_estimate(row: dict) -> tuple[int, float]:
 
 def is_gap(grid: str, row: dict) -> bool:
     """A fine-tuning row the estimate names a documented gap for (planner/estimate/finetune.py known_gap):
-    held to planner/bench/common.py FINETUNE_GAP_BAR_PCT, as `bench finetune` and `bench finetune-amp` mark it."""
+    held to bench/common.py FINETUNE_GAP_BAR_PCT, as `bench finetune` and `bench finetune-amp` mark it."""
     if not grid.startswith("finetune"):
         return False
     from .common import finetune_gap
-    from ..config import config_from_dict
-    from ..spec import TrainSpec
+    from planner.config import config_from_dict
+    from planner.spec import TrainSpec
 
     return finetune_gap((row["label"], config_from_dict(row["config"]), TrainSpec(**row["spec"]))) is not None
 
@@ -171,9 +171,9 @@ def summary_markdown(record_dir: Path = RECORD_DIR) -> str:
 
 
 def families_markdown_from_record(chosen: list[str], out: str | None, record_dir: Path = RECORD_DIR) -> str:
-    """The families section (planner/bench/main.py families_markdown) for `chosen` families from their recorded rows
+    """The families section (bench/main.py families_markdown) for `chosen` families from their recorded rows
     (each measured by record_row, as `bench families` measures it) re-estimated now; with `out`, merged into that
-    file's section (planner/bench/families_doc.py: the other families' tables are kept)."""
+    file's section (bench/families_doc.py: the other families' tables are kept)."""
     from .main import families_markdown
 
     _, rows = load(record_dir / "families.jsonl")
@@ -194,9 +194,9 @@ def families_markdown_from_record(chosen: list[str], out: str | None, record_dir
 
 
 def _estimated_phase(row: dict) -> str:
-    from ..config import config_from_dict
-    from ..estimate.training import estimate_training
-    from ..spec import TrainSpec
+    from planner.config import config_from_dict
+    from planner.estimate.training import estimate_training
+    from planner.spec import TrainSpec
 
     return estimate_training(config_from_dict(row["config"]), TrainSpec(**row["spec"])).peak_phase
 
@@ -223,17 +223,17 @@ def main(grid: str = "all", out: str | None = None, progress=print, family: str 
 # The recorded grids' sections of docs/accuracy.md, rebuilt from their records (`bench record --from-records`):
 # the same table writers as the benchmarks that measure them, fed each recorded row re-estimated now.
 FROM_RECORD_COLUMNS = "measured (B) and meas. phase"  # what a record row holds (record_row): peak and phase peaks
-# measured after the first four families: their own subsections (Phi-3 and the MoE families: planner/bench/main.py
+# measured after the first four families: their own subsections (Phi-3 and the MoE families: bench/main.py
 # FINETUNE_WALKED_FAMILIES, on a smaller grid)
 FINETUNE_OWN_TABLES = ("gemma", "gemma2", "phi3", "qwen2_moe", "mixtral", "qwen3_moe")
 
 
 def results_from_record(rows: list[dict]) -> list[dict]:
-    """A benchmark's result rows (planner/bench/main.py run_accuracy's keys) from recorded rows: the measured
+    """A benchmark's result rows (bench/main.py run_accuracy's keys) from recorded rows: the measured
     peak and phase from the record, the estimate of the code as it is now."""
-    from ..config import config_from_dict
-    from ..estimate.training import estimate_training
-    from ..spec import TrainSpec
+    from planner.config import config_from_dict
+    from planner.estimate.training import estimate_training
+    from planner.spec import TrainSpec
 
     out = []
     for row in rows:
@@ -270,8 +270,8 @@ def sections_from_records(grid: str = "all", record_dir: Path = RECORD_DIR) -> l
     from .bnb import bnb_markdown
     from .common import finetune_gap
     from .finetune_amp import amp_markdown
-    from ..config import config_from_dict
-    from ..spec import TrainSpec
+    from planner.config import config_from_dict
+    from planner.spec import TrainSpec
 
     def rec(name):
         header, rows = load(record_dir / f"{name}.jsonl")

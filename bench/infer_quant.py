@@ -17,7 +17,7 @@ import platform
 
 from .common import _torch_version, _version, write_section
 from .inference import BAR_PCT, NEW_TOKENS, _child, _estimate, _fmt
-from ..infer_spec import InferSpec, check_infer
+from planner.infer_spec import InferSpec, check_infer
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2-hf")
 QUANTS = (("int8", False), ("nf4", False), ("fp4", True))
@@ -36,7 +36,7 @@ def quant_config(cfg):
 
 
 def grid_rows(quick: bool):
-    from ..arch import families
+    from planner.arch import families
 
     for name in FAMILIES:
         fam = families().get(name)

@@ -1,8 +1,8 @@
 """`bench families --family F --out docs/accuracy.md`: one family's table put into the families section in place of
 its old one (or added), the other families' tables and summary rows kept as they are (no torch).
 
-Without this, one family's run would write a section holding that family alone (planner/bench/common.py
-write_section replaces a whole section). The section's layout is planner/bench/main.py families_markdown's: a summary
+Without this, one family's run would write a section holding that family alone (bench/common.py
+write_section replaces a whole section). The section's layout is bench/main.py families_markdown's: a summary
 table (| family | rows | worst |error| % |) and one "## family" table per family.
 """
 from __future__ import annotations

@@ -16,15 +16,15 @@ import subprocess
 import sys
 
 from .common import _torch_version, _version, write_section
-from ..config import PRESETS, config_to_dict
-from ..infer_spec import InferSpec, check_infer
+from planner.config import PRESETS, config_to_dict
+from planner.infer_spec import InferSpec, check_infer
 
 BAR_PCT = 1.0
 NEW_TOKENS = 4
 # Families whose block the estimate models (planner/arch/decoder.py RMSDecoder.infer_*); the others are measured
 # and simulated, their estimate refused with a line saying so.
 GRID_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2-hf", "gpt2")
-# the sliding, quantized and offloaded caches have their own grid (planner/bench/infer_caches.py)
+# the sliding, quantized and offloaded caches have their own grid (bench/infer_caches.py)
 GRID_CACHES = ("dynamic", "static", "none")
 FULL_SIZE_ROWS = [
     ("llama-3-8b", InferSpec(8, 4096, 16, precision="bf16")),
@@ -42,7 +42,7 @@ FULL_SIZE_ROWS = [
 
 def grid_rows(quick: bool, family: str | None = None):
     """(family, config label, config, InferSpec) of the grid; `family`: only that family's rows."""
-    from ..arch import families
+    from planner.arch import families
 
     precs = ("fp32", "bf16") if not quick else ("fp32",)
     for name in GRID_FAMILIES:
@@ -69,15 +69,15 @@ def grid_rows(quick: bool, family: str | None = None):
 
 
 def _child(kind, cfg, ispec, timeout_s=600):
-    from ..runner import run_worker
+    from planner.runner import run_worker
 
     out = run_worker({"kind": kind, "config": config_to_dict(cfg), "spec": ispec.to_dict()}, timeout_s=timeout_s)
     return out.record if out.exit_code == 0 else {"error": out.record.get("error") or out.stderr[-300:]}
 
 
 def _estimate(cfg, ispec):
-    from ..config import ConfigError
-    from ..estimate.inference import estimate_inference
+    from planner.config import ConfigError
+    from planner.estimate.inference import estimate_inference
 
     try:
         return estimate_inference(cfg, ispec)
@@ -86,13 +86,13 @@ def _estimate(cfg, ispec):
 
 
 def _run_rows(rows: list[dict]) -> None:
-    """The inference grids' child (this grid's and planner/bench/infer_caches.py's): measure and simulate each row
+    """The inference grids' child (this grid's and bench/infer_caches.py's): measure and simulate each row
     (torch), one JSON line per row on stdout. Each row builds its own model and measures after a warm-up call
     (planner.measure.inference), so rows share no tensors; one child saves the grid a torch / transformers import
     per row."""
-    from ..config import config_from_dict
-    from ..measure.inference import measure_inference
-    from ..measure.simulate_infer import simulate_inference
+    from planner.config import config_from_dict
+    from planner.measure.inference import measure_inference
+    from planner.measure.simulate_infer import simulate_inference
 
     for row in rows:
         cfg, ispec = config_from_dict(row["config"]), InferSpec(**row["spec"])
@@ -110,8 +110,10 @@ def grid_records(rows):
     """(measure record, simulate record) per (family, label, config, InferSpec) row, from one child process
     (_run_rows); each record is {"peak_bytes", "peak_phase", "phase_peak_bytes"} or {"error": "<type>: <text>"}."""
     payload = [{"config": config_to_dict(c), "spec": i.to_dict()} for _, _, c, i in rows]
-    proc = subprocess.Popen([sys.executable, "-m", "planner.bench.inference"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    from . import child_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "bench.inference"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=child_env())
     proc.stdin.write(json.dumps(payload))
     proc.stdin.close()
     for line in proc.stdout:

@@ -1,5 +1,5 @@
 """What every benchmark shares (no torch): the versions and machine a table names, the markdown section
-writer, and the documented-gap rule of the fine-tuning grids. planner/bench/main.py and the other planner/bench/ files import
+writer, and the documented-gap rule of the fine-tuning grids. bench/main.py and the other bench/ files import
 it; it imports none of them.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ FINETUNE_GAP_BAR_PCT = 6.0
 
 
 def finetune_gap(label_cfg_spec) -> str | None:
-    from ..estimate.finetune import known_gap
+    from planner.estimate.finetune import known_gap
 
     _, cfg, spec = label_cfg_spec
     return known_gap(cfg, spec)

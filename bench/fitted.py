@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ..spec import TrainSpec
+from planner.spec import TrainSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ["olmo2-tiny", "granite-tiny", "phi-tiny", "cohere-tiny", "smollm3-tiny"]
 TINY_RUNS = [("fp32", "adamw", 3, 40), ("bf16-amp", "sgd-momentum", 2, 96)]
 FULL = ["olmo2-7b", "granite-3-8b", "smollm3-3b", "phi-2", "command-r"]
@@ -31,8 +31,8 @@ SOLVE_FACTOR = 2  # the fit solver's timed query: the largest batch at s=2048 wi
 
 
 def _child(kind: str, cfg, spec: TrainSpec) -> dict:
-    from ..config import config_to_dict
-    from ..runner import run_worker
+    from planner.config import config_to_dict
+    from planner.runner import run_worker
 
     payload = {"config": config_to_dict(cfg), "spec": asdict(spec)}
     if kind == "simulate":
@@ -44,8 +44,8 @@ def _child(kind: str, cfg, spec: TrainSpec) -> dict:
 
 
 def run_tiny(quick: bool = False, progress=print) -> list[dict]:
-    from ..config import load_config
-    from ..fitted import fitted_model
+    from planner.config import load_config
+    from planner.fitted import fitted_model
 
     rows = []
     for i, name in enumerate(TINY):
@@ -71,8 +71,8 @@ def run_tiny(quick: bool = False, progress=print) -> list[dict]:
 def run_full(quick: bool = False, progress=print) -> list[dict]:
     """First answer from nothing (a child, as `estimate train` runs it: the fit made again), its check, and the
     fitted peak against a full simulation at FULL_CHECKS; a query's time in this process."""
-    from ..config import load_config
-    from ..fitted import fitted_model
+    from planner.config import load_config
+    from planner.fitted import fitted_model
 
     rows = []
     for name in FULL[:2] if quick else FULL:
@@ -114,7 +114,7 @@ def accuracy_markdown(tiny: list[dict], full: list[dict]) -> str:
     worst = max(abs(r["error_pct"]) for r in tiny)
     worst_sim = max(abs(r["simulated"] - r["measured"]) for r in tiny)
     lines = _header("# Any family by config.json: fitted estimate vs measurement (cpu)") + [
-        "", "Written by `python -m planner bench fitted` (planner/bench/fitted.py). A config.json whose `model_type` "
+        "", "Written by `python -m planner bench fitted` (bench/fitted.py). A config.json whose `model_type` "
         "transformers' AutoModelForCausalLM builds and no family file reads (planner/arch/auto.py) is simulated and "
         "measured as transformers' own model and estimated from a fit of simulations (planner/fitted.py; every record "
         "says `\"basis\": \"fitted simulation\"`). Each row: the real step measured in a child, simulated in another, "
@@ -149,7 +149,7 @@ def accuracy_markdown(tiny: list[dict], full: list[dict]) -> str:
 
 def speed_markdown(full: list[dict]) -> str:
     lines = _header("# Fitted estimates: first answer and query time (issue #20)") + [
-        "", "Written by `python -m planner bench fitted-speed` (planner/bench/fitted.py). The first answer for a model "
+        "", "Written by `python -m planner bench fitted-speed` (bench/fitted.py). The first answer for a model "
         "no family file reads is the fit: every point simulated in two child processes at once (planner/fitted.py "
         "FIT_CHILDREN; torch and transformers imported once in each), then fitted; it is kept on disk, and every later answer (a slider move, the fit solver's bisection) "
         "reads it. Target (issue #20): a 7B-class first answer under 60 s on 2 cores, a query under 1 ms.", "",

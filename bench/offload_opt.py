@@ -5,14 +5,14 @@ CPUOffloadOptimizer (planner/routines/offload_optim.py); the tracker counts its 
 host bytes. Regenerate: `python -m planner bench offload --out docs/accuracy.md`."""
 from __future__ import annotations
 
-from ..config import LlamaConfig
-from ..spec import TrainSpec
+from planner.config import LlamaConfig
+from planner.spec import TrainSpec
 
 
 def grid() -> list[tuple[str, object, int, int]]:
     import importlib
 
-    from ..config import GPT2Config
+    from planner.config import GPT2Config
 
     rows = [("llama V300 h48 a6 kv2 f96 L2", LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96,
                                                           num_hidden_layers=2, num_attention_heads=6,
@@ -20,7 +20,7 @@ def grid() -> list[tuple[str, object, int, int]]:
     for arch, shown in (("gemma2", "gemma2"), ("gpt2", "gpt2-hf")):  # each family's first grid shape
         label, cfg, b, s = importlib.import_module(f"planner.arch.{arch}").FAMILY.grid_configs()[0]
         rows.append((f"{shown} {label.rsplit(' b', 1)[0]}", cfg, b, s))
-    # the book's GPT-2 (planner/bench/main.py FINETUNE_BOOK_SHAPES' second shape)
+    # the book's GPT-2 (bench/main.py FINETUNE_BOOK_SHAPES' second shape)
     rows.append(("gpt2 (book) V1000 h64 a4", GPT2Config(vocab_size=1000, context_length=64, emb_dim=64, n_heads=4,
                                                         n_layers=2), 2, 64))
     return rows

@@ -16,7 +16,7 @@ import itertools
 import platform
 from dataclasses import replace
 
-from ..spec import TrainSpec
+from planner.spec import TrainSpec
 
 BNB_BAR_PCT = 2.0  # issue #12: quantized optimizers within 2% of the measured peak (aim: 1%)
 BNB_AIM_PCT = 1.0
@@ -31,7 +31,7 @@ SUBSECTION = "## 8-bit optimizers"
 
 
 def bnb_grid(quick: bool = False, families_: tuple[str, ...] = ("llama", "qwen2")) -> list[tuple]:
-    from ..arch import families
+    from planner.arch import families
 
     rows = []
     i = 0
@@ -52,8 +52,8 @@ def bnb_grid(quick: bool = False, families_: tuple[str, ...] = ("llama", "qwen2"
 
 def small_tensor_counts(cfg, spec) -> tuple[int, int]:
     """(tensors with 8-bit states, tensors with fp32 states) among the row's trainable tensors."""
-    from ..estimate.bnb_optim import MIN_8BIT_SIZE
-    from ..estimate.finetune import trainable_params
+    from planner.estimate.bnb_optim import MIN_8BIT_SIZE
+    from planner.estimate.finetune import trainable_params
 
     sizes = [n for _, n, _ in trainable_params(cfg, spec)]
     return sum(n >= MIN_8BIT_SIZE for n in sizes), sum(n < MIN_8BIT_SIZE for n in sizes)
@@ -113,8 +113,8 @@ def _beyond_aim(results: list[dict]) -> list[str]:
 
 def run_bnb(rows, device: str = "cpu", progress=print) -> list[dict]:
     """Estimate and measure each row in this process; also compare the optimizer state bytes."""
-    from ..estimate.training import estimate_training
-    from ..measure.training import measure_training
+    from planner.estimate.training import estimate_training
+    from planner.measure.training import measure_training
 
     results = []
     for label, cfg, spec in rows:

@@ -7,14 +7,14 @@ the host bytes. Regenerate: `python -m planner bench offload-activations --out d
 combinations, fine-tuning and off-grid grid rows included)."""
 from __future__ import annotations
 
-from ..config import LlamaConfig
-from ..spec import TrainSpec
+from planner.config import LlamaConfig
+from planner.spec import TrainSpec
 
 HEADING = "# Activation offloading: --offload-activations (issue #24; the mechanism measured on the CPU)"
 
 
 def grid(quick: bool = False) -> list[tuple[str, object, int, int]]:
-    from ..arch.qwen2 import Qwen2Config
+    from planner.arch.qwen2 import Qwen2Config
 
     rows = [("llama V300 h48 a6 kv2 f96 L2", LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96,
                                                           num_hidden_layers=2, num_attention_heads=6,
@@ -41,7 +41,7 @@ SHOWN = {"gpt2": "gpt2-hf"}  # planner/arch/gpt2.py is transformers' GPT-2
 def book_row() -> tuple[str, object, int, int]:
     """The book's GPT-2 (planner/arch/gpt2_book.py has no grid shapes): its own eager attention with the training
     chapters' drop_rate 0.1 (the noise of every dropout saved), untied head."""
-    from ..arch.gpt2_book import GPT2Config
+    from planner.arch.gpt2_book import GPT2Config
 
     return ("gpt2 (book) V1000 h64 a4 p0.1", GPT2Config(vocab_size=1000, context_length=128, emb_dim=64, n_heads=4,
                                                          n_layers=2, drop_rate=0.1), 2, 64)
@@ -100,10 +100,10 @@ def offload_row(label: str, cfg, spec: TrainSpec, plain: TrainSpec, host: str) -
     """One offloading run (activations or optimizer): estimated, measured and simulated, device peak and `host`
     bytes (the estimate's transient line `host`, the records' `host`_bytes), beside the plain run it replaces;
     None when the estimate refuses it. Returns the row, the estimate and the measurement."""
-    from ..estimate.training import estimate_training
-    from ..measure.simulate import simulate_training
-    from ..measure.training import measure_training
-    from ..validation import ConfigError
+    from planner.estimate.training import estimate_training
+    from planner.measure.simulate import simulate_training
+    from planner.measure.training import measure_training
+    from planner.validation import ConfigError
 
     try:
         est = estimate_training(cfg, spec)
@@ -157,7 +157,7 @@ def mix_grid() -> list[tuple[str, object, int, int]]:
 def book_mix_grid() -> list[tuple[str, object, int, int]]:
     """The book's GPT-2 in the combinations (its own backward points, planner/arch/gpt2_book.py): the main table's
     shape (dropout 0.1) and the policy grid's V500 h48 L4 (no dropout, four blocks: every:2 leaves two uncheckpointed)."""
-    from ..arch.gpt2_book import GPT2Config
+    from planner.arch.gpt2_book import GPT2Config
 
     return [book_row(), ("gpt2 (book) V500 h48 L4", GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3,
                                                                n_layers=4, drop_rate=0.0, qkv_bias=False), 2, 32)]
@@ -237,9 +237,9 @@ WORST_PHASE = ("worst phase error", "---", _worst_phase)
 
 def simulated_row(preset: str, spec: TrainSpec) -> dict:
     """A full-size row: the formula against the simulation (fake tensors, the same hooks), device and host."""
-    from ..config import PRESETS
-    from ..estimate.training import estimate_training
-    from ..measure.simulate import simulate_training
+    from planner.config import PRESETS
+    from planner.estimate.training import estimate_training
+    from planner.measure.simulate import simulate_training
 
     est, sim = estimate_training(PRESETS[preset], spec), simulate_training(PRESETS[preset], spec)
     return {"preset": preset, "est_peak": est.peak_bytes, "sim_peak": sim["peak_bytes"],
@@ -557,7 +557,7 @@ def mix_full_size() -> list[str]:
 
 
 def markdown(quick: bool = False) -> str:
-    from ..estimate.offload_act import PCIE_GEN4_X16_BYTES_PER_S
+    from planner.estimate.offload_act import PCIE_GEN4_X16_BYTES_PER_S
 
     rs = rows(quick)
     worst, worst_host, sim_equal = summary(rs)
@@ -706,9 +706,9 @@ def offgrid_runs(families: tuple[str, ...] = OFFGRID_FAMILIES) -> list[tuple[str
 def offgrid_row(label: str, cfg, spec: TrainSpec) -> dict | None:
     """One off-grid run: the estimate's and the simulation's device peak, every phase and the host bytes (None:
     refused in one line)."""
-    from ..estimate.training import estimate_training
-    from ..measure.simulate import simulate_training
-    from ..validation import ConfigError
+    from planner.estimate.training import estimate_training
+    from planner.measure.simulate import simulate_training
+    from planner.validation import ConfigError
 
     try:
         est = estimate_training(cfg, spec)
@@ -745,7 +745,7 @@ def offgrid_markdown(rs: list[dict] | None = None) -> str:
     phases = ("forward", "loss", "backward", "optimizer", "zero_grad")
     lines = [OFFGRID_HEADING, "",
              "`python -m planner bench offload-activations --grid offgrid [--out docs/accuracy.md]` "
-             "(planner/bench/offload_act.py offgrid_runs): every RMS decoder family at shapes the measured grids do "
+             "(bench/offload_act.py offgrid_runs): every RMS decoder family at shapes the measured grids do "
              "not hold (h/f from 2h to 8h, grouped and plain K/V, b 1..4, s 64..512, past Mistral's and Phi-3's "
              "windows), fp32 / bf16 / bf16-AMP, checkpointing off and on, AdamW, SGD and AdamW with "
              "--offload-optimizer (not the MoE families: refused in one line), estimated and simulated (fake "

@@ -4,7 +4,7 @@ types beyond dynamic and static (issue #21): `sliding` (the configs' own windows
 precision x eager/sdpa; estimated (planner/estimate/inference.py) against measured (live bytes) and simulated (fake
 tensors). `offloaded` needs CUDA (planner/estimate/infer_caches.py): its device and host figures are shown for
 full-size presets, estimated only, for the CUDA check. The rows run in one child process, the inference grid's
-(planner/bench/inference.py grid_records; this one imports no torch); each row builds its own model, so rows do
+(bench/inference.py grid_records; this one imports no torch); each row builds its own model, so rows do
 not share tensors.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import itertools
 import platform
 
 from .common import _torch_version, _version, write_section
-from ..config import PRESETS
-from ..infer_spec import InferSpec, check_infer
+from planner.config import PRESETS
+from planner.infer_spec import InferSpec, check_infer
 
 BAR_PCT = 1.0
 SLIDING_FAMILIES = ("mistral", "phi3", "gemma2")
@@ -34,7 +34,7 @@ OUTSIDE_NOTE = ("Every row outside the bar misses bytes that the dynamic cache's
 
 
 def grid_rows(quick: bool):
-    from ..arch import families
+    from planner.arch import families
 
     precs = ("fp32",) if quick else ("fp32", "bf16")
     for cache, names in (("sliding", SLIDING_FAMILIES), ("quantized", QUANTIZED_FAMILIES)):
@@ -55,7 +55,7 @@ def grid_rows(quick: bool):
 
 
 def _record(m: dict, s: dict) -> dict:
-    """A row's measured and simulated figures from the shared child's records (planner/bench/inference.py
+    """A row's measured and simulated figures from the shared child's records (bench/inference.py
     _run_rows): the peak and phase peaks of each, the measured phase (else the simulated one), the last error."""
     out = {}
     for kind, r in (("measured", m), ("simulated", s)):
@@ -68,7 +68,7 @@ def _record(m: dict, s: dict) -> dict:
 
 
 def run_grid(quick: bool, progress=print) -> list[dict]:
-    from ..estimate.inference import estimate_inference
+    from planner.estimate.inference import estimate_inference
     from .inference import grid_records
 
     rows = list(grid_rows(quick))
@@ -90,7 +90,7 @@ def run_grid(quick: bool, progress=print) -> list[dict]:
 
 
 def offloaded_rows() -> list[dict]:
-    from ..estimate.inference import estimate_inference
+    from planner.estimate.inference import estimate_inference
 
     out = []
     for name, ispec in OFFLOADED_ROWS:

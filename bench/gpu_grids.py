@@ -4,13 +4,13 @@
 
 The rows are the ones measured on the CPU and kept in tests/data/measured/<grid>.jsonl (every Hugging Face
 family x precision x attention x checkpointing x optimizer, fine-tuning with frozen layers, LoRA, QLoRA and
-AdamW8bit, fine-tuning under AMP, the book's GPT-2) plus the inference grids (planner/bench/inference.py and
-planner/bench/infer_caches.py), each with its device set to cuda. Thousands of tiny rows do not each get a
+AdamW8bit, fine-tuning under AMP, the book's GPT-2) plus the inference grids (bench/inference.py and
+bench/infer_caches.py), each with its device set to cuda. Thousands of tiny rows do not each get a
 fresh process (a CUDA child's start costs seconds): SHARDS processes each run a share of them one after
 another, in shuffled order (a run cut short by its deadline keeps a sample of every grid), with the caching
 allocator emptied and its peak reset before each row (planner.measure.training / inference reset the peak).
 What a shard cannot make per row is a fresh reserved pool: `max_memory_reserved` is only compared on the
-fresh-child rows of planner/bench/gpu.py. Each row is one JSON line in DIR/cuda-rows.jsonl.
+fresh-child rows of bench/gpu.py. Each row is one JSON line in DIR/cuda-rows.jsonl.
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def infer_rows() -> list[dict]:
     import dataclasses
 
     from . import infer_caches, inference
-    from ..config import PRESETS, config_to_dict
-    from ..infer_spec import InferSpec
+    from planner.config import PRESETS, config_to_dict
+    from planner.infer_spec import InferSpec
 
     rows = []
     for grid, mod in (("inference", inference), ("inference-caches", infer_caches)):
@@ -75,8 +75,8 @@ def technique_rows() -> list[dict]:
     from dataclasses import asdict, replace
 
     from . import offload_act, offload_opt, techniques
-    from ..config import config_to_dict
-    from ..spec import TrainSpec
+    from planner.config import config_to_dict
+    from planner.spec import TrainSpec
 
     runs = [("losses", label, cfg, spec) for label, cfg, spec in techniques.losses_grid()]
     runs += [("policies", label, cfg, spec) for label, cfg, spec in techniques.policy_grid()]
@@ -99,7 +99,7 @@ def _measure_row(row: dict) -> dict:
 
     import torch
 
-    from ..config import config_from_dict
+    from planner.config import config_from_dict
 
     gc.collect()
     torch.cuda.empty_cache()
@@ -107,13 +107,13 @@ def _measure_row(row: dict) -> dict:
     cfg = config_from_dict(row["config"])
     t0 = time.perf_counter()
     if row["kind"] == "train":
-        from ..measure.training import measure_training
-        from ..spec import TrainSpec
+        from planner.measure.training import measure_training
+        from planner.spec import TrainSpec
 
         m = measure_training(cfg, TrainSpec(**row["spec"]))
     else:
-        from ..infer_spec import InferSpec
-        from ..measure.inference import measure_inference
+        from planner.infer_spec import InferSpec
+        from planner.measure.inference import measure_inference
 
         m = measure_inference(cfg, InferSpec(**row["spec"]))
     keep = ("peak_bytes", "peak_phase", "phase_peak_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
@@ -151,8 +151,10 @@ def run_rows(out_dir: Path, parts: tuple[str, ...], budget_s: float, progress=pr
     rows_path.write_text(json.dumps(rows))
     out_path = out_dir / ROWS_FILE
     deadline = time.time() + budget_s
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # the GPU does the work
-    procs = [subprocess.Popen([sys.executable, "-c", "import sys; from planner.bench.gpu_grids import shard_main; "
+    from . import child_env
+
+    env = child_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})  # the GPU does the work
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; from bench.gpu_grids import shard_main; "
                                f"sys.exit(shard_main({str(rows_path)!r}, {i}, {SHARDS}, {str(out_path)!r}, {deadline}))"],
                               env=env) for i in range(SHARDS)]
     for p in procs:
@@ -162,7 +164,7 @@ def run_rows(out_dir: Path, parts: tuple[str, ...], budget_s: float, progress=pr
     progress(f"cuda rows: {done} of {len(rows)} measured within {budget_s:.0f} s")
 
 
-RECORDS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "cuda" / "2026-11-27-h200"  # one H200 run
+RECORDS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cuda" / "2026-11-27-h200"  # one H200 run
 
 
 def read_records(path) -> list[dict]:
@@ -183,18 +185,18 @@ def live_error(rec: dict) -> tuple[int, int, float] | None:
     lines: the 512-B rounding and the cuBLAS workspaces) against the tracked live tensor bytes of the real step on the GPU:
     (estimate, measured, error %), None for a refused estimate or a row without a tracked peak. This is the
     comparison a shard's row supports exactly (a shard's `max_memory_allocated` also holds what earlier rows in
-    the same process left behind: planner/bench/gpu_grids.py module doc)."""
-    from ..config import config_from_dict
-    from ..estimate.training import estimate_training
-    from ..spec import TrainSpec
-    from ..validation import ConfigError
+    the same process left behind: bench/gpu_grids.py module doc)."""
+    from planner.config import config_from_dict
+    from planner.estimate.training import estimate_training
+    from planner.spec import TrainSpec
+    from planner.validation import ConfigError
 
     tracked = (rec.get("measured") or {}).get("tracked_peak_bytes")
     if rec.get("kind") == "infer" and (rec.get("spec") or {}).get("cache") == "offloaded":
         return None  # its tracked bytes hold the host copies too; its device figure is compared with allocated
     if rec.get("kind") == "infer" and tracked:  # generate(): its one cuBLAS workspace is the allocator's line
-        from ..infer_spec import InferSpec
-        from ..estimate.inference import estimate_inference
+        from planner.infer_spec import InferSpec
+        from planner.estimate.inference import estimate_inference
 
         try:
             est = estimate_inference(config_from_dict(rec["config"]), InferSpec(**rec["spec"]))
@@ -214,18 +216,18 @@ def live_error(rec: dict) -> tuple[int, int, float] | None:
 
 def _estimate(rec: dict):
     """(estimated peak bytes, estimated peak phase) of one row with today's estimator, or (None, why)."""
-    from ..config import config_from_dict
+    from planner.config import config_from_dict
 
     cfg = config_from_dict(rec["config"])
     try:
         if rec["kind"] == "train":
-            from ..estimate.training import estimate_training
-            from ..spec import TrainSpec
+            from planner.estimate.training import estimate_training
+            from planner.spec import TrainSpec
 
             e = estimate_training(cfg, TrainSpec(**rec["spec"]))
             return e.peak_bytes, e.peak_phase
-        from ..estimate.inference import estimate_inference
-        from ..infer_spec import InferSpec
+        from planner.estimate.inference import estimate_inference
+        from planner.infer_spec import InferSpec
 
         e = estimate_inference(cfg, InferSpec(**rec["spec"]))
         return e["peak_bytes"], e["peak_phase"]
@@ -260,7 +262,7 @@ def rows_markdown(records_dir: str, bar_pct: float) -> list[str]:
         if live is not None:
             worst_rows.append((abs(live[2]), r, live[0], live[1], live[2], phase))
     lines = ["## Every recorded grid and the inference grids on CUDA", "",
-             f"{len(recs)} rows (planner/bench/gpu_grids.py; each row's device set to cuda, in shards of one process "
+             f"{len(recs)} rows (bench/gpu_grids.py; each row's device set to cuda, in shards of one process "
              "each; allocated peak reset before each row). Error = estimate against `max_memory_allocated`, which in a "
              "shard also holds what earlier rows left (a tiny row's few MB sit on ~67 MB of cuBLAS workspaces; an "
              "inference row after a training row holds the backward thread's workspace too): the live-bytes table "
@@ -292,23 +294,23 @@ def rows_markdown(records_dir: str, bar_pct: float) -> list[str]:
 def explain_main(rows_path: str, out_path: str) -> int:
     """Rows (a JSON list of cuda-rows records) measured one after another in this process with their whole record
     (what was alive at the peak, by op and module; each phase's categories): what a CUDA error is made of, read
-    where no CUDA simulation runs (`python -c "from planner.bench.gpu_grids import explain_main; ..."`)."""
+    where no CUDA simulation runs (`python -c "from bench.gpu_grids import explain_main; ..."`)."""
     import torch
 
-    from ..config import config_from_dict
+    from planner.config import config_from_dict
 
     for row in json.loads(Path(rows_path).read_text()):
         torch.cuda.empty_cache()
         cfg = config_from_dict(row["config"])
         try:
             if row["kind"] == "train":
-                from ..measure.training import measure_training
-                from ..spec import TrainSpec
+                from planner.measure.training import measure_training
+                from planner.spec import TrainSpec
 
                 m = measure_training(cfg, TrainSpec(**row["spec"]))
             else:
-                from ..infer_spec import InferSpec
-                from ..measure.inference import measure_inference
+                from planner.infer_spec import InferSpec
+                from planner.measure.inference import measure_inference
 
                 m = measure_inference(cfg, InferSpec(**row["spec"]))
             rec = {**row, "measured": {k: v for k, v in m.items() if k not in ("timeline", "category_timeline")}}

@@ -1,7 +1,7 @@
 """`python -m planner bench speed`'s inference rows (issue #21: `estimate infer` < 0.2 ms; a move of a setting in
 the Planner page's inference mode as fast as in training). No torch: the estimate side only.
 
-Measured the way bench speed measures training's (planner/bench/main.py speed_report, planner_page_rows): the
+Measured the way bench speed measures training's (bench/main.py speed_report, planner_page_rows): the
 estimate with a new batch each call (as a control or a search asks), and the page's whole computation per move
 (planner.serving.plan_inference: the estimate, the largest batch, the longest context, the KV tokens, the advice
 and both curves) for a new batch, then a new prompt length.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ..infer_spec import InferSpec
+from planner.infer_spec import InferSpec
 
 INFER_ESTIMATE_BAR_MS = 0.2  # issue #21: `estimate infer` under 0.2 ms
 # (preset, weight quantization): a tied GPT-2, an 8B model at 8K context, and its 4-bit weights
@@ -18,9 +18,9 @@ SPEED_CASES = (("hf-gpt2", "none"), ("llama-3-8b", "none"), ("llama-3-8b", "nf4"
 
 
 def inference_speed_rows(n: int = 200, moves: int = 20) -> list[str]:
-    from ..config import PRESETS
-    from ..estimate.inference import estimate_inference
-    from ..serving import plan_inference
+    from planner.config import PRESETS
+    from planner.estimate.inference import estimate_inference
+    from planner.serving import plan_inference
 
     rows = []
     for name, quant in SPEED_CASES:

@@ -16,9 +16,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..spec import TrainSpec
+from planner.spec import TrainSpec
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # (label, file, input shape or None, batch, seq): seq 1 for a model without a sequence axis
 MODULES = [
     ("CNN + BatchNorm (--input-shape 3x32x32)", "cnn.py", (3, 32, 32), 8, 1),
@@ -33,7 +33,7 @@ WHATIF_QUERY = {True: (12, 96), False: (24, 1)}
 
 
 def module_grid(quick: bool = False) -> list[tuple[str, tuple, TrainSpec]]:
-    from ..module_ref import module_tuple
+    from planner.module_ref import module_tuple
 
     rows = []
     for i, (label, file, shape, b, s) in enumerate(MODULES):
@@ -47,13 +47,13 @@ def module_grid(quick: bool = False) -> list[tuple[str, tuple, TrainSpec]]:
 def run_row(module: tuple, spec: TrainSpec, in_process: bool = False) -> dict:
     """The module's step measured and simulated: {measured, simulated, phase peaks of both, diff}."""
     if in_process:
-        from ..measure.simulate import simulate_training
-        from ..measure.training import measure_training
+        from planner.measure.simulate import simulate_training
+        from planner.measure.training import measure_training
 
         meas = measure_training(None, spec, module=module)
         sim = simulate_training(None, spec, module=module)
     else:
-        from ..runner import run_worker
+        from planner.runner import run_worker
 
         outs = [run_worker({"spec": asdict(spec), "module": list(module)}, timeout_s=600),
                 run_worker({"kind": "simulate", "spec": asdict(spec), "module": list(module)}, timeout_s=600)]
@@ -80,8 +80,8 @@ def run_modules(rows, in_process: bool = False, progress=print) -> list[dict]:
 
 def run_whatif(rows, progress=print) -> list[dict]:
     """Each row's module fitted at its precision (every point in one child), then answered outside the fit."""
-    from ..module_ref import fit_points, has_sequence
-    from ..whatif import child_trace, fit_whatif
+    from planner.module_ref import fit_points, has_sequence
+    from planner.whatif import child_trace, fit_whatif
 
     out = []
     for label, module, spec in rows:
@@ -112,7 +112,7 @@ def markdown(results: list[dict], whatif: list[dict]) -> str:
     worst_phase = max(abs(d) for r in results for d in r["phase_diff_bytes"].values())
     lines = ["# Your own module: simulate vs measure, and the what-if's held-out check (cpu)", "",
              f"torch {_torch_version()}, transformers {_version('transformers')}, {_cpu_count()} CPUs. Written by "
-             "`python -m planner bench modules` (planner/bench/modules.py); the modules are the files in `examples/`. "
+             "`python -m planner bench modules` (bench/modules.py); the modules are the files in `examples/`. "
              "Each row is the real step measured in a child (`measure train --module`) and the same step simulated on "
              "fake tensors in another (`simulate train --module`).", "",
              f"Worst |simulated - measured| peak: **{worst:,} B**; worst phase peak difference: **{worst_phase:,} B** "

@@ -10,9 +10,9 @@ import datetime
 import platform
 from dataclasses import asdict
 
-from ..config import PRESETS, config_to_dict
-from ..estimate.training import estimate_training
-from ..spec import TrainSpec
+from planner.config import PRESETS, config_to_dict
+from planner.estimate.training import estimate_training
+from planner.spec import TrainSpec
 
 FORMULA_BAR_PCT = 1.0  # issue #11: the formula within 1% of the simulation at full size
 
@@ -54,7 +54,7 @@ def label(name: str, spec: TrainSpec) -> str:
 
 
 def run_simulate_bench(rows=FULL_SIZE_ROWS, timeout_s: float = 600, progress=print) -> list[dict]:
-    from ..runner import run_worker
+    from planner.runner import run_worker
 
     results = []
     for name, spec in rows:

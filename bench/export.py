@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .common import write_section
-from ..config import PRESETS, GPT2Config, config_to_dict
-from ..spec import TrainSpec
+from planner.config import PRESETS, GPT2Config, config_to_dict
+from planner.spec import TrainSpec
 
 FULL_ROWS = [("llama-3-8b", TrainSpec(1, 4096, "bf16-amp", "adamw")),
              ("llama-3-8b", TrainSpec(1, 4096, "bf16-amp", "adamw", checkpointing=True)),
@@ -28,8 +28,8 @@ TINY = GPT2Config(vocab_size=300, context_length=64, emb_dim=32, n_heads=2, n_la
 
 
 def run_export_bench(rows, timeout_s: float = 600, progress=print) -> list[dict]:
-    from ..measure.export import viewer_peak
-    from ..runner import run_worker
+    from planner.measure.export import viewer_peak
+    from planner.runner import run_worker
 
     out = []
     for name, spec in rows:

@@ -4,7 +4,7 @@ estimated (planner/estimate/finetune.py, `w.amp`) and measured on every transfor
     python -m planner bench finetune-amp [--quick] [--out docs/accuracy.md]
 
 Rows: each family's tiny configs (planner/arch/<family>.py grid_configs) x every other fine-tuning
-mode (planner.bench.main FINETUNE_MODES; the rest on the next shape), checkpointing off/on, the autocast dtype (bf16-amp / fp16-amp), the attention
+mode (bench.main FINETUNE_MODES; the rest on the next shape), checkpointing off/on, the autocast dtype (bf16-amp / fp16-amp), the attention
 kernel and AdamW/SGD alternating; fp32 master weights (the Trainer's `bf16=True` / `fp16=True`: the model stays
 fp32, autocast runs the matmuls in the low dtype, fp16 adds the GradScaler). Measured in this process
 (planner.measure.training: the exact live tensor bytes of a steady-state step, step 3).
@@ -15,7 +15,7 @@ import datetime
 import platform
 from dataclasses import replace
 
-from ..spec import TrainSpec
+from planner.spec import TrainSpec
 
 AMP_BAR_PCT = 1.0  # issue #19: LoRA + bf16-AMP and fp16-AMP rows within 1% for every family
 SECTION = "# Fine-tuning under autocast: estimate vs measurement"
@@ -23,9 +23,9 @@ SECTION = "# Fine-tuning under autocast: estimate vs measurement"
 
 def finetune_amp_grid(quick: bool = False, families_: tuple[str, ...] | None = None) -> list[tuple]:
     """(label, config, spec) rows, one per family x shape x a quarter of the modes (the others on the other
-    shapes); the walked families (planner.bench.main FINETUNE_WALKED_FAMILIES: Phi-3, the MoE families) two
+    shapes); the walked families (bench.main FINETUNE_WALKED_FAMILIES: Phi-3, the MoE families) two
     (checkpointing off and on) per shape x every walked mode on their first two shapes; quick: every 7th row."""
-    from ..arch import families
+    from planner.arch import families
     from .main import FINETUNE_FAMILIES, FINETUNE_MODES, FINETUNE_WALKED_FAMILIES, walked_modes
 
     rows = []
@@ -112,7 +112,7 @@ def amp_markdown(results: list[dict], device: str) -> str:
 
 def main(quick: bool = False, out: str | None = None, device: str = "cpu", progress=print,
          recorded=None) -> int:
-    """The section from measured rows: `recorded` (the command line passes planner/bench/recorded.py's: the full
+    """The section from measured rows: `recorded` (the command line passes bench/recorded.py's: the full
     grid on the CPU measured once into tests/data/measured/finetune-amp.jsonl, the file tests/test_recorded.py
     re-estimates on every run) returns the recorded rows; without it (--quick, another device) the rows are
     measured here and not recorded."""
@@ -122,8 +122,8 @@ def main(quick: bool = False, out: str | None = None, device: str = "cpu", progr
     if recorded is None:
         results = run_accuracy(finetune_amp_grid(quick), device=device, in_process=True, progress=progress)
     else:
-        from ..config import config_from_dict
-        from ..estimate.training import estimate_training
+        from planner.config import config_from_dict
+        from planner.estimate.training import estimate_training
 
         results = []
         for row in recorded():

@@ -2,7 +2,7 @@
 
     python -m planner bench accuracy [--quick] [--out docs/accuracy.md]
     python -m planner bench speed
-    python -m planner bench simulate [--quick] [--out docs/accuracy.md]   (planner/bench/simulate.py)
+    python -m planner bench simulate [--quick] [--out docs/accuracy.md]   (bench/simulate.py)
 
 Each accuracy row is a real training step measured in a fresh child process (planner.runner), so
 the numbers are the ones `python -m planner measure train` prints.
@@ -16,10 +16,10 @@ import time
 from dataclasses import fields, replace
 
 from .common import FINETUNE_GAP_BAR_PCT, _cpu_count, _torch_version, _version, finetune_gap, write_section  # noqa: F401 (re-exported)
-from ..config import GPT2Config, LlamaConfig, ModelConfig
-from ..estimate.training import estimate_training
-from ..reference import NOTEBOOK_GPT2_XL
-from ..spec import PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
+from planner.config import GPT2Config, LlamaConfig, ModelConfig
+from planner.estimate.training import estimate_training
+from planner.reference import NOTEBOOK_GPT2_XL
+from planner.spec import PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 ACCURACY_BAR_PCT = 2.0  # issue #3: worst |error| on CPU
 
@@ -37,7 +37,7 @@ def _llama(**kw) -> LlamaConfig:
 
 
 # The accuracy grids' shapes (label, book GPT-2 kwargs, Llama kwargs, batch, seq): odd head counts, short and
-# long sequences, tiny and GPT-2-sized vocabularies (the CPU grid here, the CUDA grid in planner/bench/gpu.py).
+# long sequences, tiny and GPT-2-sized vocabularies (the CPU grid here, the CUDA grid in bench/gpu.py).
 GRID_SHAPES = [
     ("V50257 h128 a4", {}, {}, 2, 128),
     ("V97 h96 a3 s8", dict(vocab_size=97, emb_dim=96, n_heads=3), dict(vocab_size=97, hidden_size=96,
@@ -83,7 +83,7 @@ def family_grid(family: str, quick: bool = False) -> list[tuple[str, ModelConfig
     """One family's tiny configs (planner/arch/<family>.py grid_configs) x the four precisions x its
     attention kernels x checkpointing off/on, alternating AdamW and SGD (every 7th with two micro-batches).
     quick: one row per shape and precision, for the tests."""
-    from ..arch import families
+    from planner.arch import families
 
     fam = families()[family]
     rows = []
@@ -145,7 +145,7 @@ FINETUNE_WALKED_MODES = [
 def walked_modes(fam, cfg) -> list[tuple[str, dict]]:
     """FINETUNE_WALKED_MODES on this family: "attention" resolved to its attention projections, the default
     targets' row left out where peft maps none."""
-    from ..finetune import target_choices
+    from planner.finetune import target_choices
 
     out = []
     for mode, kw in FINETUNE_WALKED_MODES:
@@ -164,7 +164,7 @@ def finetune_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_FAM
     kernels and AdamW/SGD alternating; the FINETUNE_WALKED_FAMILIES on their first two shapes x their
     walked_modes. A tied head is the input embedding, so "head" is skipped there.
     quick: every 23rd row (the tests; 23 rows over the four families' 9 modes)."""
-    from ..arch import families
+    from planner.arch import families
 
     rows = []
     i = 0
@@ -246,7 +246,7 @@ FINETUNE_QLORA_VARIANTS = [
 def finetune_qlora_grid(quick: bool = False, families_: tuple[str, ...] = FINETUNE_QLORA_FAMILIES) -> list[tuple[str, ModelConfig, TrainSpec]]:
     """QLoRA rows: each family's tiny configs x FINETUNE_QLORA_VARIANTS x checkpointing off/on, attention kernels
     and AdamW/SGD alternating; bf16 compute (the recipe's). quick: every 5th row (the tests)."""
-    from ..arch import families
+    from planner.arch import families
 
     rows = []
     i = 0
@@ -299,8 +299,8 @@ def qlora_markdown(results: list[dict], device: str) -> str:
              "| part of the grid | rows | worst \\|error\\| % |", "|---|---:|---:|"]
     for name, rows in groups.items():
         lines.append(f"| {name} | {len(rows)} | {max(abs(r['error_pct']) for r in rows):.3f} |")
-    from ..config import PRESETS
-    from ..estimate.training import estimate_training
+    from planner.config import PRESETS
+    from planner.estimate.training import estimate_training
 
     big = []
     for s in (2048, 8192):
@@ -387,15 +387,15 @@ def finetune_book_markdown(text: str) -> str:
 def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=print,
                  simulate: bool = False) -> list[dict]:
     """Estimate and measure each row; with `simulate`, also simulate it on fake tensors (planner.measure.simulate)."""
-    from ..config import config_to_dict
-    from ..runner import run_worker
+    from planner.config import config_to_dict
+    from planner.runner import run_worker
 
     results = []
     for label, cfg, spec in rows:
         spec = replace(spec, device=device)
         est = estimate_training(cfg, spec)
         if in_process:
-            from ..measure.training import measure_training
+            from planner.measure.training import measure_training
 
             meas = measure_training(cfg, spec)
         else:
@@ -424,13 +424,13 @@ def run_accuracy(rows, device: str = "cpu", in_process: bool = False, progress=p
 
 def _simulate_row(label: str, cfg: ModelConfig, spec: TrainSpec, in_process: bool) -> dict:
     if in_process:
-        from ..measure.simulate import simulate_training
+        from planner.measure.simulate import simulate_training
 
         return simulate_training(cfg, spec)
     from dataclasses import asdict
 
-    from ..config import config_to_dict
-    from ..runner import run_worker
+    from planner.config import config_to_dict
+    from planner.runner import run_worker
 
     outcome = run_worker({"kind": "simulate", "config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=600)
     if outcome.exit_code:
@@ -490,7 +490,7 @@ def accuracy_markdown(results: list[dict], device: str) -> str:
 
 def speed_report() -> str:
     """Time per estimate (goal < 0.2 ms) and the tracker's overhead (goal <= 1.3x)."""
-    from ..config import PRESETS
+    from planner.config import PRESETS
 
     lines = ["| what | value |", "|---|---:|"]
     for name in ("gpt2-small", "gpt2-xl", "llama-3-8b"):
@@ -519,8 +519,8 @@ def planner_page_rows(n: int = 20) -> list[str]:
     """The Planner page's computation per slider move (planner.plan.plan: the estimate, both fit answers,
     the advice, both curves), each move a new batch then a new sequence; the browser's figure (script,
     transfer and drawing) is `python tests/e2e/bench_page.py`."""
-    from ..config import PRESETS
-    from ..plan import plan
+    from planner.config import PRESETS
+    from planner.plan import plan
 
     rows = []
     for name in ("gpt2-small", "llama-3-8b"):
@@ -553,10 +553,10 @@ def raw_read_gb_s(paths) -> float:
 
 def run_loading(models=("gpt2-small", "gpt2-medium"), device: str = "cpu", progress=print) -> list[dict]:
 
-    from ..config import PRESETS, config_to_dict
-    from ..estimate.loading import METHODS, estimate_loading
-    from ..routines_paths import default_cache_dir
-    from ..runner import checkpoint_folder, measure_load
+    from planner.config import PRESETS, config_to_dict
+    from planner.estimate.loading import METHODS, estimate_loading
+    from planner.routines_paths import default_cache_dir
+    from planner.runner import checkpoint_folder, measure_load
 
     rows = []
     for name in models:
@@ -612,8 +612,8 @@ def loading_markdown(rows: list[dict], device: str) -> str:
     lines += ["", "The seed notebook's GPT-2 XL fp32 figures (Colab L4, GB = 1024**3) beside this planner's CUDA "
               "estimates (allocator model from PyTorch's source; not yet measured on a GPU):", "",
               "| method | notebook GPU | estimate GPU | notebook CPU | estimate CPU (anon + file) |", "|---|---:|---:|---:|---:|"]
-    from ..config import PRESETS
-    from ..estimate.loading import estimate_loading
+    from planner.config import PRESETS
+    from planner.estimate.loading import estimate_loading
 
     for method, (gpu, cpu) in NOTEBOOK_GPT2_XL.items():
         e = estimate_loading(PRESETS["gpt2-xl"], method, "cuda")
@@ -631,10 +631,10 @@ def longest_context_markdown() -> str:
     size (checkpointing on and off), beside Unsloth's published figures (planner/reference.py), theirs."""
     import dataclasses
 
-    from ..config import PRESETS
-    from ..plan import longest_context
-    from ..reference import UNSLOTH_LLAMA31_8B as ref
-    from ..spec import TrainSpec, prepare
+    from planner.config import PRESETS
+    from planner.plan import longest_context
+    from planner.reference import UNSLOTH_LLAMA31_8B as ref
+    from planner.spec import TrainSpec, prepare
 
     spec = TrainSpec(1, 1, "bf16", "adamw", device="cuda", lora_r=32, lora_targets="all-linear",
                      quantize_base="nf4", double_quant=True)
@@ -668,9 +668,9 @@ def longest_context_markdown() -> str:
         lines.append(f"| {on['budget_gb']} | {fmt(on['this estimate'])} | {fmt(off['this estimate'])} | "
                      + " | ".join(fmt(on[c]) for c in theirs) + " |")
     lines += longest_context_techniques(spec, ref, ours[True], fmt)
-    from ..accounting import tensor_inventory
-    from ..estimate.training import estimate_training
-    from ..units import fmt_bytes
+    from planner.accounting import tensor_inventory
+    from planner.estimate.training import estimate_training
+    from planner.units import fmt_bytes
 
     one = dataclasses.replace(spec, checkpointing=True)
     est = estimate_training(prepare(PRESETS[ref.model], one, "sdpa"), one)
@@ -688,13 +688,13 @@ def longest_context_techniques(spec, ref, plain: list[dict], fmt) -> list[str]:
     and how far the result still is from Unsloth's published column, in numbers."""
     import dataclasses
 
-    from ..config import PRESETS
-    from ..estimate.offload_ckpt import longest_offloaded, offloaded_checkpoint
-    from ..estimate.training import estimate_training
-    from ..fit import tensor_budget
-    from ..plan import longest_context
-    from ..spec import prepare
-    from ..units import fmt_bytes
+    from planner.config import PRESETS
+    from planner.estimate.offload_ckpt import longest_offloaded, offloaded_checkpoint
+    from planner.estimate.training import estimate_training
+    from planner.fit import tensor_budget
+    from planner.plan import longest_context
+    from planner.spec import prepare
+    from planner.units import fmt_bytes
 
     run = dataclasses.replace(spec, checkpointing=True)
     cfg = prepare(PRESETS[ref.model], run, "sdpa")
@@ -753,7 +753,7 @@ def longest_context_techniques(spec, ref, plain: list[dict], fmt) -> list[str]:
 def main(what: str, quick: bool = False, out: str | None = None, device: str = "cpu",
          family: str | None = None) -> int:
     if family and what != "families" and not (what == "finetune" and family == "gpt2"):
-        from ..config import ConfigError
+        from planner.config import ConfigError
 
         raise ConfigError("--family goes with bench families (and bench finetune --family gpt2: the book's GPT-2)")
     if what == "longest-context":
@@ -762,19 +762,19 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         if out:
             write_section(out, text)
         return 0
-    if what == "export":  # profiling exports' time and size: planner/bench/export.py
+    if what == "export":  # profiling exports' time and size: bench/export.py
         from .export import main as export_main
 
         return export_main(quick=quick, out=out)
-    if what == "simulate":  # formula vs simulation at full size: planner/bench/simulate.py
+    if what == "simulate":  # formula vs simulation at full size: bench/simulate.py
         from .simulate import main as simulate_main
-        from ..config import ConfigError
+        from planner.config import ConfigError
 
         if device != "cpu":
             raise ConfigError("bench simulate runs on the CPU (simulating CUDA needs a CUDA build; use simulate train)")
         return simulate_main(quick=quick, out=out)
     if what == "families":
-        from ..arch import families
+        from planner.arch import families
 
         names = [family] if family else [f for f, fam in families().items() if fam.source == "transformers"]
         results = {name: run_accuracy(family_grid(name, quick), device=device, in_process=True,
@@ -782,7 +782,7 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         text = families_markdown(results, device)
         print(text)
         if out:
-            if family:  # the other families' tables are kept (planner/bench/families_doc.py)
+            if family:  # the other families' tables are kept (bench/families_doc.py)
                 from .families_doc import merge
 
                 text = merge(out, text)
@@ -791,7 +791,7 @@ def main(what: str, quick: bool = False, out: str | None = None, device: str = "
         print(f"worst |error| {worst:.3f}% ({'meets' if worst <= FAMILY_BAR_PCT else 'MISSES'} the "
               f"{FAMILY_BAR_PCT}% bar)")
         return 0
-    if what == "finetune-8bit":  # planner/bench/bnb.py: its subsection of the fine-tuning section
+    if what == "finetune-8bit":  # bench/bnb.py: its subsection of the fine-tuning section
         from .bnb import main as bnb_main, write_subsection
 
         code, text = bnb_main(quick=quick, device=device, progress=lambda line: print(line, flush=True))

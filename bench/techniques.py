@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 
 from .common import write_section
-from ..arch.qwen2 import Qwen2Config
-from ..config import GPT2Config, LlamaConfig, resolve_model
-from ..estimate.training import estimate_training
-from ..spec import TrainSpec
-from ..units import fmt_bytes
+from planner.arch.qwen2 import Qwen2Config
+from planner.config import GPT2Config, LlamaConfig, resolve_model
+from planner.estimate.training import estimate_training
+from planner.spec import TrainSpec
+from planner.units import fmt_bytes
 
 LOSS_BAR_PCT = 1.0
 HEADING = "# Fused losses: chunked-ce and cce (issue #24)"
@@ -34,9 +34,9 @@ def losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     rows = [(f"{name} b{b} s{s} {prec} {opt} {loss}", cfg, TrainSpec(b, s, prec, opt, loss=loss))
             for name, cfg in models for b, s, prec, opt, loss in runs]
     if not quick:  # every transformers family's first grid config (Gemma 2's soft-capped logits are refused)
-        from ..arch import families
-        from ..validation import ConfigError
-        from ..spec import check_fits_model
+        from planner.arch import families
+        from planner.validation import ConfigError
+        from planner.spec import check_fits_model
 
         for fam_name, fam in families().items():
             if fam.source != "transformers":
@@ -61,9 +61,9 @@ FT_RUNS = (("LoRA r4", dict(lora_r=4), "bf16-amp", "chunked-ce:16"), ("LoRA r4",
 
 
 def finetune_losses_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
-    from ..arch import families
-    from ..spec import check_fits_model
-    from ..validation import ConfigError
+    from planner.arch import families
+    from planner.spec import check_fits_model
+    from planner.validation import ConfigError
 
     gpt = GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3, n_layers=2, drop_rate=0.0)
     models = [("gpt2 (book) V500 h48", gpt)]
@@ -107,7 +107,7 @@ FULL_SIZE_FT = (("llama-3-8b", 4096, dict(precision="bf16", checkpointing=True, 
 
 def full_size_rows(progress=print) -> list[dict]:
     """The formula and the simulated step at full size (seconds to a minute each, ~0.3 GB)."""
-    from ..measure.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
 
     out = []
     for model, seq in FULL_SIZE:
@@ -214,7 +214,7 @@ def policy_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]]:
     """Every family with a formula file (and the book's GPT-2), its first grid shape with 4 blocks, at fp32,
     bf16-AMP and pure bf16, under every:2, every:3, every:4 and selective (quick: llama and the book's GPT-2,
     bf16-AMP, every:3 and selective)."""
-    from ..arch import families
+    from planner.arch import families
 
     models = [("gpt2 (book) V500 h48 L4", GPT2Config(vocab_size=500, context_length=64, emb_dim=48, n_heads=3,
                                                     n_layers=4, drop_rate=0.0, qkv_bias=False), 2, 32)]
@@ -250,7 +250,7 @@ def policy_accum_grid(quick: bool = False) -> list[tuple[str, object, TrainSpec]
     """The policies with gradient accumulation in full training (a later micro-batch's sweep runs with every .grad
     alive): llama, Gemma 2 and Qwen 3 at their first grid shape with 4 blocks, every:2 and selective, fp32 and
     bf16-AMP, 2 and 3 micro-batches (quick: llama every:2 fp32 accum 2)."""
-    from ..arch import families
+    from planner.arch import families
 
     fams = families()
     models = []
@@ -269,7 +269,7 @@ def policy_finetune_grid(quick: bool = False) -> list[tuple[str, object, TrainSp
     """The policies with fine-tuning (planner/estimate/finetune.py policy_terms): llama and Gemma 2 (SDPA and eager
     attention) at their first grid shape with 4 blocks, LoRA r8 (peft's default targets) and the last block
     trained (last:1), under every:2 and selective, fp32 and bf16-AMP (quick: llama LoRA bf16-AMP)."""
-    from ..arch import families
+    from planner.arch import families
 
     fams = families()
     models = []
@@ -306,7 +306,7 @@ def policy_qwen3_lora_grid() -> list[tuple[str, object, TrainSpec]]:
     MoE families with LoRA r8 on their attention (peft has no default for Phi-3, Qwen2-MoE and Qwen3-MoE; the
     routers and experts are no nn.Linear), at the first grid shape with 4 blocks, every:2 and selective, fp32 and
     bf16-AMP."""
-    from ..arch import families
+    from planner.arch import families
 
     fams = families()
     rows = []
@@ -327,7 +327,7 @@ def policy_qlora_grid() -> list[tuple[str, object, TrainSpec]]:
     bitsandbytes' gemm_4bit ops neither saved nor counted): llama and Qwen 3 at their first grid shape with 4
     blocks, nf4, LoRA r8 (peft's default targets) and r8 on every linear layer, bf16 (peft's recipe), every:2
     and selective."""
-    from ..arch import families
+    from planner.arch import families
 
     fams = families()
     rows = []
@@ -350,7 +350,7 @@ POLICY_FULL_SIZE = (("llama-3-8b", 4096), ("gpt2-xl", 1024), ("hf-gpt2-xl", 1024
 
 
 def policy_full_size_rows(progress=print) -> list[dict]:
-    from ..measure.simulate import simulate_training
+    from planner.measure.simulate import simulate_training
 
     out = []
     for model, seq in POLICY_FULL_SIZE:
@@ -397,7 +397,7 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
     kept_from (a markdown file with this section): the rows its table has keep their measured and simulated bytes
     (every row is estimated again), only the others are measured, and its full-size table is kept as it is."""
     from .main import run_accuracy
-    from ..estimate.ckpt_policy import RECOMPUTE_SOURCE, recompute_share
+    from planner.estimate.ckpt_policy import RECOMPUTE_SOURCE, recompute_share
 
     grid = policy_grid(quick)
     kept, kept_full = kept_policy_rows(kept_from) if kept_from else ({}, [])
@@ -481,7 +481,7 @@ def checkpoint_policies_markdown(quick: bool = False, progress=print, full: bool
 
 def main_checkpointing(quick: bool = False, out: str | None = None, new_rows: bool = False) -> int:
     if new_rows and not out:
-        from ..validation import ConfigError
+        from planner.validation import ConfigError
 
         raise ConfigError("--new-rows goes with --out (the file whose section keeps its measured rows)")
     text = checkpoint_policies_markdown(quick, kept_from=out if new_rows else None)
@@ -497,10 +497,10 @@ OFFLOAD_PRESETS = (("llama-3.2-1b", 4096), ("llama-3-8b", 4096), ("qwen2.5-7b", 
 
 
 def offload_markdown(measured: bool = True) -> str:
-    """The CPU mechanism measured on small configs (planner/bench/offload_opt.py), then the device peak and host
+    """The CPU mechanism measured on small configs (bench/offload_opt.py), then the device peak and host
     bytes with torchao's CPUOffloadOptimizer beside the same run without it, at full size (b1, bf16-AMP, AdamW, full
     checkpointing, CUDA): formulas only, every figure labelled as not measured here."""
-    from ..estimate.offload import NOT_MEASURED
+    from planner.estimate.offload import NOT_MEASURED
 
     lines = [OFFLOAD_HEADING, "",
              "`--offload-optimizer` is torchao's `CPUOffloadOptimizer(params, torch.optim.AdamW, fused=True)` with its "

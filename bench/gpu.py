@@ -22,8 +22,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from .main import GRID_SHAPES, _gpt, _llama
-from ..config import PRESETS, ModelConfig, config_to_dict
-from ..spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
+from planner.config import PRESETS, ModelConfig, config_to_dict
+from planner.spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 GRID_WORKERS = 4  # tiny rows share the GPU: each child has its own caching allocator, so peaks are per process
 
@@ -115,7 +115,7 @@ def _autocast_backward(a):
 
 
 def _measure(label: str, cfg: ModelConfig, spec: TrainSpec, simulate: bool = True) -> dict:
-    from ..runner import run_worker
+    from planner.runner import run_worker
 
     t0 = time.perf_counter()
     out = run_worker({"config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=900)
@@ -133,7 +133,7 @@ def _measure(label: str, cfg: ModelConfig, spec: TrainSpec, simulate: bool = Tru
 
 def _simulate(cfg: ModelConfig, spec: TrainSpec) -> dict:
     """The same step on fake CUDA tensors (planner.measure.simulate with this CUDA build): live bytes, no GPU memory."""
-    from ..runner import run_worker
+    from planner.runner import run_worker
 
     sim = run_worker({"kind": "simulate", "config": config_to_dict(cfg), "spec": asdict(spec)}, timeout_s=900)
     if sim.exit_code:
@@ -147,15 +147,15 @@ def _append(path: Path, rec: dict, lock: threading.Lock) -> None:
         fh.write(json.dumps(rec) + "\n")
 
 
-PARTS = ("grid", "realistic", "loading", "recorded", "infer", "techniques")  # the last two: planner/bench/gpu_grids.py
+PARTS = ("grid", "realistic", "loading", "recorded", "infer", "techniques")  # the last two: bench/gpu_grids.py
 ROWS_BUDGET_S = int(os.environ.get("PLANNER_GPU_ROWS_BUDGET_S", "420"))  # the recorded / inference rows stop starting new rows after this (a device call is 10 min)
 
 
 def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, progress=print) -> int:
     """The parts run side by side: the grid's tiny children 8 at a time, the realistic rows one at a time
     (they share the GPU's memory) while their simulations run on the CPU, then the loading table."""
-    from ..routines_paths import default_cache_dir
-    from ..runner import checkpoint_folder, measure_load
+    from planner.routines_paths import default_cache_dir
+    from planner.runner import checkpoint_folder, measure_load
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,7 +183,7 @@ def run_gpu(out_dir: str, quick: bool = False, parts: tuple[str, ...] = PARTS, p
     def loading() -> None:
         name = "gpt2-small" if quick else "gpt2-xl"
         folder = checkpoint_folder(config_to_dict(PRESETS[name]), default_cache_dir(), timeout_s=900)
-        from ..estimate.loading import METHODS
+        from planner.estimate.loading import METHODS
 
         for method in METHODS:
             o = measure_load(config_to_dict(PRESETS[name]), method, "cuda", folder, timeout_s=600)
@@ -230,10 +230,10 @@ def _pct(a: float, b: float) -> str:
 def gpu_markdown(records_dir: str) -> str:
     """docs/gpu.md from the records of `bench gpu` (and the extra files a run may keep beside them), with today's
     estimator beside each measurement."""
-    from ..reference import NOTEBOOK_GPT2_XL
-    from ..config import config_from_dict
-    from ..estimate.loading import estimate_loading
-    from ..estimate.training import estimate_training
+    from planner.reference import NOTEBOOK_GPT2_XL
+    from planner.config import config_from_dict
+    from planner.estimate.loading import estimate_loading
+    from planner.estimate.training import estimate_training
     from .gpu_grids import live_error, rows_markdown
 
     d = Path(records_dir)
@@ -251,7 +251,7 @@ def gpu_markdown(records_dir: str) -> str:
              "models, op by op, used where many rows share one process (their allocator holds what earlier rows "
              "left: cuBLAS workspaces, cached blocks). An earlier H100 run (2026-11-25, torch 2.11.0+cu130) measured the "
              "same allocator and cuBLAS figures; its other records were lost with its machine.", "",
-             "## The allocator and cuBLAS (`planner.bench.gpu.cuda_probe`)", "",
+             "## The allocator and cuBLAS (`bench.gpu.cuda_probe`)", "",
              "Bytes `memory_allocated` counts for one fresh tensor of n bytes: "
              + ", ".join(f"{int(n):,} -> {v:,}" for n, v in probe["allocated_for_bytes"].items())
              + ". Every block is a multiple of 512 B (as modelled). An 11 MiB request after a freed 12 MiB segment "
