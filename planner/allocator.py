@@ -637,7 +637,7 @@ def run_figures(initial, step, cublas_workspace: int, capacity: int | None = Non
 
 
 def events_from_run(run, cublas_workspace: int = 0, measured_step: str = "step 2", host_scalars: bool = True) -> list:
-    """The allocator's events from a whole simulated run (planner.measure.alloc_events.simulate_run: the build, then
+    """The allocator's events from a whole simulated run (planner.measure.alloc_run.simulate_run: the build, then
     each step after its ("m", "step K") mark): ("a", uid, nbytes, op, phase, ndim) | ("f", uid) | ("p", phase) |
     ("m", label). A MARK (the peaks' reset) before `measured_step`; the cuBLAS workspaces after the first matmul of
     the first forward and of the first backward (each thread's first cuBLAS call).

@@ -21,7 +21,7 @@ def error_pct(estimate_bytes: int | None, measured_bytes: int | None) -> float |
 class RunsSummary:
     """What the Runs page shows over a list of stored runs (planner.store.RunStore.list)."""
     runs: list[dict]                 # the runs listed
-    completed: list[dict]            # those that measured something (planner.store.completed)
+    completed: list[dict]            # those that measured something (completed below)
     worst_error_pct: float           # the largest |error| over the completed runs (0.0 when none has one)
     not_completed: int               # cancelled or failed runs, listed but not charted
     chart_rows: list[dict] = field(default_factory=list)  # label, estimate_bytes, measured_bytes (completed runs)
@@ -30,11 +30,14 @@ class RunsSummary:
 def runs_summary(runs: list[dict], models: list[str] | None = None) -> RunsSummary:
     """The runs of `models` (None: every model), with the worst error and the estimate-against-measurement
     points."""
-    from .store import completed
-
     chosen = [r for r in runs if models is None or r["model"] in models]
     done = completed(chosen)
     worst = max((abs(r["error_pct"]) for r in done if r["error_pct"] is not None), default=0.0)
     return RunsSummary(chosen, done, worst, len(chosen) - len(done),
                        [{"label": f"{r['kind']}: {r['model']}", "estimate_bytes": r["estimate_bytes"],
                          "measured_bytes": r["measured_bytes"]} for r in done])
+
+
+def completed(runs: list[dict]) -> list[dict]:
+    """The runs that measured something (the scatter and the worst error use only these)."""
+    return [r for r in runs if r["status"] == "done" and r["measured_bytes"]]

@@ -15,6 +15,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+from .compare import error_pct
+
 SCHEMA = """CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     created REAL NOT NULL,
@@ -76,8 +78,6 @@ class RunStore:
              measured_bytes: int | None, record: dict, status: str = "done") -> int:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
-        from .compare import error_pct
-
         error = error_pct(estimate_bytes, measured_bytes)
         with self._connect() as db:  # the context manager commits
             cur = db.execute("INSERT INTO runs (created, kind, model, settings, device, estimate_bytes, measured_bytes,"
@@ -151,8 +151,3 @@ def runs_csv(runs: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
-
-
-def completed(runs: list[dict]) -> list[dict]:
-    """The runs that measured something (the scatter and the worst error use only these)."""
-    return [r for r in runs if r["status"] == "done" and r["measured_bytes"]]

@@ -5,7 +5,7 @@ H200 row with max_memory_reserved: the realistic rows (realistic.jsonl.gz) and t
 No GPU here: the step is simulated on the CPU (fake tensors) as the CUDA run would allocate it: the optimizer as
 torch picks it on CUDA (foreach: optimizer.py _default_to_fused_or_foreach), CUDA autocast's fp32 list emulated for
 AMP rows (tests/cuda_amp_emulation.py, itself checked to the byte against the H200's live tensors). The whole run is
-logged (planner.measure.alloc_events.simulate_run: the build, step 1, step 2). Each line: {"label", "ops": [op names],
+logged (planner.measure.alloc_run.simulate_run: the build, step 1, step 2). Each line: {"label", "ops": [op names],
 "run": [["a", uid, nbytes, op index, phase, ndim] | ["f", uid] | ["p", phase] | ["m", "step K"]]}.
 
     PYTHONPATH=. python tests/record_alloc_events.py [LABEL-SUBSTRING ...]   (minutes: every row is simulated)
@@ -62,7 +62,7 @@ def math_sdpa_on_cuda(config: dict, run) -> bool:
 
 def record(label: str, config: dict, spec: dict) -> dict:
     from planner.config import config_from_dict
-    from planner.measure.alloc_events import simulate_run
+    from planner.measure.alloc_run import simulate_run
     from planner.spec import TrainSpec
 
     run = TrainSpec(**{**spec, "device": "cpu", "optimizer_impl": "foreach"})

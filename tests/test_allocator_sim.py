@@ -17,7 +17,7 @@ def test_event_lists_hold_the_simulated_live_bytes():
     """Without the cuBLAS workspaces, the requests alive at once peak at the simulation's own peak (its tracked step):
     in the list made up from the tracked step (build, step 1 with the optimizer's lazy state, step 2) and in the
     whole run logged from the build on."""
-    from planner.measure.alloc_events import simulate_events, simulate_run
+    from planner.measure.alloc_run import simulate_events, simulate_run
 
     rec, initial, step = simulate_events(TINY, SPEC)
     fig = run_figures(initial, step, 0)
@@ -36,7 +36,7 @@ def test_simulate_records_the_replay_of_its_whole_run():
     replay. Device-blind: forced here on the CPU."""
     from planner.allocator import figures
     from planner.estimate.training import CUBLAS_WORKSPACE_BYTES_PER_HANDLE
-    from planner.measure.alloc_events import simulate_run
+    from planner.measure.alloc_run import simulate_run
     from planner.measure.simulate import simulate_training
 
     rec = simulate_training(TINY, SPEC, allocator_replay=True)

@@ -11,7 +11,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from planner.config import PRESETS, GPT2Config, config_from_dict, model_label
-from planner.store import RunStore, completed, runs_csv
+from planner.compare import completed
+from planner.store import RunStore, runs_csv
 from tests.replay import ReplayJob, recorded
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,11 +13,10 @@ from ..validation import ConfigError, _check_optional, _check_positive, check_ac
 from . import parts
 from .memo import params_of
 from .base import HFCausalLM, linear
+from .infer_windows import ROPE_POINT  # (re-exported: qwen3.py and tests name it from here)
 from .terms import TensorSpec, Term
 
 
-# the prefill point of the last layer's RoPE (infer_prefill_points; before its cache update)
-ROPE_POINT = "RoPE of q and k (before the cache update)"
 
 
 class DecoderConfigMixin:

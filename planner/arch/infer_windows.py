@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+# the prefill point of the last layer's RoPE (the decoder's infer_prefill_points and the windowed caches' points here;
+# before its cache update)
+ROPE_POINT = "RoPE of q and k (before the cache update)"
+
 
 def binds(windows: list, ispec) -> bool:
     """True when some layer's window is no longer than the last decode step's tokens (p + n - 1): the
@@ -170,8 +174,6 @@ def static_window_options(fam, c, ispec, e: int, logits: int, decode_logits_tota
     Points are evaluated at each kind's last layer (its cache is the largest: every earlier layer's buffers exist).
     Returns {"prefill": {name: (total above base, activations, logits)}, "decode": {...}, "kv": {phase: {name: kv}},
     "kv_prefill", "kv_decode"}."""
-    from .decoder import ROPE_POINT
-
     x = fam.shape(c)
     b, p, T = ispec.batch_size, ispec.prompt_len, ispec.total_len - 1
     windows = list(fam.infer_layer_windows(c))

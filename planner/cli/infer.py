@@ -54,7 +54,7 @@ def add_infer(group, command, kind: str) -> None:
                                         "largest batch at this context, the longest context at this batch and the KV "
                                         "cache tokens that fit (planner.serving; the CUDA context off on cuda; "
                                         "default: none)")
-        from .main import _add_gpu
+        from .compute import _add_gpu
 
         _add_gpu(p)
     if kind != "estimate":
@@ -124,7 +124,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
                               "wrap a fake tensor); measure it, or simulate nf4 / fp4")
     if args.command == "estimate":
         from ..gpus import gpu as lookup_gpu
-        from .main import compute_fields
+        from .compute import compute_fields
 
         if getattr(args, "gpu", None):
             lookup_gpu(args.gpu)  # a bad name: exit 2 before any estimate

@@ -47,6 +47,7 @@ from dataclasses import asdict, replace
 from . import parallel as cli_parallel
 from ..api import check_ram_guard  # the guard the Training step page applies too (RAM_GUARD_FRACTION)
 from ..bnb import require_bitsandbytes
+from .compute import _add_gpu, compute_fields  # --gpu and flops_per_step (issue #35): planner/cli/compute.py
 from .args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_run, _estimate_record, _print_table,
                        default_precision, parse_train, policy_estimated, progress)
 from ..config import ConfigError, config_to_dict, resolve_model, with_dtype
@@ -106,34 +107,6 @@ def _add_load(p: argparse.ArgumentParser, measure: bool = False) -> None:
         p.add_argument("--timeout", type=float, default=600.0, help="seconds before a method's child is killed (exit 3)")
         p.add_argument("--progress", action="store_true",
                        help="with --json: a JSON progress line on stdout before each method, before the result")
-
-
-def _add_gpu(p: argparse.ArgumentParser) -> None:
-    from ..gpus import GPUS
-
-    p.add_argument("--gpu", metavar="NAME", default=None,
-                   help="price the step on this GPU (planner/gpus.py: " + ", ".join(GPUS) + "): step_time_s and "
-                        "tokens_per_s from a roofline over its published peaks (not a measurement)")
-
-
-def compute_fields(cfg, spec, gpu_name, infer: bool = False) -> dict:
-    """`flops_per_step` (planner/estimate/compute.py: what FlopCounterMode counts on the step), and with --gpu the
-    roofline's `step_time_s` and `tokens_per_s` (issue #35). A bad GPU name: ConfigError (exit 2)."""
-    from ..estimate import compute
-    from ..gpus import gpu as lookup
-
-    g = lookup(gpu_name) if gpu_name else None
-    if infer:
-        out = {"flops_per_step": compute.infer_flops(cfg, spec)["flops_per_step"]}
-        priced = compute.price_infer(cfg, spec, g) if g else None
-    else:
-        out = {"flops_per_step": compute.train_flops(cfg, spec)["flops_per_step"]}
-        priced = compute.price(cfg, spec, g) if g else None
-    if priced:
-        out.update({"gpu": g.name, "step_time_s": priced["step_time_s"], "tokens_per_s": priced["tokens_per_s"],
-                    "step_time_basis": priced["basis"],
-                    "step_time_parts": {k: v["time_s"] for k, v in priced["parts"].items()}})
-    return out
 
 
 def build_parser() -> _Parser:

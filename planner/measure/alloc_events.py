@@ -28,25 +28,6 @@ def step_events(log: EventLog) -> tuple[list, list]:
     return initial, step
 
 
-def simulate_events(cfg, spec) -> tuple[dict, list, list]:
-    """Simulate the step (planner.measure.simulate, fake tensors) and keep its event log: (record, initial, step)."""
-    from . import simulate as sim
-
-    kept = {}
-    original = sim.finish_log
-
-    def keep(log, exports, emit=lambda e: None):
-        kept["log"] = log
-        return original(log, exports, emit)
-    sim.finish_log = keep
-    try:
-        rec = sim.simulate_training(cfg, spec)
-    finally:
-        sim.finish_log = original
-    initial, step = step_events(kept["log"])
-    return rec, initial, step
-
-
 def replay_figures(log: EventLog, capacity: int | None = None, run: list | None = None) -> dict:
     """planner.allocator's figures for a simulated run, with the cuBLAS workspaces of a CUDA training step and this
     process's PYTORCH_CUDA_ALLOC_CONF (the child inherits the user's). run: the whole run (RunLog.join: build,
@@ -82,43 +63,6 @@ def device_capacity(device) -> int | None:
         return torch.cuda.mem_get_info(device)[1] - CUDA_CONTEXT_BYTES
     except (RuntimeError, AssertionError):
         return None
-
-
-def simulate_run(cfg, spec, steps: int = 2) -> list:
-    """The whole run as planner/measure/training.py makes it on the device, simulated (fake tensors) under one
-    event log: the model's build (its parameters, buffers and the temporaries their initialisation makes), then
-    `steps` steps (step 1 creates the optimizer's state where torch.optim creates it, lazily in its first step).
-    Returns the log's events with ("m", "step K") before each step: planner.allocator.events_from_run's input."""
-    import gc
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from ..routines import training as routine
-    from . import simulate as sim
-    from .tracker import LiveBytesTracker
-    from .training import stop_log
-
-    tracker = LiveBytesTracker()
-    log = EventLog(None)
-    log.start(tracker)
-    tracker.log = log
-    out: list = []
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            with tracker:
-                step = routine.TrainingStep(cfg, spec)
-            sim.adopt_fake_tensors(step.model, mode)
-            answers = sim._Answers(step)
-            for k in range(1, steps + 1):
-                log.events.append(("m", f"step {k}", log.op_index))
-                with answers, sim.CpuKernelDtypes(), tracker, sim.real_run_branches(), \
-                        sim.cpu_grouped_mm_meta(spec.device):
-                    step.run(on_phase=tracker.set_phase)
-                gc.collect()
-            out = convert(log.events)
-    finally:
-        stop_log(tracker, log)
-    return out
 
 
 def convert(events, uid=lambda u: u) -> list:
