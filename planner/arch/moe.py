@@ -76,9 +76,6 @@ class MoEDecoder(RMSDecoder):
     # qwen2_moe V1000 h64 b2 s32 and V97 h96 b2 s32 LoRA r4 all-linear bf16 checkpointing chunked-ce, +6.8% and
     # +11.8% before from the dense points on intermediate_size)
     dense_mlp_recompute: ClassVar[bool] = False
-    # generate(): the sparse block's own forward points under inference_mode (infer_forward_points below)
-    infer_note: ClassVar[str | None] = None
-
     def renormalises(self, c) -> bool:
         return self.renormalise_topk
 
