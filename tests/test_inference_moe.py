@@ -2,7 +2,8 @@
 the sparse block under inference_mode (router, dispatch, the grouped experts, the combine; Qwen2-MoE's shared
 expert and the sliding-window mask its model builds unused; Qwen3-MoE's q norm), estimated against the live-bytes
 measurement of the real generate() within the project's 1% bar and, on these shapes, to the byte in both phases.
-Each case is chosen so that a different point of the block is the prompt's high point (named in the case)."""
+Each case is chosen so that a different point of the block is the prompt's high point (named in the case): the
+router's with many experts and narrow widths."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,12 @@ CASES = [  # family, config keys, (batch, prompt, new tokens, precision, cache),
                      attention="eager"), (2, 48, 3, "bf16", "static"), "mlp experts sum"),
     ("mixtral", dict(hidden_size=128, intermediate_size=32, num_local_experts=4, num_experts_per_tok=3,
                      attention="sdpa"), (3, 40, 3, "bf16", "dynamic"), "mlp experts un-permute"),
+    ("mixtral", dict(hidden_size=16, intermediate_size=16, num_local_experts=64, num_experts_per_tok=1,
+                     num_attention_heads=2, num_key_value_heads=1, attention="sdpa"), (2, 64, 3, "bf16", "dynamic"),
+     "mlp router"),
+    ("qwen2_moe", dict(hidden_size=16, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=64,
+                       num_experts_per_tok=1, num_attention_heads=2, num_key_value_heads=1, attention="sdpa"),
+     (2, 64, 3, "bf16", "dynamic"), "mlp router"),
     ("qwen2_moe", dict(hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=256, num_experts=4,
                        num_experts_per_tok=2, attention="sdpa"), (2, 64, 4, "bf16", "dynamic"), "mlp shared expert"),
     ("qwen2_moe", dict(hidden_size=96, moe_intermediate_size=40, shared_expert_intermediate_size=72, num_experts=4,
