@@ -1,8 +1,7 @@
 """Random generate() configurations for tests/test_infer_fuzz.py (issue #39), and the child that runs them.
 
 One case: a random config of an inference family (FAMILIES: every family whose generate() the estimate models, the
-RMSNorm decoders, transformers' GPT-2 and the book's GPT-2; the MoE decoders with --families), a precision, an
-attention kind, a
+RMSNorm decoders, the MoE decoders, transformers' GPT-2 and the book's GPT-2), a precision, an attention kind, a
 cache the family lists for that config (planner.serving.cache_choices; the offloaded cache runs on CUDA only and is
 left out on a CPU), a batch, a prompt and a number of new tokens. The estimate is held against the measurement
 (planner.measure.inference: the live-bytes tracker on the real call) within BAR_PCT, and the simulation
@@ -34,13 +33,11 @@ if str(ROOT) not in sys.path:
 BAR_PCT = 1.0  # the project's bar for an estimate against its measurement (README: "within 1% unless told")
 DEVICE = "cpu"  # the offloaded cache needs CUDA (planner/estimate/infer_caches.py CUDA_ONLY): not drawn here
 PRECISIONS = ("fp32", "bf16", "fp16")  # planner/infer_spec.py INFER_PRECISIONS
-# the families whose generate() the estimate models (README, "Inference"): the RMSNorm decoders, transformers'
-# GPT-2 and the book's GPT-2 (its generate_text_simple, cache "none")
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2-hf", "gpt2")
-# the MoE decoders run generate() too (measured and simulated), but their estimate is the dense decoder's (no router
-# or expert tensors in the inference points; planner/arch/moe.py infer_note): drawn with --families only, not in
-# the suite (issue #39's report, docs/accuracy.md)
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# the families whose generate() the estimate models (README, "Inference"): the RMSNorm decoders, the MoE decoders
+# (their sparse block: planner/arch/moe.py infer_forward_points), transformers' GPT-2 and the book's GPT-2 (its
+# generate_text_simple, cache "none")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2-hf", "gpt2", "mixtral", "qwen2_moe",
+            "qwen3_moe")
 MAX_PROMPT = 300
 MAX_NEW = 16
 MAX_BATCH = 4
@@ -258,7 +255,7 @@ def table(results: list[dict], seeds: list[int]) -> str:
              "phases to the byte | simulated = measured | outside the bar |", "|---|---|---|---|---|---|---|---|"]
     both = lambda rows: sum(1 for r in rows if r.get("est_phases") is not None and r["measured"] is not None
                             and r["est_phases"] == r["measure"]["phase_peak_bytes"])
-    for name in FAMILIES + MOE_FAMILIES:
+    for name in FAMILIES:
         rows = [r for r in results if r["family"] == name]
         if not rows:
             continue

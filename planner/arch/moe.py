@@ -76,15 +76,6 @@ class MoEDecoder(RMSDecoder):
     # qwen2_moe V1000 h64 b2 s32 and V97 h96 b2 s32 LoRA r4 all-linear bf16 checkpointing chunked-ce, +6.8% and
     # +11.8% before from the dense points on intermediate_size)
     dense_mlp_recompute: ClassVar[bool] = False
-    # generate(): the forward points are the dense decoder's (planner/arch/decoder.py infer_forward_points, on
-    # intermediate_size): the router's and the grouped experts' tensors under inference_mode are not modelled yet.
-    # Measured by issue #39's fuzz (tests/infer_fuzz.py --families mixtral,qwen2_moe,qwen3_moe; docs/accuracy.md):
-    # 15 tiny configs, -0.0% to -37.1% (qwen2_moe worst, mixtral -18.1%, qwen3_moe -5.0%); simulate = measure
-    infer_note: ClassVar[str | None] = (
-        "MoE: the estimate of generate() counts the dense decoder's forward tensors, not the router's and the grouped "
-        "experts' (not modelled yet; measured up to 37% low on tiny configs): measure or simulate it for a figure "
-        "to trust")
-
     def renormalises(self, c) -> bool:
         return self.renormalise_topk
 
@@ -127,6 +118,57 @@ class MoEDecoder(RMSDecoder):
         if bad:
             raise ConfigError(f"{', '.join(bad)}: torch's grouped GEMM, which runs the experts, needs them in "
                               f"multiples of {16 // e} in {spec.param_dtype} (16-byte strides)")
+
+    # ---- generate() ----------------------------------------------------------------------------------
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
+        """The dense decoder's points (planner/arch/decoder.py: context, attention, norm, RoPE) with its MLP point
+        replaced by the sparse block's, one forward of s queries (the prompt's, or a decode step's: s = 1) under
+        inference_mode, N = b*s tokens (transformers 5.23 MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock /
+        Qwen3MoeSparseMoeBlock, their TopKRouter, integrations/moe.py grouped_mm_experts_forward). Alive
+        throughout, above the dense MLP point's residual and norm output (and eager's mask and attention weights):
+          the router's logits, kept by the block as `_` (N*E*e), the top-k weights (N*k*e_rw: Mixtral's fp32
+          values; Qwen's cast back to the logits' dtype) and indices (int64);
+          Qwen2-MoE: the shared expert's output (N*h*e), made before the router (shared expert: its own gated MLP
+          point, act(gate), up and their product, 3*N*fs*e, or the product and its down output);
+          in the experts' forward: the sorted ids and the permutation (int64), the gathered tokens (N*k*h*e),
+          the sorted weights (N*k*e_rw), histc's float input (4*N*k; int32 on CUDA, as wide), its counts and
+          the int32 offsets (4*E each).
+        The experts' points: `gate` at act(gate) * up beside the gate_up output (N*k*(2f + 2f)*e); `down` the
+        product and the down output; `un-permute` at weighted_out[inv_perm]: the down output, the weighted
+        product and its permuted copy (N*k*h*e_w: Mixtral's fp32 weights promote a bf16/fp16 product) and
+        inv_perm; `sum` the sum over k (N*h*e_w) beside the down output and the permuted product, and its cast
+        back to the hidden dtype (N*h*e) where e_w is wider. Router: the logits, softmax's fp32 output (Mixtral's
+        .float() copy of low-precision logits beside it), then the top-k values and indices with the renormalising
+        sum (4*N) or Qwen's cast (N*k*e). Qwen2-MoE's end: sigmoid(shared_expert_gate(x)) (N*e) times the shared
+        output beside the routed output and the shared output (3*N*h*e). Every size is a function of N*k,
+        whatever the routing. Measured with simulate infer against measure infer (tests/test_inference_moe.py)."""
+        pts = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
+        x = self.shape(c)
+        b = ispec.batch_size
+        # the dense point's MLP tensors: act(gate), up and the product on the shape's width (k*f)
+        base = pts.pop("mlp") - 3 * b * s * x.f * e
+        N, h, E, k, f = b * s, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.expert_size
+        e_rw = 4 if self.fp32_routing_weights else e
+        e_w = max(e, e_rw)
+        fs = self.shared_expert_size(c)
+        shared = N * h * e if fs else 0
+        if fs:
+            pts["mlp shared expert"] = base + max(3 * N * fs * e, N * fs * e + N * h * e)
+        routed = base + shared
+        qwen_cast = N * k * e if (not self.fp32_routing_weights and e < 4) else 0
+        pts["mlp router"] = routed + N * E * e + 4 * N * E + max(
+            4 * N * E if (self.fp32_routing_weights and e < 4) else 0,
+            12 * N * k + max(4 * N if self.renormalises(c) else 0, qwen_cast))
+        held = (routed + N * E * e + N * k * e_rw + 8 * N * k   # the router's outputs
+                + 16 * N * k + N * k * h * e + N * k * e_rw + 4 * N * k + 8 * E)  # the dispatch
+        pts["mlp experts gate"] = held + 4 * N * k * f * e
+        pts["mlp experts down"] = held + N * k * f * e + N * k * h * e
+        pts["mlp experts un-permute"] = held + N * k * h * (e + 2 * e_w) + 8 * N * k
+        pts["mlp experts sum"] = (held + N * k * h * (e + e_w) + 8 * N * k + N * h * e_w
+                                  + (N * h * e if e_w != e else 0))
+        if fs:
+            pts["mlp shared expert gate"] = base + 3 * N * h * e + N * e
+        return pts
 
     # ---- inventory ------------------------------------------------------------------------------------
     def moe_specs(self, c, i: int) -> list[TensorSpec]:

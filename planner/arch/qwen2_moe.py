@@ -69,6 +69,9 @@ class Qwen2Moe(MoEDecoder):
     required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts",
                 "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
     description = "transformers Qwen2MoeForCausalLM (sparse MoE with a shared expert)"
+    # Qwen2MoeConfig: bos_token_id = eos_token_id = None (transformers 5.23 configuration file): generate holds no token
+    # tensor and adds no MinLength / MinNewTokens processor (measured: issue #39's fuzz, qwen3_moe b3 p70 n4 fp16)
+    infer_bos_eos, infer_has_eos = 0, False
     renormalise_topk = False  # read from norm_topk_prob (renormalises)
     fp32_routing_weights = False
     o_bias = False
@@ -96,6 +99,32 @@ class Qwen2Moe(MoEDecoder):
 
     def offload_forward_points(self, c, spec, w) -> dict[str, int]:
         return {k: v + self.offload_forward_mask(spec) for k, v in super().offload_forward_points(c, spec, w).items()}
+
+    def infer_mask_count(self, c, ispec) -> int:
+        """Qwen2MoeModel.forward builds both masks whatever its layer types (causal_mask_mapping: create_causal_mask
+        and create_sliding_window_causal_mask, modeling_qwen2_moe.py), as Gemma 2's (planner/arch/gemma2.py): eager,
+        a second additive (b, 1, s, kv_len) mask no layer takes, alive through the forward (measured: issue #39's
+        fuzz, qwen2_moe h64 L3 b3 p233 n12 bf16 eager dynamic, the prompt's peak one (b, 1, p, p) bf16 mask above
+        the estimate before); with a StaticCache generate builds the mapping itself, one mask per layer type."""
+        return self.mask_count(c) if ispec.cache == "static" else 2
+
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
+        """The sparse block's points (moe.py); with SDPA and a cache other than static the prompt's forward also
+        holds the unused sliding-window mask, a (1, 1, s, kv_len) bool tensor (offload_forward_mask; measured: issue #39's
+        fuzz, qwen2_moe h24 fs240 b1 p282 n15 fp32 SDPA dynamic, -4.37% before)."""
+        pts = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
+        if c.attention == "sdpa" and ispec.cache != "static":
+            pts = {k: v + s * kv_len for k, v in pts.items()}
+        return pts
+
+    def infer_decode_points(self, c, ispec, e: int) -> dict[str, int]:
+        """A decode step's forward holds the sliding-window mask too, (1, 1, 1, p + n - 1) bool with SDPA (measured:
+        qwen2_moe h24 fs240 b1 p282 n15 fp32 SDPA dynamic, the decode peak at the cache concatenation); "the step's"
+        points have it from infer_forward_points."""
+        pts = super().infer_decode_points(c, ispec, e)
+        if c.attention == "sdpa" and ispec.cache != "static":
+            pts = {k: v + (0 if k.startswith("the step's ") else ispec.total_len - 1) for k, v in pts.items()}
+        return pts
 
     def presets(self) -> dict:
         # Qwen/Qwen1.5-MoE-A2.7B config.json; 14,315,784,192 parameters (transformers' model on the meta

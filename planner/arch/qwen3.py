@@ -94,18 +94,23 @@ class Qwen3(RMSDecoder):
         point without its rotation). Above the RoPE point below fp32 when a >= 2 kv (measured on the live-bytes op
         log: qwen3 V97 h32 a4 kv2 d24 b2 s256 SDPA bf16, the prompt's peak at that product, 16,384 B above the
         RoPE point: the variance and the rsqrt)."""
-        points = super().infer_forward_points(c, ispec, e, s, kv_len, masked)
-        x = self.shape(c)
-        b = ispec.batch_size
-        q = b * s * x.a * x.d
-        points[Q_NORM_POINT] = (points[ROPE_POINT] - self.infer_rope_rotation(c, ispec, e, s)
-                                + q * (e + (4 if e < 4 else 0) + 4) + 8 * b * s * x.a)
-        return points
+        return with_q_norm_point(self, c, ispec, e, s, super().infer_forward_points(c, ispec, e, s, kv_len, masked))
 
     def infer_prefill_unwritten_kv(self, c, ispec, e: int) -> dict[str, int]:
         """The q norm comes before the last layer's cache update too (as its RoPE)."""
         out = super().infer_prefill_unwritten_kv(c, ispec, e)
         return {**out, Q_NORM_POINT: out[ROPE_POINT]}
+
+
+def with_q_norm_point(fam, c, ispec, e: int, s: int, points: dict[str, int]) -> dict[str, int]:
+    """`points` with the last layer's q norm point (Qwen3.infer_forward_points; Qwen3-MoE's attention is the same,
+    models/qwen3_moe/modeling_qwen3_moe.py Qwen3MoeAttention), from the family's RoPE point."""
+    x = fam.shape(c)
+    b = ispec.batch_size
+    q = b * s * x.a * x.d
+    points[Q_NORM_POINT] = (points[ROPE_POINT] - fam.infer_rope_rotation(c, ispec, e, s)
+                            + q * (e + (4 if e < 4 else 0) + 4) + 8 * b * s * x.a)
+    return points
 
 
 FAMILY = Qwen3()

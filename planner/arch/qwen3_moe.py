@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from ..validation import ConfigError
 from .decoder import DecoderConfigMixin, check_zero, normalise_rope
+from .decoder import ROPE_POINT
 from .moe import MoEDecoder, check_moe, refuse_dense_layers
+from .qwen3 import Q_NORM_POINT, with_q_norm_point
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class Qwen3Moe(MoEDecoder):
     required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts",
                 "num_experts_per_tok", "moe_intermediate_size")
     description = "transformers Qwen3MoeForCausalLM (sparse MoE)"
+    # Qwen3MoeConfig: bos_token_id = eos_token_id = None (transformers 5.23 configuration file): generate holds no token
+    # tensor and adds no MinLength / MinNewTokens processor (measured: issue #39's fuzz, qwen3_moe b3 p70 n4 fp16)
+    infer_bos_eos, infer_has_eos = 0, False
     qk_norm = True
     lora_default_targets = ()  # peft 0.21 maps no default LoRA targets for this model type (peft/utils/constants.py)
     router_first = False  # Qwen3MoeSparseMoeBlock.__init__ registers experts, then gate
@@ -68,6 +73,16 @@ class Qwen3Moe(MoEDecoder):
 
     def renormalises(self, c) -> bool:
         return bool(c.norm_topk_prob)
+
+    def infer_forward_points(self, c, ispec, e: int, s: int, kv_len: int, masked: bool) -> dict[str, int]:
+        """The sparse block's points (moe.py) and Qwen 3's q norm point (qwen3.py; measured: issue #39's fuzz,
+        qwen3_moe h104 a6 kv1 d24 b4 p131 fp16 static, the prompt's peak at the q norm's product, -2.16% before)."""
+        return with_q_norm_point(self, c, ispec, e, s, super().infer_forward_points(c, ispec, e, s, kv_len, masked))
+
+    def infer_prefill_unwritten_kv(self, c, ispec, e: int) -> dict[str, int]:
+        """The q norm comes before the last layer's cache update too (as its RoPE)."""
+        out = super().infer_prefill_unwritten_kv(c, ispec, e)
+        return {**out, Q_NORM_POINT: out[ROPE_POINT]}
 
     def presets(self) -> dict:
         # Qwen/Qwen3-30B-A3B config.json; 30,532,122,624 parameters (transformers' model on the meta device;
