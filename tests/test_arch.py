@@ -194,9 +194,10 @@ def test_estimate_side_imports_neither_torch_nor_transformers():
 def test_every_family_in_one_file_discovered():
     # auto: the family answered from a fit of simulations (issue #20), in all_families(), not families()
     # (infer_windows: the sliding-window cache's decode, shared by the decoder families: a helper, not a family;
-    # saved: the decoder block's walk by what needs grad, which every decoder family's file answers pieces of)
+    # saved: the decoder block's walk by what needs grad, which every decoder family's file answers pieces of;
+    # memo: the per-config memo key every estimator shares)
     files = {p.stem for p in (ROOT / "planner" / "arch").glob("*.py")} - {"__init__", "base", "parts", "decoder", "terms",
-                                                                           "moe", "auto", "infer_windows", "saved"}
+                                                                           "moe", "auto", "infer_windows", "saved", "memo"}
     assert {type(f).__module__.rsplit(".", 1)[1] for f in families().values()} == files
     for family in families().values():
         assert family.presets(), family.arch

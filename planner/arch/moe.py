@@ -204,7 +204,7 @@ class MoEDecoder(RMSDecoder):
     def compute_block_ops(self, c, spec, block: int) -> list:
         """The routed experts' two grouped GEMMs (grouped_mm_experts_forward): each of the b*s tokens through k
         experts, gate_up (h -> 2f) and down (f -> h); the router and Qwen2-MoE's shared expert are inventory linears."""
-        from ..estimate.compute import MatOp
+        from .terms import MatOp
 
         nk, h, f = spec.batch_size * spec.seq_len * c.num_experts_per_tok, c.hidden_size, c.expert_size
         p = f"model.layers.{block}.mlp.experts"

@@ -69,3 +69,20 @@ class Widths:
         e_k = 1 if spec.device_type == "cuda" else e_m
         return cls(e_r, e_m, e_ce, e_k, amp)
 
+
+@dataclass(frozen=True)
+class MatOp:
+    """One matmul of a block's forward: rows x n_in -> n_out (2*rows*n_in*n_out FLOPs), at a stage of the block's
+    dataflow, with the inventory parameters that are its weight (whether it trains)."""
+    label: str
+    stage: str          # attn.in | attn.out | mlp.in | mlp.out (the inventory's roles); priced by planner/estimate/compute.py
+    rows: int
+    n_in: int
+    n_out: int
+    params: tuple[str, ...]
+    qkv: str = ""       # attn.in: which of the attention's inputs it makes: q, k, v or qkv (fused)
+    adapter_rank: int = 0  # LoRA: the adapters' rank on this linear (0: none)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.rows * self.n_in * self.n_out

@@ -10,7 +10,7 @@ def _add_gpu(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--gpu", metavar="NAME", default=None,
                    help="price the step on this GPU (planner/gpus.py: " + ", ".join(GPUS) + "): step_time_s and "
-                        "tokens_per_s from a roofline over its published peaks (not a measurement)")
+                        "tokens_per_s from a roofline over its published peaks (not a measurement; default: none, no time is priced)")
 
 
 def compute_fields(cfg, spec, gpu_name, infer: bool = False) -> dict:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from ..accounting import per_config, tensor_inventory
 from ..arch.memo import config_key
+from ..arch.terms import MatOp  # a block's matmul (the family files list theirs: compute_block_ops)
 from ..arch import family_of
 from ..finetune import adapted_linears, linears, trainable_names
 
@@ -52,22 +53,6 @@ ROOFLINE_LABEL = ("roofline (FLOPs over the dense peak x {:.0%}, bytes over band
                   "not a measurement)").format(MATMUL_EFFICIENCY, MEMORY_EFFICIENCY)
 
 
-@dataclass(frozen=True)
-class MatOp:
-    """One matmul of a block's forward: rows x n_in -> n_out (2*rows*n_in*n_out FLOPs), at a stage of the block's
-    dataflow, with the inventory parameters that are its weight (whether it trains)."""
-    label: str
-    stage: str          # attn.in | attn.out | mlp.in | mlp.out (the inventory's roles)
-    rows: int
-    n_in: int
-    n_out: int
-    params: tuple[str, ...]
-    qkv: str = ""       # attn.in: which of the attention's inputs it makes: q, k, v or qkv (fused)
-    adapter_rank: int = 0  # LoRA: the adapters' rank on this linear (0: none)
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.rows * self.n_in * self.n_out
 
 
 def _lin_ops(cfg, block_lins, n: int, r_of: dict) -> list[MatOp]:

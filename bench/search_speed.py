@@ -1,4 +1,4 @@
-"""The plan search's grid and timings (docs/plan.md's search section): `python -m planner.search_speed [--quick]`;
+"""The plan search's grid and timings (docs/plan.md's search section): `python -m bench.search_speed [--quick]`;
 with --check, the search against the exhaustive enumeration of its space on nine families.
 
 Each row is one question (model x GPU memory x count x task) answered by planner/search.py as `plan` answers it;
@@ -20,9 +20,9 @@ HOST = 256 * GiB  # host RAM of the question (the offloads' and paged states' ro
 
 
 def _row(model: str, gpu: tuple, gpus: int, allow: tuple, seq: int, tokens: int) -> dict:
-    from . import search as S
-    from .config import resolve_model
-    from .units import fmt_bytes
+    from planner import search as S
+    from planner.config import resolve_model
+    from planner.units import fmt_bytes
 
     cfg = resolve_model(model, None)
     label, budget, half = gpu
@@ -83,10 +83,10 @@ def enumeration_check(models=CHECK_MODELS, allow: tuple = (), seq: int = 256, to
     """The search against the exhaustive enumeration of its space (every combination at every micro-batch, no
     pruning) at four budgets around the space's peaks: the combinations kept and their micro-batches must agree
     (tests/test_search.py runs the same on three of these)."""
-    from . import search as S
-    from .config import ConfigError, resolve_model, with_attention
-    from .estimate.training import CUDA_CONTEXT_BYTES
-    from .fit import tensor_budget
+    from planner import search as S
+    from planner.config import ConfigError, resolve_model, with_attention
+    from planner.estimate.training import CUDA_CONTEXT_BYTES
+    from planner.fit import tensor_budget
 
     out = []
     for model in models:
