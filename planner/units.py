@@ -31,6 +31,19 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
+
+def parse_budget(text: str) -> int:
+    """A `--budget` value (24GiB, 80GB, bytes) in bytes, positive; anything else: ConfigError (exit 2) in one line."""
+    from .validation import ConfigError
+
+    try:
+        budget = parse_size(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if budget <= 0:
+        raise ConfigError(f"the budget must be positive, got {text}")
+    return budget
+
 def gib_to_bytes(gib: float) -> int:
     """A budget typed in GiB (the pages' number inputs) -> bytes, truncated as the budget was on every page."""
     return int(gib * 2**30)

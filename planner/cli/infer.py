@@ -20,7 +20,7 @@ import sys
 from .args import EXIT_INVALID, _add_model
 from ..config import ConfigError, config_to_dict, resolve_model, with_attention
 from ..infer_spec import CACHES, BOOK_CACHES, INFER_PRECISIONS, WEIGHT_QUANT, InferSpec, check_infer
-from ..units import fmt_bytes, parse_size
+from ..units import fmt_bytes, parse_budget, parse_size
 
 INFER_KEYS = ["peak_bytes", "peak_phase", "persistent_bytes"]
 
@@ -93,12 +93,7 @@ def fit_record(cfg, ispec, budget_text: str) -> dict:
     at this batch, the KV cache tokens that fit beside the weights (vLLM's rule beside it, theirs)."""
     from ..serving import plan_inference
 
-    try:
-        budget = parse_size(budget_text)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if budget <= 0:
-        raise ConfigError(f"the budget must be positive, got {budget_text}")
+    budget = parse_budget(budget_text)
     p = plan_inference(cfg, ispec, budget)
     return {"budget_bytes": budget, "cuda_context_bytes": p.cuda_context_bytes,
             "tensor_budget_bytes": p.tensor_budget_bytes, "fits": p.fits, "max_batch_size": p.max_batch,

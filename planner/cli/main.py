@@ -52,7 +52,7 @@ from .args import (ESTIMATE_KEYS, EXIT_FAILED, EXIT_INVALID, _add_model, _add_ru
                        default_precision, parse_train, policy_estimated, progress)
 from ..config import ConfigError, config_to_dict, resolve_model, with_dtype
 from ..spec import check_device
-from ..units import fmt_bytes, parse_size
+from ..units import fmt_bytes, parse_budget, parse_size
 
 
 
@@ -465,14 +465,9 @@ def cmd_fit(args) -> int:
     if args.measure_costs:
         require_bitsandbytes(spec.optimizer)
     if args.budget:
-        try:
-            budget, source = parse_size(args.budget), "--budget"
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        budget, source = parse_budget(args.budget), "--budget"
     else:
         budget, source = default_budget(args.device)
-    if budget <= 0:
-        raise ConfigError(f"the budget must be positive, got {args.budget}")
     from ..fitted import is_fitted
 
     if is_fitted(cfg):  # issue #20: answered from the model's fit of simulations (planner/cli/fitted.py)

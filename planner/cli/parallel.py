@@ -100,14 +100,9 @@ def fewest_record(cfg, spec, pspec, budget_text: str) -> dict:
     rank), with the same solver and the same budget for tensors as the Planner page (planner.fit.fewest_ranks;
     on cuda less the CUDA context and the allocator's reserve)."""
     from ..fit import cuda_context_bytes, fewest_ranks, tensor_budget
-    from ..units import parse_size
+    from ..units import parse_budget
 
-    try:
-        budget = parse_size(budget_text)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if budget <= 0:
-        raise ConfigError(f"the budget must be positive, got {budget_text}")
+    budget = parse_budget(budget_text)
     usable = tensor_budget(budget, spec.device, spec.checkpointing)
     fewest, why = fewest_ranks(cfg, spec, pspec, usable)
     return {"budget_bytes": budget, "cuda_context_bytes": cuda_context_bytes(spec.device),
